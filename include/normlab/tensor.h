@@ -1,0 +1,306 @@
+// normlab/tensor.h — strided views and owning tensors.
+//
+// Vocabulary used across normlab:
+//   * rank ≤ kMaxRank (8); shape and strides are counted in ELEMENTS, never bytes;
+//   * a stride may be negative (reversed views) or 0 (broadcast inputs); outputs must not have a
+//     0 stride on an axis longer than 1 (every output element must be written exactly once);
+//   * TensorView<T> never owns memory; BasicTensor<T> owns a 64-byte aligned buffer.
+// Element types: float today. Views and tensors are templates on the element type so that bf16/fp16
+// storage types can be added without touching the shape logic.
+#pragma once
+
+#include <normlab/error.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <memory>
+#include <new>
+#include <numeric>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace normlab {
+
+using Index = std::int64_t;
+inline constexpr int kMaxRank = 8;
+inline constexpr std::size_t kAlignment = 64;
+
+// A fixed-capacity list of up to kMaxRank integers (a shape, strides, or axes).
+class Dims {
+ public:
+  Dims() = default;
+  Dims(std::initializer_list<Index> v) { assign(std::span<const Index>(v.begin(), v.size())); }
+  explicit Dims(std::span<const Index> v) { assign(v); }
+  explicit Dims(const std::vector<Index>& v) { assign(std::span<const Index>(v)); }
+
+  int size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  Index operator[](int i) const { return v_[static_cast<std::size_t>(i)]; }
+  Index& operator[](int i) { return v_[static_cast<std::size_t>(i)]; }
+  const Index* begin() const { return v_.data(); }
+  const Index* end() const { return v_.data() + n_; }
+  void push_back(Index x) {
+    NL_CHECK(n_ < kMaxRank, "rank {} exceeds the maximum rank {}", n_ + 1, kMaxRank);
+    v_[static_cast<std::size_t>(n_++)] = x;
+  }
+  std::span<const Index> span() const { return {v_.data(), static_cast<std::size_t>(n_)}; }
+  std::vector<Index> vec() const { return {begin(), end()}; }
+  Index product() const {
+    Index p = 1;
+    for (int i = 0; i < n_; ++i) p *= v_[static_cast<std::size_t>(i)];
+    return p;
+  }
+  friend bool operator==(const Dims& a, const Dims& b) {
+    return a.n_ == b.n_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+  std::string str() const;  // "[2, 3, 4]"
+
+ private:
+  void assign(std::span<const Index> v) {
+    NL_CHECK(v.size() <= static_cast<std::size_t>(kMaxRank), "rank {} exceeds the maximum rank {}",
+             v.size(), kMaxRank);
+    n_ = static_cast<int>(v.size());
+    std::copy(v.begin(), v.end(), v_.begin());
+  }
+  std::array<Index, kMaxRank> v_{};
+  int n_ = 0;
+};
+
+inline std::string Dims::str() const {
+  std::string s = "[";
+  for (int i = 0; i < n_; ++i) s += (i ? ", " : "") + std::to_string(v_[static_cast<std::size_t>(i)]);
+  return s + "]";
+}
+
+// Row-major (C order) strides for a shape.
+inline Dims contiguous_strides(const Dims& shape) {
+  Dims s = shape;
+  Index acc = 1;
+  for (int i = shape.size() - 1; i >= 0; --i) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+// Normalizes a possibly negative axis against `rank`; throws when out of range.
+inline int normalize_axis(Index axis, int rank) {
+  NL_CHECK(axis >= -rank && axis < rank, "axis {} is out of range for a tensor of rank {} (valid: {}..{})",
+           axis, rank, -rank, rank - 1);
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+// A non-owning strided view. An undefined view (default constructed) stands for "not given".
+template <typename T>
+class TensorView {
+ public:
+  using value_type = T;
+
+  TensorView() = default;
+  TensorView(T* data, Dims shape, Dims strides) : data_(data), shape_(shape), strides_(strides), defined_(true) {
+    NL_CHECK(shape.size() == strides.size(), "shape {} and strides {} differ in rank", shape.str(),
+             strides.str());
+    for (int i = 0; i < shape.size(); ++i)
+      NL_CHECK(shape[i] >= 0, "negative size {} on axis {} of shape {}", shape[i], i, shape.str());
+  }
+  TensorView(T* data, Dims shape) : TensorView(data, shape, contiguous_strides(shape)) {}
+
+  // A view of T converts to a view of const T.
+  template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
+  TensorView(const TensorView<U>& o)  // NOLINT(google-explicit-constructor)
+      : data_(o.data()), shape_(o.shape()), strides_(o.strides()), defined_(o.defined()) {}
+
+  bool defined() const { return defined_; }
+  T* data() const { return data_; }
+  int rank() const { return shape_.size(); }
+  const Dims& shape() const { return shape_; }
+  const Dims& strides() const { return strides_; }
+  Index size(int axis) const { return shape_[normalize_axis(axis, rank())]; }
+  Index stride(int axis) const { return strides_[normalize_axis(axis, rank())]; }
+  Index numel() const { return shape_.product(); }
+  bool empty() const { return numel() == 0; }
+
+  bool is_contiguous() const {
+    Index expect = 1;
+    for (int i = rank() - 1; i >= 0; --i) {
+      if (shape_[i] != 1 && strides_[i] != expect) return false;
+      expect *= shape_[i];
+    }
+    return true;
+  }
+
+  // Element access by a full multi-index (bounds-checked; meant for tests and small tools).
+  T& at(std::initializer_list<Index> idx) const { return at(std::span<const Index>(idx.begin(), idx.size())); }
+  T& at(std::span<const Index> idx) const {
+    NL_CHECK(static_cast<int>(idx.size()) == rank(), "index of rank {} for a view of rank {}", idx.size(),
+             rank());
+    Index off = 0;
+    for (int i = 0; i < rank(); ++i) {
+      Index k = idx[static_cast<std::size_t>(i)];
+      NL_CHECK(k >= 0 && k < shape_[i], "index {} out of range [0, {}) on axis {}", k, shape_[i], i);
+      off += k * strides_[i];
+    }
+    return data_[off];
+  }
+
+  // Reorders the axes: result axis i is this view's axis order[i].
+  TensorView permute(std::span<const int> order) const {
+    NL_CHECK(static_cast<int>(order.size()) == rank(), "permute order has {} entries for a view of rank {}",
+             order.size(), rank());
+    Dims sh, st;
+    std::array<bool, kMaxRank> seen{};
+    for (int o : order) {
+      int a = normalize_axis(o, rank());
+      NL_CHECK(!seen[static_cast<std::size_t>(a)], "axis {} repeated in permute order", a);
+      seen[static_cast<std::size_t>(a)] = true;
+      sh.push_back(shape_[a]);
+      st.push_back(strides_[a]);
+    }
+    return TensorView(data_, sh, st);
+  }
+  TensorView permute(std::initializer_list<int> order) const {
+    return permute(std::span<const int>(order.begin(), order.size()));
+  }
+  TensorView transpose(int a, int b) const {
+    std::array<int, kMaxRank> order{};
+    for (int i = 0; i < rank(); ++i) order[static_cast<std::size_t>(i)] = i;
+    std::swap(order[static_cast<std::size_t>(normalize_axis(a, rank()))],
+              order[static_cast<std::size_t>(normalize_axis(b, rank()))]);
+    return permute(std::span<const int>(order.data(), static_cast<std::size_t>(rank())));
+  }
+
+  // Elements start, start+step, ... (< stop for step > 0, > stop for step < 0) of `axis`.
+  TensorView slice(int axis, Index start, Index stop, Index step = 1) const {
+    int a = normalize_axis(axis, rank());
+    Index n = shape_[a];
+    NL_CHECK(step != 0, "slice step must not be 0");
+    NL_CHECK(start >= 0 && start <= n && stop >= -1 && stop <= n,
+             "slice [{}, {}) out of range for axis {} of size {}", start, stop, a, n);
+    Index count = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
+                           : (start > stop ? (start - stop + (-step) - 1) / (-step) : 0);
+    NL_CHECK(count == 0 || start < n, "slice start {} out of range for axis {} of size {}", start, a, n);
+    Dims sh = shape_, st = strides_;
+    sh[a] = count;
+    st[a] = strides_[a] * step;
+    return TensorView(count ? data_ + start * strides_[a] : data_, sh, st);
+  }
+
+  // Drops `axis`, fixing it at `index`.
+  TensorView select(int axis, Index index) const {
+    int a = normalize_axis(axis, rank());
+    NL_CHECK(index >= 0 && index < shape_[a], "select index {} out of range [0, {}) on axis {}", index,
+             shape_[a], a);
+    Dims sh, st;
+    for (int i = 0; i < rank(); ++i)
+      if (i != a) {
+        sh.push_back(shape_[i]);
+        st.push_back(strides_[i]);
+      }
+    return TensorView(data_ + index * strides_[a], sh, st);
+  }
+
+  // Same elements, new shape; only for contiguous views.
+  TensorView reshape(Dims shape) const {
+    NL_CHECK(is_contiguous(), "reshape needs a contiguous view (shape {}, strides {})", shape_.str(),
+             strides_.str());
+    NL_CHECK(shape.product() == numel(), "cannot reshape {} elements of shape {} to {}", numel(), shape_.str(),
+             shape.str());
+    return TensorView(data_, shape);
+  }
+
+ private:
+  T* data_ = nullptr;
+  Dims shape_;
+  Dims strides_;
+  bool defined_ = false;
+};
+
+using View = TensorView<float>;
+using ConstView = TensorView<const float>;
+
+// Calls f(offset) for every element of `shape` with the given strides, in row-major index order.
+template <typename F>
+void for_each_offset(const Dims& shape, const Dims& strides, F&& f) {
+  const int r = shape.size();
+  if (shape.product() == 0) return;
+  std::array<Index, kMaxRank> idx{};
+  Index off = 0;
+  for (;;) {
+    f(off);
+    int d = r - 1;
+    for (; d >= 0; --d) {
+      if (++idx[static_cast<std::size_t>(d)] < shape[d]) {
+        off += strides[d];
+        break;
+      }
+      off -= (shape[d] - 1) * strides[d];
+      idx[static_cast<std::size_t>(d)] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+namespace detail {
+struct AlignedFree {
+  void operator()(void* p) const { ::operator delete(p, std::align_val_t(kAlignment)); }
+};
+}  // namespace detail
+
+// An owning, contiguous, 64-byte-aligned tensor. Zero-initialized on construction.
+template <typename T>
+class BasicTensor {
+ public:
+  BasicTensor() = default;
+  explicit BasicTensor(Dims shape) : shape_(shape) {
+    for (int i = 0; i < shape.size(); ++i)
+      NL_CHECK(shape[i] >= 0, "negative size {} on axis {} of shape {}", shape[i], i, shape.str());
+    const Index n = shape.product();
+    const std::size_t bytes = std::max<std::size_t>(static_cast<std::size_t>(n) * sizeof(T), kAlignment);
+    data_.reset(static_cast<T*>(::operator new(bytes, std::align_val_t(kAlignment))));
+    std::fill_n(data_.get(), n, T{});
+  }
+  BasicTensor(Dims shape, std::initializer_list<T> values) : BasicTensor(shape) {
+    NL_CHECK(static_cast<Index>(values.size()) == numel(), "{} values for shape {} ({} elements)",
+             values.size(), shape.str(), numel());
+    std::copy(values.begin(), values.end(), data_.get());
+  }
+  // A contiguous copy of any view.
+  template <typename U>
+  static BasicTensor copy_of(const TensorView<U>& v) {
+    BasicTensor t(v.shape());
+    T* out = t.data();
+    for_each_offset(v.shape(), v.strides(), [&](Index off) { *out++ = static_cast<T>(v.data()[off]); });
+    return t;
+  }
+  BasicTensor clone() const { return copy_of(view()); }
+
+  BasicTensor(BasicTensor&&) noexcept = default;
+  BasicTensor& operator=(BasicTensor&&) noexcept = default;
+
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  const Dims& shape() const { return shape_; }
+  int rank() const { return shape_.size(); }
+  Index size(int axis) const { return shape_[normalize_axis(axis, rank())]; }
+  Index numel() const { return shape_.product(); }
+  T& operator[](Index i) { return data_.get()[i]; }
+  const T& operator[](Index i) const { return data_.get()[i]; }
+
+  TensorView<T> view() { return TensorView<T>(data_.get(), shape_); }
+  TensorView<const T> view() const { return TensorView<const T>(data_.get(), shape_); }
+  TensorView<const T> cview() const { return view(); }
+
+ private:
+  std::unique_ptr<T, detail::AlignedFree> data_;
+  Dims shape_;
+};
+
+using Tensor = BasicTensor<float>;
+
+}  // namespace normlab

@@ -1,0 +1,139 @@
+#include "norm/norm_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace normlab::plan {
+
+AxisSplit split_axes(const Dims& x_shape, const Axes& axes, const char* op) {
+  AxisSplit s;
+  s.rank = x_shape.size();
+  NL_CHECK(s.rank >= 1, "{}: x must have rank ≥ 1, got a rank-0 tensor", op);
+  NL_CHECK(!axes.empty(), "{}: no axes to normalize over were given", op);
+  for (int a : axes) {
+    NL_CHECK(a >= -s.rank && a < s.rank, "{}: axis {} is out of range for x of shape {} (valid: {}..{})", op,
+             a, x_shape.str(), -s.rank, s.rank - 1);
+    const int ax = a < 0 ? a + s.rank : a;
+    NL_CHECK(!s.normalized[static_cast<std::size_t>(ax)], "{}: axis {} is given twice (axes refer to x of shape {})",
+             op, ax, x_shape.str());
+    s.normalized[static_cast<std::size_t>(ax)] = true;
+  }
+  NL_CHECK(x_shape.product() > 0, "{}: x is empty (shape {})", op, x_shape.str());
+  for (int d = 0; d < s.rank; ++d) {
+    if (s.normalized[static_cast<std::size_t>(d)]) {
+      s.n_axes.push_back(d);
+      s.n_shape.push_back(x_shape[d]);
+      s.n *= x_shape[d];
+    } else {
+      s.k_axes.push_back(d);
+      s.k_shape.push_back(x_shape[d]);
+      s.groups *= x_shape[d];
+    }
+  }
+  return s;
+}
+
+void check_same_shape(const Dims& x_shape, const Dims& v_shape, const char* name, const char* op) {
+  NL_CHECK(x_shape == v_shape, "{}: {} has shape {} but x has shape {}", op, name, v_shape.str(), x_shape.str());
+}
+
+void check_writable(const Dims& shape, const Dims& strides, const char* name, const char* op) {
+  for (int d = 0; d < shape.size(); ++d)
+    NL_CHECK(shape[d] <= 1 || strides[d] != 0,
+             "{}: output {} has stride 0 on axis {} of size {} (a broadcast view cannot be written)", op, name, d,
+             shape[d]);
+}
+
+namespace {
+// Byte range [lo, hi) touched by a view.
+template <typename T>
+std::pair<std::uintptr_t, std::uintptr_t> byte_range(const TensorView<T>& v) {
+  Index lo = 0, hi = 0;
+  for (int d = 0; d < v.rank(); ++d) {
+    const Index ext = (v.size(d) - 1) * v.stride(d);
+    (ext < 0 ? lo : hi) += ext;
+  }
+  const auto p = reinterpret_cast<std::uintptr_t>(v.data());
+  return {p + static_cast<std::uintptr_t>(lo * static_cast<Index>(sizeof(T))),
+          p + static_cast<std::uintptr_t>((hi + 1) * static_cast<Index>(sizeof(T)))};
+}
+}  // namespace
+
+template <typename A, typename B>
+void check_no_partial_overlap(const TensorView<A>& out, const TensorView<B>& in, const char* out_name,
+                              const char* in_name, const char* op) {
+  if (!out.defined() || !in.defined() || out.empty() || in.empty()) return;
+  if (static_cast<const void*>(out.data()) == static_cast<const void*>(in.data()) &&
+      out.shape() == in.shape() && out.strides() == in.strides())
+    return;  // exact aliasing is allowed
+  const auto [olo, ohi] = byte_range(out);
+  const auto [ilo, ihi] = byte_range(in);
+  NL_CHECK(ohi <= ilo || ihi <= olo,
+           "{}: output {} overlaps input {} without being the same view (same data and strides)", op, out_name,
+           in_name);
+}
+template void check_no_partial_overlap(const TensorView<float>&, const TensorView<const float>&, const char*,
+                                       const char*, const char*);
+template void check_no_partial_overlap(const TensorView<float>&, const TensorView<float>&, const char*,
+                                       const char*, const char*);
+
+template <typename T>
+FullOperand full_operand(const TensorView<T>& v, const AxisSplit& s, const char* name) {
+  FullOperand f;
+  f.name = name;
+  f.base = reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(v.data()));
+  for (int d : s.k_axes) f.k_strides.push_back(v.stride(d));
+  for (int d : s.n_axes) f.n_strides.push_back(v.stride(d));
+  Index expect = 1;
+  bool contiguous = true;
+  for (int i = s.n_shape.size() - 1; i >= 0; --i) {
+    if (s.n_shape[i] == 1) continue;
+    if (f.n_strides[i] != expect) contiguous = false;
+    expect *= s.n_shape[i];
+  }
+  f.n_contiguous = contiguous;
+  return f;
+}
+template FullOperand full_operand(const TensorView<float>&, const AxisSplit&, const char*);
+template FullOperand full_operand(const TensorView<const float>&, const AxisSplit&, const char*);
+
+template <typename T>
+PartOperand part_operand(const TensorView<T>& v, const Dims& expect_shape, const char* name, const char* op) {
+  PartOperand p;
+  p.name = name;
+  if (!v.defined()) return p;
+  NL_CHECK(v.shape() == expect_shape, "{}: {} has shape {} but {} is expected", op, name, v.shape().str(),
+           expect_shape.str());
+  p.defined = true;
+  p.base = reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(v.data()));
+  p.strides = v.strides();
+  return p;
+}
+template PartOperand part_operand(const TensorView<float>&, const Dims&, const char*, const char*);
+template PartOperand part_operand(const TensorView<const float>&, const Dims&, const char*, const char*);
+
+void gather(float* dst, const float* base, const Dims& n_shape, const Dims& n_strides) {
+  for_each_offset(n_shape, n_strides, [&](Index off) { *dst++ = base[off]; });
+}
+
+void scatter(float* base, const float* src, const Dims& n_shape, const Dims& n_strides) {
+  for_each_offset(n_shape, n_strides, [&](Index off) { base[off] = *src++; });
+}
+
+std::vector<float> gather_part(const PartOperand& p, const Dims& shape) {
+  std::vector<float> out(static_cast<std::size_t>(shape.product()));
+  gather(out.data(), reinterpret_cast<const float*>(p.base), shape, p.strides);
+  return out;
+}
+
+Chunks param_grad_chunks(Index groups, Index n) {
+  // At most 64 chunks, and at most ~64 MiB of double partials (two arrays of n per chunk).
+  const Index by_memory = std::max<Index>(1, (Index{64} << 20) / (16 * n));
+  Chunks c;
+  c.count = std::max<Index>(1, std::min({groups, Index{64}, by_memory}));
+  c.size = (groups + c.count - 1) / c.count;
+  c.count = (groups + c.size - 1) / c.size;
+  return c;
+}
+
+}  // namespace normlab::plan

@@ -1,0 +1,86 @@
+// Grouping machinery shared by the normalization family (internal).
+//
+// A "plan" splits the axes of x into normalized axes N and kept axes K. A group is one combination of
+// the kept indices; its n elements are all combinations of the normalized indices. Operands are
+// described by strides over K and over N so that any strided layout can be walked without copies.
+#pragma once
+
+#include <normlab/norm.h>
+#include <normlab/tensor.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+namespace normlab::plan {
+
+struct AxisSplit {
+  int rank = 0;
+  std::array<bool, kMaxRank> normalized{};
+  Dims n_axes;   // normalized axes, increasing
+  Dims k_axes;   // kept axes, increasing
+  Dims n_shape;  // sizes at n_axes
+  Dims k_shape;  // sizes at k_axes
+  Index n = 1;       // elements per group
+  Index groups = 1;  // number of groups
+};
+
+// Validates `axes` against x's shape (range, duplicates, at least one axis, non-empty x) and splits.
+AxisSplit split_axes(const Dims& x_shape, const Axes& axes, const char* op);
+
+// A full-shaped operand (shape of x) seen as strides over K and over N.
+struct FullOperand {
+  const char* name = "";
+  char* base = nullptr;  // as bytes-agnostic pointer; cast by the user
+  Dims k_strides, n_strides;
+  bool n_contiguous = false;  // the group's elements are n consecutive floats, in N's row-major order
+};
+
+// An operand shaped like K (mean, rstd) or like N (weight, bias).
+struct PartOperand {
+  const char* name = "";
+  char* base = nullptr;
+  Dims strides;
+  bool defined = false;
+};
+
+// Checks that v has exactly x's shape; throws naming `name` and `op` otherwise.
+void check_same_shape(const Dims& x_shape, const Dims& v_shape, const char* name, const char* op);
+// Checks that an output view writes every element once (no 0 stride on an axis longer than 1).
+void check_writable(const Dims& shape, const Dims& strides, const char* name, const char* op);
+// Checks that an output either is exactly the input (same pointer and strides) or does not overlap it.
+template <typename A, typename B>
+void check_no_partial_overlap(const TensorView<A>& out, const TensorView<B>& in, const char* out_name,
+                              const char* in_name, const char* op);
+
+template <typename T>
+FullOperand full_operand(const TensorView<T>& v, const AxisSplit& s, const char* name);
+template <typename T>
+PartOperand part_operand(const TensorView<T>& v, const Dims& expect_shape, const char* name, const char* op);
+
+// Offset (in elements) of group g's first element for strides over K.
+inline Index group_offset(Index g, const Dims& k_shape, const Dims& k_strides) {
+  Index off = 0;
+  for (int d = k_shape.size() - 1; d >= 0; --d) {
+    const Index q = g / k_shape[d];
+    off += (g - q * k_shape[d]) * k_strides[d];
+    g = q;
+  }
+  return off;
+}
+
+// Copies one group to/from a contiguous buffer (row-major over N).
+void gather(float* dst, const float* base, const Dims& n_shape, const Dims& n_strides);
+void scatter(float* base, const float* src, const Dims& n_shape, const Dims& n_strides);
+
+// Reads a K- or N-shaped operand into a contiguous row-major buffer.
+std::vector<float> gather_part(const PartOperand& p, const Dims& shape);
+
+// Chunking of groups for deterministic parameter-gradient reduction: depends on the shape only.
+struct Chunks {
+  Index count = 1;
+  Index size = 1;  // groups per chunk (last may be shorter)
+};
+Chunks param_grad_chunks(Index groups, Index n);
+
+}  // namespace normlab::plan

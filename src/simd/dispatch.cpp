@@ -1,0 +1,85 @@
+// Runtime choice of the instruction set for the row kernels.
+#include <normlab/simd.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "norm/row_kernels.h"
+
+namespace normlab {
+namespace kernels {
+namespace scalar { extern const RowKernels kTable; }
+namespace avx2 { extern const RowKernels kTable; }
+namespace avx512 { extern const RowKernels kTable; }
+}  // namespace kernels
+
+namespace {
+
+Isa best_isa() {
+  if (const char* env = std::getenv("NORMLAB_ISA"); env && *env) {
+    const Isa isa = parse_isa(env);
+    NL_CHECK(isa_supported(isa), "NORMLAB_ISA={} but this CPU does not support it", env);
+    return isa;
+  }
+  if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
+  if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+std::atomic<Isa>& active() {
+  static std::atomic<Isa> isa{best_isa()};
+  return isa;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+Isa parse_isa(const std::string& name) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (name == isa_name(isa)) return isa;
+  throw Error(fmt::format("unknown instruction set '{}' (valid: scalar, avx2, avx512)", name));
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+Isa active_isa() { return active().load(); }
+
+void set_isa(Isa isa) {
+  NL_CHECK(isa_supported(isa), "instruction set {} is not supported by this CPU", isa_name(isa));
+  active().store(isa);
+}
+
+const kernels::RowKernels& kernels::row_kernels() {
+  switch (active_isa()) {
+    case Isa::kAvx512: return avx512::kTable;
+    case Isa::kAvx2: return avx2::kTable;
+    case Isa::kScalar: break;
+  }
+  return scalar::kTable;
+}
+
+}  // namespace normlab

@@ -1,0 +1,450 @@
+// LayerNorm over any axes: hand-computed cases, the float64 reference over swept shapes and layouts,
+// float64 finite differences, large-offset stability, determinism across threads and SIMD targets,
+// aliasing, and bad input.
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+#include <normlab/reference.h>
+#include <normlab/simd.h>
+
+#include <cmath>
+#include <random>
+
+#include "support/random.h"
+#include "support/tolerance.h"
+
+namespace normlab {
+namespace {
+
+using testing::all_close;
+using testing::bitwise_equal;
+using testing::Tol;
+
+// Runs the forward into fresh tensors and returns them.
+struct Fwd {
+  Tensor y, mean, rstd;
+};
+Fwd run_forward(ConstView x, ConstView w, ConstView b, const Axes& axes, double eps) {
+  Fwd f{Tensor(x.shape()), Tensor(kept_shape(x.shape(), axes)), Tensor(kept_shape(x.shape(), axes))};
+  layer_norm_forward(f.y.view(), f.mean.view(), f.rstd.view(), x, w, b, axes, eps);
+  return f;
+}
+struct Bwd {
+  Tensor dx, dw, db;
+};
+Bwd run_backward(ConstView dy, ConstView x, ConstView w, const Axes& axes, double eps) {
+  const Dims ns = normalized_shape(x.shape(), axes);
+  Bwd b{Tensor(x.shape()), Tensor(ns), Tensor(ns)};
+  layer_norm_backward(b.dx.view(), b.dw.view(), b.db.view(), dy, x, w, axes, eps);
+  return b;
+}
+
+double max_abs(const ref::DTensor& t) {
+  double m = 0;
+  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
+  return m;
+}
+
+// ---- the seed's worked examples, exactly ----------------------------------------------------------
+
+TEST(LayerNormExamples, LayerOutputMeanIsTwo) {
+  Tensor x({3}, {1, 2, 3});
+  Fwd f = run_forward(x.cview(), {}, {}, {0}, 0.0);
+  EXPECT_EQ(f.mean[0], 2.0f);
+  EXPECT_FLOAT_EQ(f.rstd[0], static_cast<float>(1.0 / std::sqrt(2.0 / 3.0)));
+  EXPECT_FLOAT_EQ(f.y[0], -1.2247449f);
+  EXPECT_EQ(f.y[1], 0.0f);
+  EXPECT_FLOAT_EQ(f.y[2], 1.2247449f);
+}
+
+TEST(LayerNormExamples, SpeechOverFGivesMinusOneAndOne) {
+  // [F=2, T=3]: each frame (column) is (1,3), (2,4), (3,5): mean ± 1 exactly.
+  Tensor x({2, 3}, {1, 2, 3, 3, 4, 5});
+  Fwd f = run_forward(x.cview(), {}, {}, {0}, 0.0);
+  Tensor expect({2, 3}, {-1, -1, -1, 1, 1, 1});
+  EXPECT_TRUE(bitwise_equal(f.y.cview(), expect.cview(), "over F"));
+  Tensor mean_expect({3}, {2, 3, 4});
+  EXPECT_TRUE(bitwise_equal(f.mean.cview(), mean_expect.cview(), "frame means"));
+  // The same data as a batch [B=1, F=2, T=3], normalized over F per frame.
+  Fwd fb = run_forward(x.cview().reshape({1, 2, 3}), {}, {}, {1}, 0.0);
+  EXPECT_TRUE(bitwise_equal(fb.y.cview(), expect.cview().reshape({1, 2, 3}), "[B,F,T] over F"));
+}
+
+TEST(LayerNormExamples, SpeechOverTGivesScaledRows) {
+  Tensor x({2, 3}, {1, 2, 3, 3, 4, 5});
+  Fwd f = run_forward(x.cview(), {}, {}, {1}, 0.0);
+  const double s = std::sqrt(1.5);  // 1/sqrt(var), var = 2/3
+  ref::DTensor expect({2, 3}, {-s, 0, s, -s, 0, s});
+  EXPECT_TRUE(all_close(f.y.cview(), expect, Tol{1, 1}, "over T"));
+  EXPECT_NEAR(f.y[0], -1.2247, 1e-4);
+  // Negative axis counts from the end: -1 is T.
+  Fwd fn = run_forward(x.cview(), {}, {}, {-1}, 0.0);
+  EXPECT_TRUE(bitwise_equal(fn.y.cview(), f.y.cview(), "axis -1"));
+}
+
+TEST(LayerNormExamples, AffineAppliesPerFeature) {
+  Tensor x({2, 3}, {1, 2, 3, 3, 4, 5});
+  Tensor w({2}, {2, 0.5f}), b({2}, {1, -1});
+  Fwd f = run_forward(x.cview(), w.cview(), b.cview(), {0}, 0.0);
+  Tensor expect({2, 3}, {-1, -1, -1, -0.5f, -0.5f, -0.5f});
+  EXPECT_TRUE(bitwise_equal(f.y.cview(), expect.cview(), "γ, β over F"));
+}
+
+// ---- the float64 reference over swept shapes, axes and layouts ----------------------------------
+
+// One random case: a strided view of some parent buffer, axes, optional γ/β.
+struct Case {
+  std::string name;
+  Tensor parent;
+  View x;
+  Axes axes;
+  Tensor w, b;
+  bool use_w = false, use_b = false;
+  double eps = 1e-5;
+};
+
+Case make_case(std::mt19937_64& rng, int idx) {
+  static const Index kSizes[] = {1, 2, 3, 7, 16, 33};
+  std::uniform_int_distribution<int> rank_d(1, 5), coin(0, 1), size_d(0, 5);
+  Case c;
+  const int rank = rank_d(rng);
+  Dims shape;
+  Index total = 1;
+  for (int d = 0; d < rank; ++d) {
+    Index s = kSizes[size_d(rng)];
+    if (total * s > 20000) s = 1;
+    total *= s;
+    shape.push_back(s);
+  }
+  // Occasionally one long axis (1025) with everything else small.
+  if (idx % 17 == 3) shape[static_cast<int>(rng() % static_cast<unsigned>(rank))] = 1025;
+  // The parent is larger: every axis padded by 1 so that slicing makes a non-contiguous view.
+  Dims pshape = shape;
+  for (int d = 0; d < rank; ++d) pshape[d] = shape[d] + (coin(rng) ? 1 : 0);
+  c.parent = testing::random_tensor(pshape, rng, 1.5, 0.25);
+  View v = c.parent.view();
+  for (int d = 0; d < rank; ++d) {
+    if (pshape[d] != shape[d]) v = v.slice(d, 1, pshape[d]);  // misaligned start
+  }
+  if (rank >= 2 && coin(rng)) {  // permute the axes
+    std::vector<int> order(static_cast<std::size_t>(rank));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    v = v.permute(std::span<const int>(order));
+  }
+  if (coin(rng) && v.size(0) > 1) v = v.slice(0, v.size(0) - 1, -1, -1);  // reversed axis
+  c.x = v;
+  // Axes: a random non-empty subset, in random order, sometimes negative.
+  for (int d = 0; d < rank; ++d)
+    if (coin(rng)) c.axes.push_back(coin(rng) ? d : d - rank);
+  if (c.axes.empty()) c.axes.push_back(rank - 1);
+  std::shuffle(c.axes.begin(), c.axes.end(), rng);
+  c.use_w = coin(rng);
+  c.use_b = coin(rng);
+  const Dims ns = normalized_shape(v.shape(), c.axes);
+  c.w = testing::random_tensor(ns, rng, 1.0, 1.0);
+  c.b = testing::random_tensor(ns, rng, 1.0, 0.0);
+  c.eps = coin(rng) ? 0.0 : 1e-5;
+  c.name = fmt::format("case {}: shape {} strides {} axes [{}] γ={} β={} eps={}", idx, v.shape().str(),
+                       v.strides().str(), fmt::join(c.axes, ","), c.use_w, c.use_b, c.eps);
+  return c;
+}
+
+TEST(LayerNormReference, ForwardAndBackwardMatchFloat64OnRandomLayouts) {
+  std::mt19937_64 rng(20261129);
+  for (int i = 0; i < 400; ++i) {
+    Case c = make_case(rng, i);
+    SCOPED_TRACE(c.name);
+    ConstView w = c.use_w ? c.w.cview() : ConstView{}, b = c.use_b ? c.b.cview() : ConstView{};
+    Fwd f = run_forward(c.x, w, b, c.axes, c.eps);
+    ref::LayerNormOut r = ref::layer_norm_forward(c.x, w, b, c.axes, c.eps);
+    // y = x̂·γ + β with |x̂| up to √n: a few roundings of the output's own magnitude.
+    ASSERT_TRUE(all_close(f.y.cview(), r.y, Tol{4, 1}, "y"));
+    ASSERT_TRUE(all_close(f.mean.cview(), r.mean, Tol{1, 1e-30}, "mean"));
+    ASSERT_TRUE(all_close(f.rstd.cview(), r.rstd, Tol{2, 1e-30}, "rstd"));
+
+    Tensor dy = testing::random_tensor(c.x.shape(), rng, 1.0, 0.0);
+    Bwd g = run_backward(dy.cview(), c.x, w, c.axes, c.eps);
+    ref::LayerNormGrads rg = ref::layer_norm_backward(dy.cview(), c.x, w, c.axes, c.eps);
+    // dx is a difference of O(rstd·|g|) terms: the bound scales with the largest |dx| of the case.
+    ASSERT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, max_abs(rg.dx)}, "dx"));
+    ASSERT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{4, max_abs(rg.dweight)}, "dweight"));
+    ASSERT_TRUE(all_close(g.db.cview(), rg.dbias, Tol{4, max_abs(rg.dbias)}, "dbias"));
+  }
+}
+
+TEST(LayerNormReference, OddLengthsAndMisalignedRows) {
+  std::mt19937_64 rng(7);
+  for (Index n : {1, 2, 7, 15, 16, 17, 33, 63, 1025, 4099}) {
+    for (Index misalign : {0, 1, 3}) {
+      Tensor parent = testing::random_tensor({3, n + misalign}, rng, 2.0, -1.0);
+      ConstView x = parent.cview().slice(1, misalign, n + misalign);
+      SCOPED_TRACE(fmt::format("n={} misalign={}", n, misalign));
+      Fwd f = run_forward(x, {}, {}, {1}, 1e-5);
+      ASSERT_TRUE(all_close(f.y.cview(), ref::layer_norm_forward(x, {}, {}, {1}, 1e-5).y, Tol{4, 1}, "y"));
+    }
+  }
+}
+
+TEST(LayerNormReference, OneElementGroupsGiveZero) {
+  Tensor x({4, 1}, {1, -2, 3e6f, 0});
+  Fwd f = run_forward(x.cview(), {}, {}, {1}, 1e-5);
+  for (Index i = 0; i < 4; ++i) EXPECT_EQ(f.y[i], 0.0f);
+  for (Index i = 0; i < 4; ++i) EXPECT_EQ(f.mean[i], x[i]);
+}
+
+TEST(LayerNormReference, SpeechAxesWithoutTranspose) {
+  // [B,F,T] over F, over T and over (F,T); video [B,T,N,D] over D. Normalizing a strided axis must
+  // give exactly the bits of normalizing a physically transposed contiguous copy (same math, same
+  // order within the group).
+  std::mt19937_64 rng(3);
+  Tensor x = testing::random_tensor({4, 80, 37}, rng, 3.0, 5.0);
+  Tensor xt = Tensor::copy_of(x.cview().permute({0, 2, 1}));  // [B,T,F] contiguous
+  Fwd over_f = run_forward(x.cview(), {}, {}, {1}, 1e-5);
+  Fwd over_f_t = run_forward(xt.cview(), {}, {}, {2}, 1e-5);
+  EXPECT_TRUE(bitwise_equal(over_f.y.cview(), over_f_t.y.cview().permute({0, 2, 1}), "over F vs transposed"));
+  EXPECT_TRUE(bitwise_equal(over_f.mean.cview(), over_f_t.mean.cview(), "frame means"));
+  for (const Axes& axes : {Axes{1}, Axes{2}, Axes{1, 2}, Axes{0, 2}}) {
+    Fwd f = run_forward(x.cview(), {}, {}, axes, 1e-5);
+    EXPECT_TRUE(all_close(f.y.cview(), ref::layer_norm_forward(x.cview(), {}, {}, axes, 1e-5).y, Tol{4, 1}));
+  }
+  Tensor video = testing::random_tensor({2, 5, 3, 64}, rng, 1.0, 0.0);
+  Fwd fv = run_forward(video.cview(), {}, {}, {3}, 1e-5);
+  EXPECT_EQ(fv.mean.shape(), (Dims{2, 5, 3}));
+  EXPECT_TRUE(all_close(fv.y.cview(), ref::layer_norm_forward(video.cview(), {}, {}, {3}, 1e-5).y, Tol{4, 1}));
+}
+
+// ---- float64 finite differences -----------------------------------------------------------------
+
+// L(x, γ, β) = Σ r ⊙ y with a fixed random r: dL/dy = r. Central differences in double, step h.
+TEST(LayerNormGradients, ReferenceBackwardMatchesFiniteDifferences) {
+  std::mt19937_64 rng(11);
+  const Axes axes{1, 3};
+  const Dims shape{2, 3, 2, 5};
+  ref::DTensor x = testing::random_dtensor(shape, rng, 1.0, 0.5);
+  ref::DTensor w = testing::random_dtensor({3, 5}, rng, 1.0, 1.0);
+  ref::DTensor b = testing::random_dtensor({3, 5}, rng, 1.0, 0.0);
+  ref::DTensor r = testing::random_dtensor(shape, rng, 1.0, 0.0);
+  const double eps = 1e-5, h = 1e-6;
+  auto loss = [&]() {
+    ref::LayerNormOut o = ref::layer_norm_forward(x.view(), w.view(), b.view(), axes, eps);
+    double s = 0;
+    for (Index i = 0; i < o.y.numel(); ++i) s += o.y[i] * r[i];
+    return s;
+  };
+  ref::LayerNormGrads g = ref::layer_norm_backward(r.view(), x.view(), w.view(), axes, eps);
+  auto check = [&](ref::DTensor& p, const ref::DTensor& grad, const char* what) {
+    for (Index i = 0; i < p.numel(); ++i) {
+      const double keep = p[i];
+      p[i] = keep + h;
+      const double lp = loss();
+      p[i] = keep - h;
+      const double lm = loss();
+      p[i] = keep;
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(grad[i], fd, 1e-7 * std::max(1.0, std::fabs(fd))) << what << "[" << i << "]";
+    }
+  };
+  check(x, g.dx, "dx");
+  check(w, g.dweight, "dweight");
+  check(b, g.dbias, "dbias");
+}
+
+TEST(LayerNormGradients, KernelBackwardMatchesFiniteDifferencesOfTheReference) {
+  // The fp32 kernel's gradients against float64 central differences of the float64 forward, on
+  // fp32-representable inputs: ties the kernel directly to the math, not only to the reference.
+  std::mt19937_64 rng(12);
+  for (const Axes& axes : {Axes{1}, Axes{0, 2}, Axes{2}}) {
+    Tensor x = testing::random_tensor({3, 4, 5}, rng, 1.0, 0.0);
+    Tensor w = testing::random_tensor(normalized_shape(x.shape(), axes), rng, 1.0, 1.0);
+    Tensor r = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
+    ref::DTensor xd = ref::to_double(x.cview()), wd = ref::to_double(w.cview()), rd = ref::to_double(r.cview());
+    auto loss = [&]() {
+      ref::LayerNormOut o = ref::layer_norm_forward(xd.view(), wd.view(), {}, axes, 1e-5);
+      double s = 0;
+      for (Index i = 0; i < o.y.numel(); ++i) s += o.y[i] * rd[i];
+      return s;
+    };
+    Bwd g = run_backward(r.cview(), x.cview(), w.cview(), axes, 1e-5);
+    const double h = 1e-6;
+    auto fd_of = [&](ref::DTensor& p) {
+      ref::DTensor out(p.shape());
+      for (Index i = 0; i < p.numel(); ++i) {
+        const double keep = p[i];
+        p[i] = keep + h;
+        const double lp = loss();
+        p[i] = keep - h;
+        const double lm = loss();
+        p[i] = keep;
+        out[i] = (lp - lm) / (2 * h);
+      }
+      return out;
+    };
+    const ref::DTensor fdx = fd_of(xd), fdw = fd_of(wd);
+    // Finite differences carry ~1e-9 error; the kernel's fp32 output rounding dominates.
+    EXPECT_TRUE(all_close(g.dx.cview(), fdx, Tol{64, max_abs(fdx)}, "dx vs FD"));
+    EXPECT_TRUE(all_close(g.dw.cview(), fdw, Tol{64, max_abs(fdw)}, "dweight vs FD"));
+  }
+}
+
+TEST(LayerNormGradients, AccumulateModeAddsToParameterGradients) {
+  std::mt19937_64 rng(5);
+  Tensor x = testing::random_tensor({6, 10}, rng, 1.0, 0.0), dy = testing::random_tensor({6, 10}, rng, 1.0, 0.0);
+  Bwd once = run_backward(dy.cview(), x.cview(), {}, {1}, 1e-5);
+  Tensor dx({6, 10}), dw({10}), db({10});
+  for (Index i = 0; i < 10; ++i) dw[i] = db[i] = 1.0f;
+  layer_norm_backward(dx.view(), dw.view(), db.view(), dy.cview(), x.cview(), {}, {1}, 1e-5, GradMode::kAccumulate);
+  for (Index i = 0; i < 10; ++i) {
+    EXPECT_EQ(dw[i], 1.0f + once.dw[i]);
+    EXPECT_EQ(db[i], 1.0f + once.db[i]);
+  }
+  EXPECT_TRUE(bitwise_equal(dx.cview(), once.dx.cview(), "dx is written, not accumulated"));
+}
+
+// ---- large common offset ------------------------------------------------------------------------
+
+TEST(LayerNormNumerics, OffsetTenThousandRowsNormalizeWithinOneMicro) {
+  std::mt19937_64 rng(1);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  const Index rows = 64, d = 768;
+  Tensor x({rows, d});
+  for (Index i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(1e4 + nd(rng));
+  Fwd f = run_forward(x.cview(), {}, {}, {1}, 1e-5);
+  ref::LayerNormOut r = ref::layer_norm_forward(x.cview(), {}, {}, {1}, 1e-5);
+  double worst = 0;
+  for (Index i = 0; i < x.numel(); ++i) worst = std::max(worst, std::fabs(f.y[i] - r.y[i]));
+  EXPECT_LE(worst, 1e-6) << "max abs error at offset 1e4";
+  // Backward at the same offset (mean recomputed in double).
+  Tensor dy = testing::random_tensor({rows, d}, rng, 1.0, 0.0);
+  Bwd g = run_backward(dy.cview(), x.cview(), {}, {1}, 1e-5);
+  ref::LayerNormGrads rg = ref::layer_norm_backward(dy.cview(), x.cview(), {}, {1}, 1e-5);
+  EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, max_abs(rg.dx)}, "dx at offset 1e4"));
+}
+
+// ---- determinism: threads and SIMD targets ------------------------------------------------------
+
+struct AllOutputs {
+  Fwd f;
+  Bwd b;
+};
+AllOutputs run_all(ConstView x, ConstView w, ConstView dy, const Axes& axes) {
+  return {run_forward(x, w, {}, axes, 1e-5), run_backward(dy, x, w, axes, 1e-5)};
+}
+void expect_same_bits(const AllOutputs& a, const AllOutputs& b, const std::string& what) {
+  EXPECT_TRUE(bitwise_equal(a.f.y.cview(), b.f.y.cview(), what + " y"));
+  EXPECT_TRUE(bitwise_equal(a.f.mean.cview(), b.f.mean.cview(), what + " mean"));
+  EXPECT_TRUE(bitwise_equal(a.f.rstd.cview(), b.f.rstd.cview(), what + " rstd"));
+  EXPECT_TRUE(bitwise_equal(a.b.dx.cview(), b.b.dx.cview(), what + " dx"));
+  EXPECT_TRUE(bitwise_equal(a.b.dw.cview(), b.b.dw.cview(), what + " dweight"));
+  EXPECT_TRUE(bitwise_equal(a.b.db.cview(), b.b.db.cview(), what + " dbias"));
+}
+
+TEST(LayerNormDeterminism, SameBitsForOneTwoAndThreeThreads) {
+  std::mt19937_64 rng(9);
+  Tensor x = testing::random_tensor({700, 96}, rng, 2.0, 1.0), dy = testing::random_tensor({700, 96}, rng, 1.0, 0.0);
+  Tensor w = testing::random_tensor({96}, rng, 1.0, 1.0);
+  Tensor xs = testing::random_tensor({8, 40, 300}, rng, 2.0, 1.0), dys = testing::random_tensor({8, 40, 300}, rng, 1.0, 0.0);
+  Tensor ws = testing::random_tensor({40}, rng, 1.0, 1.0);
+  const int saved = num_threads();
+  std::vector<AllOutputs> rows, cols;
+  for (int t : {1, 2, 3}) {
+    set_num_threads(t);
+    rows.push_back(run_all(x.cview(), w.cview(), dy.cview(), {1}));
+    cols.push_back(run_all(xs.cview(), ws.cview(), dys.cview(), {1}));
+  }
+  set_num_threads(saved);
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    expect_same_bits(rows[0], rows[i], fmt::format("rows, {} threads", i + 1));
+    expect_same_bits(cols[0], cols[i], fmt::format("[B,F,T] over F, {} threads", i + 1));
+  }
+}
+
+TEST(LayerNormDeterminism, SameBitsOnEverySimdTarget) {
+  std::mt19937_64 rng(10);
+  Tensor x = testing::random_tensor({37, 1029}, rng, 2.0, 1.0), dy = testing::random_tensor({37, 1029}, rng, 1.0, 0.0);
+  Tensor w = testing::random_tensor({1029}, rng, 1.0, 1.0);
+  const Isa saved = active_isa();
+  std::vector<AllOutputs> out;
+  std::vector<Isa> isas = supported_isas();
+  for (Isa isa : isas) {
+    set_isa(isa);
+    out.push_back(run_all(x.cview(), w.cview(), dy.cview(), {1}));
+  }
+  set_isa(saved);
+  ASSERT_FALSE(out.empty());
+  for (std::size_t i = 1; i < out.size(); ++i) expect_same_bits(out[0], out[i], isa_name(isas[i]));
+  // Each target also agrees with the float64 reference.
+  EXPECT_TRUE(all_close(out.back().f.y.cview(), ref::layer_norm_forward(x.cview(), w.cview(), {}, {1}, 1e-5).y,
+                        Tol{4, 1}));
+}
+
+// ---- aliasing, NaN policy -----------------------------------------------------------------------
+
+TEST(LayerNormAliasing, InPlaceEqualsOutOfPlace) {
+  std::mt19937_64 rng(13);
+  Tensor x = testing::random_tensor({5, 3, 17}, rng, 1.0, 0.0);
+  for (const Axes& axes : {Axes{2}, Axes{1}}) {
+    Fwd f = run_forward(x.cview(), {}, {}, axes, 1e-5);
+    Tensor inplace = x.clone();
+    layer_norm_forward(inplace.view(), {}, {}, inplace.cview(), {}, {}, axes, 1e-5);
+    EXPECT_TRUE(bitwise_equal(inplace.cview(), f.y.cview(), "in place"));
+  }
+}
+
+TEST(LayerNormNaN, NaNStaysInItsGroup) {
+  Tensor x({3, 4}, {1, 2, 3, 4, 1, NAN, 3, 4, 5, 6, 7, 8});
+  Fwd f = run_forward(x.cview(), {}, {}, {1}, 1e-5);
+  for (Index j = 0; j < 4; ++j) {
+    EXPECT_FALSE(std::isnan(f.y[j]));
+    EXPECT_TRUE(std::isnan(f.y[4 + j]));
+    EXPECT_FALSE(std::isnan(f.y[8 + j]));
+  }
+  EXPECT_TRUE(std::isnan(f.mean[1]));
+}
+
+TEST(LayerNormNaN, ConstantGroupWithZeroEpsIsNaNLikePyTorch) {
+  Tensor x({1, 3}, {2, 2, 2});
+  Fwd f = run_forward(x.cview(), {}, {}, {1}, 0.0);
+  EXPECT_TRUE(std::isinf(f.rstd[0]));
+  EXPECT_TRUE(std::isnan(f.y[0]));
+  Fwd g = run_forward(x.cview(), {}, {}, {1}, 1e-5);
+  EXPECT_EQ(g.y[0], 0.0f);
+}
+
+// ---- bad input ----------------------------------------------------------------------------------
+
+TEST(LayerNormErrors, BadInputGetsClearMessages) {
+  Tensor x({2, 3}), y({2, 3}), m({2}), r({2}), w({3}), wbad({2}), empty({0, 3}), yempty({0, 3});
+  auto fwd = [&](const Axes& axes, double eps = 1e-5, ConstView weight = {}) {
+    layer_norm_forward(y.view(), {}, {}, x.cview(), weight, {}, axes, eps);
+  };
+  EXPECT_NL_ERROR(fwd({2}), "axis 2 is out of range");
+  EXPECT_NL_ERROR(fwd({-3}), "axis -3 is out of range");
+  EXPECT_NL_ERROR(fwd({1, -1}), "axis 1 is given twice");
+  EXPECT_NL_ERROR(fwd({}), "no axes");
+  EXPECT_NL_ERROR(fwd({1}, -1e-5), "eps must be finite and ≥ 0");
+  EXPECT_NL_ERROR(fwd({1}, NAN), "eps must be finite");
+  EXPECT_NL_ERROR(fwd({1}, 1e-5, wbad.cview()), "weight has shape [2] but [3] is expected");
+  EXPECT_NL_ERROR(layer_norm_forward(yempty.view(), {}, {}, empty.cview(), {}, {}, {1}), "x is empty");
+  EXPECT_NL_ERROR(layer_norm_forward(y.view(), r.view(), {}, x.cview(), {}, {}, {0}), "mean has shape [2] but [3]");
+  Tensor y_wrong({3, 2});
+  EXPECT_NL_ERROR(layer_norm_forward(y_wrong.view(), {}, {}, x.cview(), {}, {}, {1}), "y has shape [3, 2]");
+  // A broadcast (stride-0) output and a partially overlapping output.
+  View bcast(y.data(), {2, 3}, {0, 1});
+  EXPECT_NL_ERROR(layer_norm_forward(bcast, {}, {}, x.cview(), {}, {}, {1}), "stride 0");
+  Tensor big({4, 3});
+  View shifted(big.data() + 3, {2, 3});
+  EXPECT_NL_ERROR(layer_norm_forward(shifted, {}, {}, big.cview().slice(0, 0, 2), {}, {}, {1}), "overlaps input x");
+  // Backward.
+  Tensor dx({2, 3}), dy({2, 3}), dy_bad({2, 4});
+  EXPECT_NL_ERROR(layer_norm_backward(dx.view(), {}, {}, dy_bad.cview(), x.cview(), {}, {1}), "dy has shape [2, 4]");
+  EXPECT_NL_ERROR(layer_norm_backward(dx.view(), wbad.view(), {}, dy.cview(), x.cview(), {}, {1}),
+                  "dweight has shape [2] but [3]");
+  EXPECT_NL_ERROR(layer_norm_backward(dx.view(), {}, {}, dy.cview(), x.cview(), wbad.cview(), {1}),
+                  "weight has shape [2] but [3]");
+  EXPECT_NL_ERROR(layer_norm_backward(dx.view(), {}, {}, dy.cview(), x.cview(), {}, {1}, -1.0), "eps");
+  EXPECT_NL_ERROR(layer_norm_backward(shifted, {}, {}, big.cview().slice(0, 0, 2), x.cview(), {}, {1}),
+                  "output dx overlaps input dy");
+}
+
+}  // namespace
+}  // namespace normlab

@@ -1,0 +1,81 @@
+// The one numeric-tolerance helper for normlab's tests.
+//
+// An fp32 result r is accepted against a reference ref (double) when
+//     |r − ref| ≤ k · FLT_EPSILON · max(|ref|, scale)
+// k is a small budget in units of fp32 epsilon; `scale` is the magnitude below which absolute error is
+// what matters (e.g. the size of typical values of the quantity). NaNs must match NaNs. Exactly
+// representable cases use expect_bitwise instead.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <normlab/tensor.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+#include <string>
+
+namespace normlab::testing {
+
+struct Tol {
+  double k = 8;        // budget in fp32 epsilons
+  double scale = 1.0;  // magnitude floor
+  double bound(double ref) const { return k * FLT_EPSILON * std::max(std::fabs(ref), scale); }
+};
+
+// Compares every element of `actual` (any strided float view) with `ref` (contiguous double, same
+// shape), reporting the worst element. Returns the worst error in units of the bound.
+template <typename Ref>
+::testing::AssertionResult all_close(ConstView actual, const Ref& ref, Tol tol, const std::string& what = "") {
+  if (actual.shape() != ref.shape())
+    return ::testing::AssertionFailure() << what << ": shape " << actual.shape().str() << " vs reference "
+                                         << ref.shape().str();
+  Index i = 0, worst_i = -1, bad = 0;
+  double worst = 0, worst_a = 0, worst_r = 0;
+  for_each_offset(actual.shape(), actual.strides(), [&](Index off) {
+    const double a = actual.data()[off], r = static_cast<double>(ref.data()[i]);
+    const bool both_nan = std::isnan(a) && std::isnan(r);
+    const double ratio = both_nan ? 0 : (std::isnan(a) || std::isnan(r)) ? INFINITY : std::fabs(a - r) / tol.bound(r);
+    if (ratio > 1) ++bad;
+    if (ratio > worst || worst_i < 0) {
+      worst = ratio;
+      worst_i = i;
+      worst_a = a;
+      worst_r = r;
+    }
+    ++i;
+  });
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << bad << " of " << i << " elements out of tolerance (k=" << tol.k
+                                       << " eps, scale " << tol.scale << "); worst at flat index " << worst_i
+                                       << ": got " << worst_a << ", reference " << worst_r << " (" << worst
+                                       << "× the bound)";
+}
+
+// Bitwise equality of two float views of the same shape.
+inline ::testing::AssertionResult bitwise_equal(ConstView a, ConstView b, const std::string& what = "") {
+  if (a.shape() != b.shape()) return ::testing::AssertionFailure() << what << ": shapes differ";
+  std::vector<float> va, vb;
+  for_each_offset(a.shape(), a.strides(), [&](Index o) { va.push_back(a.data()[o]); });
+  for_each_offset(b.shape(), b.strides(), [&](Index o) { vb.push_back(b.data()[o]); });
+  for (std::size_t i = 0; i < va.size(); ++i)
+    if (std::memcmp(&va[i], &vb[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << what << ": first difference at flat index " << i << ": " << va[i]
+                                           << " vs " << vb[i];
+  return ::testing::AssertionSuccess();
+}
+
+// Expects `stmt` to throw normlab::Error whose message contains `needle`.
+#define EXPECT_NL_ERROR(stmt, needle)                                                        \
+  do {                                                                                       \
+    try {                                                                                    \
+      stmt;                                                                                  \
+      ADD_FAILURE() << "expected normlab::Error containing \"" << (needle) << "\"";          \
+    } catch (const ::normlab::Error& e) {                                                    \
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)                       \
+          << "message \"" << e.what() << "\" lacks \"" << (needle) << "\"";                  \
+    }                                                                                        \
+  } while (0)
+
+}  // namespace normlab::testing

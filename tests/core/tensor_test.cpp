@@ -1,0 +1,113 @@
+// Strided views and owning tensors: views of views without copies, shapes, errors.
+#include <normlab/tensor.h>
+
+#include <cstdint>
+
+#include "support/tolerance.h"
+
+namespace normlab {
+namespace {
+
+Tensor iota(Dims shape) {
+  Tensor t(shape);
+  for (Index i = 0; i < t.numel(); ++i) t[i] = static_cast<float>(i);
+  return t;
+}
+
+TEST(Tensor, OwningTensorIsAlignedAndZeroed) {
+  for (Index n : {1, 3, 17, 1000}) {
+    Tensor t({n});
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.data()) % kAlignment, 0u);
+    for (Index i = 0; i < n; ++i) EXPECT_EQ(t[i], 0.0f);
+  }
+  Tensor e({0, 4});
+  EXPECT_EQ(e.numel(), 0);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(e.data()) % kAlignment, 0u);
+}
+
+TEST(Tensor, ContiguousStridesAreRowMajor) {
+  EXPECT_EQ(contiguous_strides({2, 3, 4}), (Dims{12, 4, 1}));
+  Tensor t = iota({2, 3, 4});
+  EXPECT_TRUE(t.view().is_contiguous());
+  EXPECT_EQ(t.view().at({1, 2, 3}), 23.0f);
+}
+
+TEST(Tensor, PermuteSliceSelectShareStorage) {
+  Tensor t = iota({2, 3, 4});
+  View p = t.view().permute({2, 0, 1});  // [4, 2, 3]
+  EXPECT_EQ(p.shape(), (Dims{4, 2, 3}));
+  EXPECT_EQ(p.strides(), (Dims{1, 12, 4}));
+  EXPECT_EQ(p.at({3, 1, 2}), t.view().at({1, 2, 3}));
+  EXPECT_FALSE(p.is_contiguous());
+  EXPECT_EQ(p.data(), t.data());
+
+  View s = t.view().slice(2, 1, 4, 2);  // columns 1, 3
+  EXPECT_EQ(s.shape(), (Dims{2, 3, 2}));
+  EXPECT_EQ(s.at({0, 0, 1}), 3.0f);
+  View r = t.view().slice(2, 3, -1, -1);  // reversed last axis
+  EXPECT_EQ(r.shape(), (Dims{2, 3, 4}));
+  EXPECT_EQ(r.stride(2), -1);
+  EXPECT_EQ(r.at({0, 0, 0}), 3.0f);
+  EXPECT_EQ(r.at({1, 2, 3}), 20.0f);
+
+  View sel = t.view().select(1, 2);  // [2, 4]
+  EXPECT_EQ(sel.shape(), (Dims{2, 4}));
+  EXPECT_EQ(sel.at({1, 0}), 20.0f);
+  // A view of a view of a view.
+  View vvv = t.view().permute({1, 0, 2}).slice(0, 1, 3).select(2, 1);  // [2 (rows 1..2), 2]
+  EXPECT_EQ(vvv.shape(), (Dims{2, 2}));
+  EXPECT_EQ(vvv.at({1, 1}), t.view().at({1, 2, 1}));
+
+  // Writes through a view land in the owner.
+  sel.at({0, 0}) = -1;
+  EXPECT_EQ(t[8], -1.0f);
+}
+
+TEST(Tensor, CopyOfMakesContiguousCopies) {
+  Tensor t = iota({3, 4});
+  Tensor c = Tensor::copy_of(t.cview().transpose(0, 1));
+  EXPECT_EQ(c.shape(), (Dims{4, 3}));
+  EXPECT_TRUE(c.view().is_contiguous());
+  EXPECT_EQ(c[1], 4.0f);
+  EXPECT_EQ(c[3], 1.0f);
+  BasicTensor<double> d = BasicTensor<double>::copy_of(t.cview());
+  EXPECT_EQ(d[11], 11.0);
+}
+
+TEST(Tensor, ConstViewConversionAndRankZero) {
+  Tensor t = iota({5});
+  ConstView c = t.view();
+  EXPECT_EQ(c.numel(), 5);
+  View scalar = t.view().select(0, 2);
+  EXPECT_EQ(scalar.rank(), 0);
+  EXPECT_EQ(scalar.numel(), 1);
+  EXPECT_EQ(scalar.at({}), 2.0f);
+}
+
+TEST(Tensor, ForEachOffsetWalksRowMajor) {
+  std::vector<Index> offs;
+  for_each_offset({2, 3}, {1, 2}, [&](Index o) { offs.push_back(o); });
+  EXPECT_EQ(offs, (std::vector<Index>{0, 2, 4, 1, 3, 5}));
+  offs.clear();
+  for_each_offset({2, 0}, {1, 2}, [&](Index o) { offs.push_back(o); });
+  EXPECT_TRUE(offs.empty());
+}
+
+TEST(Tensor, BadInputGetsClearMessages) {
+  Tensor t = iota({2, 3});
+  EXPECT_NL_ERROR(t.view().permute({0, 0}), "axis 0 repeated");
+  EXPECT_NL_ERROR(t.view().permute({0}), "permute order has 1 entries");
+  EXPECT_NL_ERROR(t.view().slice(1, 0, 4), "out of range");
+  EXPECT_NL_ERROR(t.view().slice(1, 0, 2, 0), "step must not be 0");
+  EXPECT_NL_ERROR(t.view().select(0, 2), "select index 2 out of range");
+  EXPECT_NL_ERROR(t.view().select(2, 0), "axis 2 is out of range");
+  EXPECT_NL_ERROR(t.view().at({0, 3}), "index 3 out of range");
+  EXPECT_NL_ERROR(t.view().transpose(0, 1).reshape({6}), "contiguous");
+  EXPECT_NL_ERROR(t.view().reshape({4}), "cannot reshape 6 elements");
+  EXPECT_NL_ERROR(Tensor({2, -1}), "negative size");
+  EXPECT_NL_ERROR((Dims{1, 2, 3, 4, 5, 6, 7, 8, 9}), "exceeds the maximum rank 8");
+  EXPECT_NL_ERROR(Tensor({2}, {1.0f, 2.0f, 3.0f}), "3 values for shape [2]");
+}
+
+}  // namespace
+}  // namespace normlab

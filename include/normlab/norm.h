@@ -61,6 +61,23 @@ enum class GradMode {
 void layer_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
                          const Axes& axes, double eps = 1e-5, GradMode mode = GradMode::kOverwrite);
 
+// RMSNorm over `axes` (Zhang & Sennrich 2019; PyTorch nn.RMSNorm):
+//     rstd = 1/sqrt(Σx²/n + eps),  y = x·rstd·γ
+// No centring and no bias. normlab's default eps is 1e-6; PyTorch's default (eps=None) is the
+// dtype's machine epsilon: pass kTorchRmsNormEps for it.
+inline constexpr double kRmsNormEps = 1e-6;
+inline constexpr double kTorchRmsNormEps = 1.1920928955078125e-07;  // FLT_EPSILON
+
+//   y:        output, shape of x (written =)
+//   rstd:     optional output, shape of the kept axes
+//   weight γ: optional, shape of the normalized axes
+void rms_norm_forward(View y, View rstd, ConstView x, ConstView weight, const Axes& axes,
+                      double eps = kRmsNormEps);
+// dx = rstd·(g − x̂·mean(g·x̂)) with g = dy·γ, x̂ = x·rstd (written =); dweight = Σ dy·x̂ (per mode).
+// rstd is recomputed from x in double, as for LayerNorm.
+void rms_norm_backward(View dx, View dweight, ConstView dy, ConstView x, ConstView weight, const Axes& axes,
+                       double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
+
 // Shapes the functions above expect, for callers that allocate outputs.
 Dims kept_shape(const Dims& x_shape, const Axes& axes);        // shape of mean / rstd
 Dims normalized_shape(const Dims& x_shape, const Axes& axes);  // shape of weight / bias

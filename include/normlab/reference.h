@@ -25,9 +25,15 @@ struct LayerNormGrads {
 LayerNormOut layer_norm_forward(DView x, DView weight, DView bias, const Axes& axes, double eps);
 LayerNormGrads layer_norm_backward(DView dy, DView x, DView weight, const Axes& axes, double eps);
 
+// RMSNorm: the LayerNorm formulas with mean ≡ 0 and no bias (out.mean is all zeros).
+LayerNormOut rms_norm_forward(DView x, DView weight, const Axes& axes, double eps);
+LayerNormGrads rms_norm_backward(DView dy, DView x, DView weight, const Axes& axes, double eps);
+
 // Conveniences for float inputs (converted exactly to double).
 DTensor to_double(ConstView v);
 LayerNormOut layer_norm_forward(ConstView x, ConstView weight, ConstView bias, const Axes& axes, double eps);
 LayerNormGrads layer_norm_backward(ConstView dy, ConstView x, ConstView weight, const Axes& axes, double eps);
+LayerNormOut rms_norm_forward(ConstView x, ConstView weight, const Axes& axes, double eps);
+LayerNormGrads rms_norm_backward(ConstView dy, ConstView x, ConstView weight, const Axes& axes, double eps);
 
 }  // namespace normlab::ref

@@ -43,8 +43,10 @@ DTensor to_double(ConstView v) {
   return DTensor::copy_of(v);
 }
 
-LayerNormOut layer_norm_forward(DView x, DView weight, DView bias, const Axes& axes, double eps) {
-  const char* op = "ref::layer_norm_forward";
+namespace {
+
+LayerNormOut row_forward(bool center, DView x, DView weight, DView bias, const Axes& axes, double eps) {
+  const char* op = center ? "ref::layer_norm_forward" : "ref::rms_norm_forward";
   NL_CHECK(eps >= 0, "{}: eps must be ≥ 0, got {}", op, eps);
   const GroupIndex gi = index_for(x.shape(), x.strides(), axes, op);
   DTensor ws, bs;
@@ -57,7 +59,7 @@ LayerNormOut layer_norm_forward(DView x, DView weight, DView bias, const Axes& a
     const double* xg = x.data() + gi.k_off[g];
     double sum = 0;
     for (Index o : gi.n_off) sum += xg[o];
-    const double mean = sum / n;
+    const double mean = center ? sum / n : 0.0;
     double ss = 0;
     for (Index o : gi.n_off) ss += (xg[o] - mean) * (xg[o] - mean);
     const double rstd = 1.0 / std::sqrt(ss / n + eps);
@@ -73,8 +75,8 @@ LayerNormOut layer_norm_forward(DView x, DView weight, DView bias, const Axes& a
   return out;
 }
 
-LayerNormGrads layer_norm_backward(DView dy, DView x, DView weight, const Axes& axes, double eps) {
-  const char* op = "ref::layer_norm_backward";
+LayerNormGrads row_backward(bool center, DView dy, DView x, DView weight, const Axes& axes, double eps) {
+  const char* op = center ? "ref::layer_norm_backward" : "ref::rms_norm_backward";
   NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(), x.shape().str());
   const GroupIndex gi = index_for(x.shape(), x.strides(), axes, op);
   const GroupIndex di = index_for(dy.shape(), dy.strides(), axes, op);
@@ -89,7 +91,7 @@ LayerNormGrads layer_norm_backward(DView dy, DView x, DView weight, const Axes& 
     const double* dyg = dy.data() + di.k_off[k];
     double sum = 0;
     for (Index o : gi.n_off) sum += xg[o];
-    const double mean = sum / n;
+    const double mean = center ? sum / n : 0.0;
     double ss = 0;
     for (Index o : gi.n_off) ss += (xg[o] - mean) * (xg[o] - mean);
     const double rstd = 1.0 / std::sqrt(ss / n + eps);
@@ -103,12 +105,27 @@ LayerNormGrads layer_norm_backward(DView dy, DView x, DView weight, const Axes& 
       out.dweight[static_cast<Index>(e)] += d * xh[e];
       out.dbias[static_cast<Index>(e)] += d;
     }
-    mg /= n;
+    mg = center ? mg / n : 0.0;
     mgx /= n;
     for (std::size_t e = 0; e < gi.n_off.size(); ++e)
       out.dx[oi.k_off[k] + oi.n_off[e]] = rstd * (g[e] - mg - xh[e] * mgx);
   }
   return out;
+}
+
+}  // namespace
+
+LayerNormOut layer_norm_forward(DView x, DView weight, DView bias, const Axes& axes, double eps) {
+  return row_forward(true, x, weight, bias, axes, eps);
+}
+LayerNormGrads layer_norm_backward(DView dy, DView x, DView weight, const Axes& axes, double eps) {
+  return row_backward(true, dy, x, weight, axes, eps);
+}
+LayerNormOut rms_norm_forward(DView x, DView weight, const Axes& axes, double eps) {
+  return row_forward(false, x, weight, DView{}, axes, eps);
+}
+LayerNormGrads rms_norm_backward(DView dy, DView x, DView weight, const Axes& axes, double eps) {
+  return row_backward(false, dy, x, weight, axes, eps);
 }
 
 LayerNormOut layer_norm_forward(ConstView x, ConstView weight, ConstView bias, const Axes& axes, double eps) {
@@ -120,6 +137,16 @@ LayerNormOut layer_norm_forward(ConstView x, ConstView weight, ConstView bias, c
 LayerNormGrads layer_norm_backward(ConstView dy, ConstView x, ConstView weight, const Axes& axes, double eps) {
   const DTensor dyd = to_double(dy), xd = to_double(x), wd = to_double(weight);
   return layer_norm_backward(dyd.view(), xd.view(), weight.defined() ? wd.view() : DView{}, axes, eps);
+}
+
+LayerNormOut rms_norm_forward(ConstView x, ConstView weight, const Axes& axes, double eps) {
+  const DTensor xd = to_double(x), wd = to_double(weight);
+  return rms_norm_forward(xd.view(), weight.defined() ? wd.view() : DView{}, axes, eps);
+}
+
+LayerNormGrads rms_norm_backward(ConstView dy, ConstView x, ConstView weight, const Axes& axes, double eps) {
+  const DTensor dyd = to_double(dy), xd = to_double(x), wd = to_double(weight);
+  return rms_norm_backward(dyd.view(), xd.view(), weight.defined() ? wd.view() : DView{}, axes, eps);
 }
 
 }  // namespace normlab::ref

@@ -1,0 +1,48 @@
+// Linear layer y = x·Wᵀ + b (PyTorch weight layout (OC, C)). See include/normlab/nn/layers.h.
+#include <normlab/nn/layers.h>
+
+#include "nn/checks.h"
+#include "nn/gemm.h"
+
+namespace normlab::nn {
+
+template <typename Real>
+void linear_forward(Real* out, const Real* inp, const Real* weight, const Real* bias, Index N, Index C,
+                    Index OC) {
+  // out is (N,OC), inp is (N,C), weight is (OC,C), bias is (OC) or null
+  detail::check_size("linear", "N", N);
+  detail::check_size("linear", "C", C);
+  detail::check_size("linear", "OC", OC);
+  // out = inp (N,C) · weightᵀ (C,OC), written (beta = 0), then + bias per row.
+  gemm<Real>(false, true, N, OC, C, Real(1), inp, C, weight, C, Real(0), out, OC);
+  if (bias)
+    for (Index n = 0; n < N; ++n)
+      for (Index o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
+}
+
+template <typename Real>
+void linear_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
+                     const Real* weight, Index N, Index C, Index OC) {
+  // dinp is (N,C) or null, dweight is (OC,C), dbias is (OC) or null; dout is (N,OC)
+  detail::check_size("linear", "N", N);
+  detail::check_size("linear", "C", C);
+  detail::check_size("linear", "OC", OC);
+  // dinp += dout (N,OC) · weight (OC,C)
+  if (dinp) gemm<Real>(false, false, N, C, OC, Real(1), dout, OC, weight, C, Real(1), dinp, C);
+  // dweight += doutᵀ (OC,N) · inp (N,C)
+  gemm<Real>(true, false, OC, C, N, Real(1), dout, OC, inp, C, Real(1), dweight, C);
+  // dbias += Σ_n dout[n,:], summed over rows in order
+  if (dbias)
+    for (Index n = 0; n < N; ++n)
+      for (Index o = 0; o < OC; ++o) dbias[o] += dout[n * OC + o];
+}
+
+#define NL_INSTANTIATE(Real)                                                                                \
+  template void linear_forward<Real>(Real*, const Real*, const Real*, const Real*, Index, Index, Index);     \
+  template void linear_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index, Index, \
+                                      Index);
+NL_INSTANTIATE(float)
+NL_INSTANTIATE(double)
+#undef NL_INSTANTIATE
+
+}  // namespace normlab::nn

@@ -1,0 +1,210 @@
+// Normalization layers over the last axis: DyT, and thin adapters to normlab's LayerNorm / RMSNorm
+// (float: the library kernels of include/normlab/norm.h; double: the same formulas in plain loops).
+// See include/normlab/nn/layers.h.
+#include <normlab/nn/layers.h>
+#include <normlab/norm.h>
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "nn/checks.h"
+#include "parallel/parallel.h"
+
+namespace normlab::nn {
+
+namespace {
+
+void check_rows(const char* layer, Index N, Index C) {
+  detail::check_size(layer, "N", N);
+  detail::check_size(layer, "C", C);
+}
+
+void check_eps(const char* layer, double eps) {
+  NL_CHECK(std::isfinite(eps) && eps >= 0, "{}: eps must be finite and ≥ 0, got {}", layer, eps);
+}
+
+ConstView rows_view(const float* p, Index N, Index C) { return p ? ConstView(p, {N, C}) : ConstView(); }
+ConstView vec_view(const float* p, Index C) { return p ? ConstView(p, {C}) : ConstView(); }
+View vec_view(float* p, Index C) { return p ? View(p, {C}) : View(); }
+
+// dinp += dx for the float library paths, which write dx with "=".
+void accumulate(float* dinp, const Tensor& dx) {
+  for (Index i = 0; i < dx.numel(); ++i) dinp[i] += dx[i];
+}
+
+}  // namespace
+
+// ---- DyT ------------------------------------------------------------------------------------------
+
+template <typename Real>
+void dyt_forward(Real* out, const Real* inp, const Real* alpha, const Real* gamma, const Real* beta, Index N,
+                 Index C) {
+  // out, inp are (N,C); alpha is (1); gamma, beta are (C)
+  check_rows("dyt", N, C);
+  const Real a = *alpha;
+  parallel::parallel_for(N, [&](Index n) {
+    for (Index c = 0; c < C; ++c) out[n * C + c] = gamma[c] * std::tanh(a * inp[n * C + c]) + beta[c];
+  });
+}
+
+template <typename Real>
+void dyt_backward(Real* dinp, Real* dalpha, Real* dgamma, Real* dbeta, const Real* dout, const Real* inp,
+                  const Real* alpha, const Real* gamma, Index N, Index C) {
+  // dinp (nullable) (N,C); dalpha (1); dgamma, dbeta (C); dout, inp (N,C). Sums in double, row order.
+  check_rows("dyt", N, C);
+  const double a = static_cast<double>(*alpha);
+  double da = 0;
+  std::vector<double> dg(static_cast<std::size_t>(C), 0.0), db(static_cast<std::size_t>(C), 0.0);
+  for (Index n = 0; n < N; ++n)
+    for (Index c = 0; c < C; ++c) {
+      const double x = inp[n * C + c], dy = dout[n * C + c];
+      const double s = std::tanh(a * x), ds = dy * static_cast<double>(gamma[c]) * (1 - s * s);  // d(out)/d(a·x)
+      if (dinp) dinp[n * C + c] += static_cast<Real>(ds * a);
+      da += ds * x;
+      dg[static_cast<std::size_t>(c)] += dy * s;
+      db[static_cast<std::size_t>(c)] += dy;
+    }
+  *dalpha += static_cast<Real>(da);
+  for (Index c = 0; c < C; ++c) {
+    dgamma[c] += static_cast<Real>(dg[static_cast<std::size_t>(c)]);
+    dbeta[c] += static_cast<Real>(db[static_cast<std::size_t>(c)]);
+  }
+}
+
+// ---- LayerNorm / RMSNorm ------------------------------------------------------------------------------
+//
+// The double path: per row, mean and rstd in two passes (mean ≡ 0 for RMSNorm), then
+//   forward   y = x̂·γ + β,  x̂ = (x − mean)·rstd
+//   backward  g = dy·γ;  dx = rstd·(g − mean(g) − x̂·mean(g·x̂))   (RMSNorm: no mean(g) term)
+
+namespace {
+
+void norm_rows_forward(double* out, double* mean_out, double* rstd_out, const double* inp, const double* w,
+                       const double* b, Index N, Index C, double eps, bool centre) {
+  for (Index n = 0; n < N; ++n) {
+    const double* x = inp + n * C;
+    double mean = 0;
+    if (centre) {
+      for (Index c = 0; c < C; ++c) mean += x[c];
+      mean /= static_cast<double>(C);
+    }
+    double var = 0;
+    for (Index c = 0; c < C; ++c) var += (x[c] - mean) * (x[c] - mean);
+    var /= static_cast<double>(C);
+    const double rstd = 1.0 / std::sqrt(var + eps);
+    for (Index c = 0; c < C; ++c) out[n * C + c] = (x[c] - mean) * rstd * (w ? w[c] : 1.0) + (b ? b[c] : 0.0);
+    if (mean_out) mean_out[n] = mean;
+    if (rstd_out) rstd_out[n] = rstd;
+  }
+}
+
+void norm_rows_backward(double* dinp, double* dw, double* db, const double* dout, const double* inp,
+                        const double* w, Index N, Index C, double eps, bool centre) {
+  std::vector<double> xhat(static_cast<std::size_t>(C));
+  for (Index n = 0; n < N; ++n) {
+    const double* x = inp + n * C;
+    const double* dy = dout + n * C;
+    double mean = 0;
+    if (centre) {
+      for (Index c = 0; c < C; ++c) mean += x[c];
+      mean /= static_cast<double>(C);
+    }
+    double var = 0;
+    for (Index c = 0; c < C; ++c) var += (x[c] - mean) * (x[c] - mean);
+    const double rstd = 1.0 / std::sqrt(var / static_cast<double>(C) + eps);
+    double mg = 0, mgx = 0;  // mean(g), mean(g·x̂)
+    for (Index c = 0; c < C; ++c) {
+      const double xh = (x[c] - mean) * rstd, g = dy[c] * (w ? w[c] : 1.0);
+      xhat[static_cast<std::size_t>(c)] = xh;
+      mg += g;
+      mgx += g * xh;
+      if (dw) dw[c] += dy[c] * xh;
+      if (db) db[c] += dy[c];
+    }
+    mg = centre ? mg / static_cast<double>(C) : 0.0;
+    mgx /= static_cast<double>(C);
+    if (dinp)
+      for (Index c = 0; c < C; ++c) {
+        const double g = dy[c] * (w ? w[c] : 1.0);
+        dinp[n * C + c] += rstd * (g - mg - xhat[static_cast<std::size_t>(c)] * mgx);
+      }
+  }
+}
+
+}  // namespace
+
+template <typename Real>
+void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const Real* weight, const Real* bias,
+                       Index N, Index C, double eps) {
+  // out, inp are (N,C); mean, rstd (nullable) are (N); weight, bias (nullable) are (C)
+  check_rows("layernorm", N, C);
+  check_eps("layernorm", eps);
+  if constexpr (std::is_same_v<Real, float>) {
+    layer_norm_forward(View(out, {N, C}), mean ? View(mean, {N}) : View(), rstd ? View(rstd, {N}) : View(),
+                       rows_view(inp, N, C), vec_view(weight, C), vec_view(bias, C), {-1}, eps);
+  } else {
+    norm_rows_forward(out, mean, rstd, inp, weight, bias, N, C, eps, /*centre=*/true);
+  }
+}
+
+template <typename Real>
+void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
+                        const Real* weight, Index N, Index C, double eps) {
+  // dinp (nullable) (N,C); dweight, dbias (nullable) (C); dout, inp (N,C); weight (nullable) (C)
+  check_rows("layernorm", N, C);
+  check_eps("layernorm", eps);
+  if constexpr (std::is_same_v<Real, float>) {
+    Tensor dx({N, C});  // the library writes dx with "=": add it to dinp afterwards
+    layer_norm_backward(dx.view(), vec_view(dweight, C), vec_view(dbias, C), rows_view(dout, N, C),
+                        rows_view(inp, N, C), vec_view(weight, C), {-1}, eps, GradMode::kAccumulate);
+    if (dinp) accumulate(dinp, dx);
+  } else {
+    norm_rows_backward(dinp, dweight, dbias, dout, inp, weight, N, C, eps, /*centre=*/true);
+  }
+}
+
+template <typename Real>
+void rmsnorm_forward(Real* out, Real* rstd, const Real* inp, const Real* weight, Index N, Index C, double eps) {
+  // out, inp are (N,C); rstd (nullable) is (N); weight (nullable) is (C)
+  check_rows("rmsnorm", N, C);
+  check_eps("rmsnorm", eps);
+  if constexpr (std::is_same_v<Real, float>) {
+    rms_norm_forward(View(out, {N, C}), rstd ? View(rstd, {N}) : View(), rows_view(inp, N, C), vec_view(weight, C),
+                     {-1}, eps);
+  } else {
+    norm_rows_forward(out, nullptr, rstd, inp, weight, nullptr, N, C, eps, /*centre=*/false);
+  }
+}
+
+template <typename Real>
+void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* inp, const Real* weight, Index N,
+                      Index C, double eps) {
+  // dinp (nullable) (N,C); dweight (nullable) (C); dout, inp (N,C); weight (nullable) (C)
+  check_rows("rmsnorm", N, C);
+  check_eps("rmsnorm", eps);
+  if constexpr (std::is_same_v<Real, float>) {
+    Tensor dx({N, C});
+    rms_norm_backward(dx.view(), vec_view(dweight, C), rows_view(dout, N, C), rows_view(inp, N, C),
+                      vec_view(weight, C), {-1}, eps, GradMode::kAccumulate);
+    if (dinp) accumulate(dinp, dx);
+  } else {
+    norm_rows_backward(dinp, dweight, nullptr, dout, inp, weight, N, C, eps, /*centre=*/false);
+  }
+}
+
+#define NL_INSTANTIATE(Real)                                                                                   \
+  template void dyt_forward<Real>(Real*, const Real*, const Real*, const Real*, const Real*, Index, Index);    \
+  template void dyt_backward<Real>(Real*, Real*, Real*, Real*, const Real*, const Real*, const Real*,          \
+                                   const Real*, Index, Index);                                                 \
+  template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index,      \
+                                        Index, double);                                                        \
+  template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index,     \
+                                         Index, double);                                                       \
+  template void rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, Index, Index, double);           \
+  template void rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, Index, Index, double);
+NL_INSTANTIATE(float)
+NL_INSTANTIATE(double)
+#undef NL_INSTANTIATE
+
+}  // namespace normlab::nn

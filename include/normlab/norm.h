@@ -27,6 +27,8 @@
 
 #include <normlab/tensor.h>
 
+#include <optional>
+#include <span>
 #include <vector>
 
 namespace normlab {
@@ -81,5 +83,119 @@ void rms_norm_backward(View dx, View dweight, ConstView dy, ConstView x, ConstVi
 // Shapes the functions above expect, for callers that allocate outputs.
 Dims kept_shape(const Dims& x_shape, const Axes& axes);        // shape of mean / rstd
 Dims normalized_shape(const Dims& x_shape, const Axes& axes);  // shape of weight / bias
+
+// ---- The channel-norm family: BatchNorm, InstanceNorm, GroupNorm ---------------------------------
+//
+// x is seen as [B, C, S...]: C is the size of the CHANNEL axis (`channel_axis`, default 1, negative
+// counts from the end), B the product of the axes before it (the batch items) and S the axes after it.
+// One mechanism, three groupings of the same (b, c) segments (a segment = the S elements of one b, c):
+//     BatchNorm     one group per channel c:          all (b, s)
+//     InstanceNorm  one group per (b, c):              all s
+//     GroupNorm     one group per (b, g), G | C:       the C/G channels of g, all s
+// Every group: mean = Σx/n, var = Σ(x−mean)²/n (biased), rstd = 1/sqrt(var+eps),
+// y = (x−mean)·rstd·γ_c + β_c with γ, β of shape [C] (per channel, optional).
+// Backward per group with g = dy·γ_c: dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) (written =);
+// dγ_c = Σ dy·x̂, dβ_c = Σ dy over all (b, s) of channel c (written = or += per GradMode).
+// Shapes:
+//     y, dy, dx                     like x
+//     weight, bias, dweight, dbias  [C]
+//     BatchNorm save_mean/save_rstd, running_mean/running_var  [C]
+//     InstanceNorm save_mean/save_rstd  x's axes before the channel axis, then C   (e.g. [N, C])
+//     GroupNorm save_mean/save_rstd     x's axes before the channel axis, then G   (e.g. [N, G])
+// Numerics, determinism, aliasing and NaN policy as for LayerNorm above: moments in double, partial
+// sums per segment combined in (b, c) order, the same bits for any thread count.
+//
+// Padding-aware (masked) BatchNorm and InstanceNorm: `lengths` holds one length per batch item b
+// (B entries, each 0 ≤ len ≤ size of the time axis) for a TIME axis (`time_axis`, default the last
+// axis of x; it must come after the channel axis). Only real frames t < len[b] enter the statistics
+// and the parameter gradients; y and dx at padded frames (t ≥ len[b]) are written exactly 0. An empty
+// span means unmasked. A batch item of length 0 contributes nothing to BatchNorm; in InstanceNorm all
+// of its groups are empty: y and dx are written 0 there and save_mean = save_rstd = 0 for them (no
+// error, no NaN).
+
+// BatchNorm options (PyTorch defaults).
+struct BatchNormOptions {
+  int channel_axis = 1;
+  double eps = 1e-5;
+  // Weight of the NEW batch statistic (PyTorch); nullopt = cumulative average 1/num_batches_tracked.
+  // With RunningStatsConvention::kOnnx it weights the OLD value instead (ONNX's default is 0.9).
+  std::optional<double> momentum = 0.1;
+  bool training = true;  // true: batch statistics (and running-stat updates); false: running statistics
+  enum class RunningStatsConvention {
+    kPyTorch,  // running ← (1−m)·running + m·batch; running_var gets the UNBIASED variance n/(n−1)
+    kOnnx,     // running ← m·running + (1−m)·batch; running_var gets the population (biased) variance
+  } convention = RunningStatsConvention::kPyTorch;
+  int time_axis = -1;  // the masked axis when lengths are given
+  // ONNX BatchNormalization defaults: momentum 0.9 on the old value, population variance.
+  static BatchNormOptions onnx() {
+    BatchNormOptions o;
+    o.momentum = 0.9;
+    o.convention = RunningStatsConvention::kOnnx;
+    return o;
+  }
+};
+
+// BatchNorm forward.
+//   y:                        output, like x (written =; 0 at padded frames)
+//   save_mean, save_rstd:     optional outputs [C]: the statistics used (batch ones in training, the
+//                             running mean and 1/sqrt(running_var+eps) in eval)
+//   running_mean, running_var: optional [C], both or neither. Training: updated in place when given
+//                             (momentum, convention above). Eval: required, read only.
+//   num_batches_tracked:      optional (null); incremented by one per training step with running stats;
+//                             required for momentum = nullopt (cumulative average)
+//   x:                        input [B, C, S...] (channel axis per options)
+//   weight γ, bias β:         optional [C]
+//   lengths:                  per batch item, or empty (unmasked)
+// Training needs more than one (real) value per channel ("Expected more than 1 value per channel when
+// training", as PyTorch).
+void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mean, View running_var,
+                        Index* num_batches_tracked, ConstView x, ConstView weight, ConstView bias,
+                        std::span<const Index> lengths = {}, const BatchNormOptions& opt = {});
+
+// BatchNorm backward.
+//   dx:               output, like x, written = (0 at padded frames)
+//   dweight, dbias:   optional outputs [C], written per `mode`
+//   dy, x:            inputs, like x
+//   weight γ:         optional [C]
+//   running_mean, running_var: [C], required in eval (opt.training = false), ignored in training
+// Training: batch statistics recomputed from x in double (as layer_norm_backward), the full formula.
+// Eval: the statistics are constants: dx = dy·γ·rstd_running, x̂ = (x − running_mean)·rstd_running.
+void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                         ConstView running_mean, ConstView running_var, std::span<const Index> lengths = {},
+                         const BatchNormOptions& opt = {}, GradMode mode = GradMode::kOverwrite);
+
+// InstanceNorm options (PyTorch defaults; affine via optional weight/bias). Running statistics
+// (track_running_stats=True) are not offered: PyTorch's default is False.
+struct InstanceNormOptions {
+  int channel_axis = 1;
+  double eps = 1e-5;
+  int time_axis = -1;  // the masked axis when lengths are given
+};
+
+// InstanceNorm forward: y like x; save_mean, save_rstd optional, shape instance_stats_shape(x).
+void instance_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight,
+                           ConstView bias, std::span<const Index> lengths = {},
+                           const InstanceNormOptions& opt = {});
+// InstanceNorm backward: dx like x (=); dweight, dbias optional [C] (per mode).
+void instance_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                            std::span<const Index> lengths = {}, const InstanceNormOptions& opt = {},
+                            GradMode mode = GradMode::kOverwrite);
+
+struct GroupNormOptions {
+  int channel_axis = 1;
+  double eps = 1e-5;
+};
+
+// GroupNorm forward with `groups` groups of C/groups consecutive channels (groups must divide C).
+// y like x; save_mean, save_rstd optional, shape group_stats_shape(x, groups).
+void group_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight, ConstView bias,
+                        int groups, const GroupNormOptions& opt = {});
+// GroupNorm backward: dx like x (=); dweight, dbias optional [C] (per mode).
+void group_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                         int groups, const GroupNormOptions& opt = {}, GradMode mode = GradMode::kOverwrite);
+
+// Shapes of the saved statistics, for callers that allocate outputs.
+Dims instance_stats_shape(const Dims& x_shape, int channel_axis = 1);        // [axes before C..., C]
+Dims group_stats_shape(const Dims& x_shape, int groups, int channel_axis = 1);  // [axes before C..., G]
 
 }  // namespace normlab

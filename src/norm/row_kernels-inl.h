@@ -94,9 +94,24 @@ void backward_dx(float* dx, const float* dy, const float* x, Index n, double mea
   }
 }
 
+void forward_scalar(float* y, const float* x, Index n, double mean, double rstd, double w, double b) {
+  // Scalar math: y[i] = float((x[i] − mean)·rstd·w + b)
+  for (Index i = 0; i < n; ++i) y[i] = static_cast<float>((static_cast<double>(x[i]) - mean) * rstd * w + b);
+}
+
+void backward_dx_scalar(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
+                        double w, double mean_g, double mean_gx) {
+  // Scalar math: dx[i] = float(rstd·(dy[i]·w − mean_g − x̂·mean_gx)), x̂ = (x[i] − mean)·rstd
+  for (Index i = 0; i < n; ++i) {
+    const double xh = (static_cast<double>(x[i]) - mean) * rstd;
+    dx[i] = static_cast<float>(rstd * (static_cast<double>(dy[i]) * w - mean_g - xh * mean_gx));
+  }
+}
+
 }  // namespace
 
 extern const RowKernels kTable;
-const RowKernels kTable = {sum, sum_sq_dev, forward, backward_sums, backward_dx};
+const RowKernels kTable = {sum,         sum_sq_dev,     forward,           backward_sums,
+                           backward_dx, forward_scalar, backward_dx_scalar};
 
 }  // namespace normlab::kernels::NL_TARGET

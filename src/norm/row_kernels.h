@@ -29,6 +29,12 @@ struct RowKernels {
   // dx[i] = rstd·(g[i] − mean_g − x̂[i]·mean_gx). dx may equal dy or x.
   void (*backward_dx)(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
                       const float* w, double mean_g, double mean_gx);
+  // The channel-norm family (one γ, β per row): y[i] = (x[i] − mean)·rstd·w + b with scalars w, b
+  // (pass w = 1, b = 0 for no affine). y may equal x. Also dx = dy·w·rstd with x = dy, mean = 0, b = 0.
+  void (*forward_scalar)(float* y, const float* x, Index n, double mean, double rstd, double w, double b);
+  // dx[i] = rstd·(dy[i]·w − mean_g − x̂[i]·mean_gx), x̂ = (x[i] − mean)·rstd, scalar w. dx may equal dy or x.
+  void (*backward_dx_scalar)(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
+                             double w, double mean_g, double mean_gx);
 };
 
 // The table for the active instruction set (see normlab/simd.h).

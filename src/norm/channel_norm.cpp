@@ -1,0 +1,341 @@
+// The channel-norm engine (see channel_norm.h): segment passes over x viewed as [B, C, S...].
+//
+// Contract: every pass writes its outputs = (y, dx at every element; per-segment sums at every
+// segment). Per segment the row kernels run over the real elements in row-major order of S, gathered
+// into a contiguous buffer when they are not consecutive floats already. Segments are cut into tasks by
+// the shape only; per-group values are combined serially in segment order (b major, c minor), so the
+// bits never depend on the thread count (docs/numerics.md).
+#include "norm/channel_norm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "norm/norm_plan.h"
+#include "norm/row_kernels.h"
+#include "parallel/parallel.h"
+
+namespace normlab::chnorm {
+
+namespace {
+
+// A full-shaped operand as strides over B, C and S.
+struct Operand {
+  char* base = nullptr;
+  Dims b_strides, s_strides;
+  Index c_stride = 0;
+  bool s_contiguous = false;  // a segment's S elements are S consecutive floats in row-major order
+};
+
+template <typename T>
+Operand operand(const TensorView<T>& v, const Plan& p) {
+  Operand o;
+  o.base = reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(v.data()));
+  for (int d : p.b_axes) o.b_strides.push_back(v.stride(d));
+  for (int d : p.s_axes) o.s_strides.push_back(v.stride(d));
+  o.c_stride = v.stride(p.channel_axis);
+  Index expect = 1;
+  o.s_contiguous = true;
+  for (int i = p.s_shape.size() - 1; i >= 0; --i) {
+    if (p.s_shape[i] == 1) continue;
+    if (o.s_strides[i] != expect) o.s_contiguous = false;
+    expect *= p.s_shape[i];
+  }
+  return o;
+}
+
+Index seg_offset(const Operand& o, const Plan& p, Index b, Index c) {
+  return plan::group_offset(b, p.b_shape, o.b_strides) + c * o.c_stride;
+}
+
+// The box of real elements of batch item b (all of S when unmasked).
+Dims valid_shape(const Plan& p, Index b) {
+  Dims s = p.s_shape;
+  if (p.masked()) s[p.time] = p.len[static_cast<std::size_t>(b)];
+  return s;
+}
+
+// Whether the real elements of a segment of batch item b are consecutive floats in o's memory.
+bool direct(const Operand& o, const Plan& p, Index b) {
+  return o.s_contiguous && (!p.masked() || p.time_leading || p.len[static_cast<std::size_t>(b)] == p.T);
+}
+
+// The real elements of segment (b, c) as a contiguous pointer (the tensor itself, or a gather).
+const float* seg_in(const Operand& o, const Plan& p, Index b, Index c, float* scratch) {
+  const float* at = reinterpret_cast<const float*>(o.base) + seg_offset(o, p, b, c);
+  if (direct(o, p, b)) return at;
+  plan::gather(scratch, at, valid_shape(p, b), o.s_strides);
+  return scratch;
+}
+
+// Where to write the real elements of segment (b, c): the tensor itself, or scratch to scatter later.
+float* seg_out(const Operand& o, const Plan& p, Index b, Index c, float* scratch) {
+  return direct(o, p, b) ? reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c) : scratch;
+}
+
+// Scatters scratch (when used) and writes 0 at the padded frames of segment (b, c).
+void seg_finish(const Operand& o, const Plan& p, Index b, Index c, const float* written) {
+  float* at = reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c);
+  if (written != at) plan::scatter(at, written, valid_shape(p, b), o.s_strides);
+  if (!p.masked()) return;
+  const Index l = p.len[static_cast<std::size_t>(b)];
+  if (l == p.T) return;
+  Dims pad = p.s_shape;
+  pad[p.time] = p.T - l;
+  float* first = at + l * o.s_strides[p.time];
+  for_each_offset(pad, o.s_strides, [&](Index off) { first[off] = 0.0f; });
+}
+
+// Runs f(b, c, seg, scratch) for every segment; `buffers` scratch rows of S floats per task when
+// `need_scratch`. Tasks are fixed chunks of segments (shape only).
+template <typename F>
+void for_segments(const Plan& p, int buffers, bool need_scratch, F&& f) {
+  const Index per_task = std::max<Index>(1, (Index{1} << 14) / p.S);
+  const Index nseg = p.segments();
+  const Index tasks = (nseg + per_task - 1) / per_task;
+  parallel::parallel_for(tasks, [&](Index t) {
+    std::vector<float> scratch(need_scratch ? static_cast<std::size_t>(buffers * p.S) : 0);
+    const Index end = std::min(nseg, (t + 1) * per_task);
+    for (Index s = t * per_task; s < end; ++s) f(s / p.C, s % p.C, s, scratch.data());
+  });
+}
+
+bool needs_gather(const Operand& o, const Plan& p) {
+  return !o.s_contiguous || (p.masked() && !p.time_leading);
+}
+
+}  // namespace
+
+Plan make_plan(const Dims& x_shape, int channel_axis, Grouping grouping, Index groups,
+               std::span<const Index> lengths, int time_axis, const char* op) {
+  Plan p;
+  p.op = op;
+  p.grouping = grouping;
+  p.rank = x_shape.size();
+  NL_CHECK(p.rank >= 1, "{}: x must have rank ≥ 1, got a rank-0 tensor", op);
+  NL_CHECK(channel_axis >= -p.rank && channel_axis < p.rank,
+           "{}: channel_axis {} is out of range for x of shape {} (valid: {}..{})", op, channel_axis,
+           x_shape.str(), -p.rank, p.rank - 1);
+  p.channel_axis = channel_axis < 0 ? channel_axis + p.rank : channel_axis;
+  NL_CHECK(x_shape.product() > 0, "{}: x is empty (shape {})", op, x_shape.str());
+  for (int d = 0; d < p.rank; ++d) {
+    if (d < p.channel_axis) {
+      p.b_axes.push_back(d);
+      p.b_shape.push_back(x_shape[d]);
+      p.B *= x_shape[d];
+    } else if (d > p.channel_axis) {
+      p.s_axes.push_back(d);
+      p.s_shape.push_back(x_shape[d]);
+      p.S *= x_shape[d];
+    }
+  }
+  p.C = x_shape[p.channel_axis];
+  if (grouping == Grouping::kGroup) {
+    NL_CHECK(groups >= 1, "{}: groups must be ≥ 1, got {}", op, groups);
+    NL_CHECK(p.C % groups == 0,
+             "{}: groups = {} does not divide the number of channels C = {} (x of shape {})", op, groups, p.C,
+             x_shape.str());
+    p.G = groups;
+    p.cpg = p.C / groups;
+  }
+  p.groups = grouping == Grouping::kBatch ? p.C : grouping == Grouping::kInstance ? p.B * p.C : p.B * p.G;
+  if (!lengths.empty()) {
+    NL_CHECK(time_axis >= -p.rank && time_axis < p.rank,
+             "{}: time_axis {} is out of range for x of shape {} (valid: {}..{})", op, time_axis,
+             x_shape.str(), -p.rank, p.rank - 1);
+    const int ta = time_axis < 0 ? time_axis + p.rank : time_axis;
+    NL_CHECK(ta > p.channel_axis, "{}: time_axis {} must come after the channel axis {} (x of shape {})", op,
+             ta, p.channel_axis, x_shape.str());
+    NL_CHECK(static_cast<Index>(lengths.size()) == p.B,
+             "{}: {} lengths given but x of shape {} has {} batch items (the axes before channel axis {})",
+             op, lengths.size(), x_shape.str(), p.B, p.channel_axis);
+    p.time = ta - p.channel_axis - 1;
+    p.T = x_shape[ta];
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      NL_CHECK(lengths[i] >= 0, "{}: lengths[{}] = {} is negative", op, i, lengths[i]);
+      NL_CHECK(lengths[i] <= p.T, "{}: lengths[{}] = {} exceeds the size {} of the time axis {}", op, i,
+               lengths[i], p.T, ta);
+    }
+    p.len.assign(lengths.begin(), lengths.end());
+    p.time_leading = true;
+    for (int j = 0; j < p.time; ++j)
+      if (p.s_shape[j] != 1) p.time_leading = false;
+  }
+  return p;
+}
+
+Dims stats_shape(const Plan& p) {
+  if (p.grouping == Grouping::kBatch) return Dims{p.C};
+  Dims s = p.b_shape;
+  s.push_back(p.grouping == Grouping::kInstance ? p.C : p.G);
+  return s;
+}
+
+std::vector<double> group_counts(const Plan& p) {
+  std::vector<double> n(static_cast<std::size_t>(p.groups), 0.0);
+  for (Index b = 0; b < p.B; ++b)
+    for (Index c = 0; c < p.C; ++c)
+      n[static_cast<std::size_t>(p.group_of(b, c))] += static_cast<double>(p.valid(b));
+  return n;
+}
+
+std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& per_segment) {
+  std::vector<double> out(static_cast<std::size_t>(p.groups), 0.0);
+  for (Index b = 0; b < p.B; ++b)
+    for (Index c = 0; c < p.C; ++c)
+      out[static_cast<std::size_t>(p.group_of(b, c))] += per_segment[static_cast<std::size_t>(b * p.C + c)];
+  return out;
+}
+
+Moments moments(const Plan& p, ConstView x) {
+  const Operand xo = operand(x, p);
+  const kernels::RowKernels& k = kernels::row_kernels();
+  const bool gather = needs_gather(xo, p);
+  std::vector<double> seg(static_cast<std::size_t>(p.segments()));
+  Moments m;
+  m.count = group_counts(p);
+  for_segments(p, 1, gather, [&](Index b, Index c, Index s, float* scratch) {
+    const Index n = p.valid(b);
+    seg[static_cast<std::size_t>(s)] = n ? k.sum(seg_in(xo, p, b, c, scratch), n) : 0.0;
+  });
+  m.mean = reduce_to_groups(p, seg);
+  for (std::size_t g = 0; g < m.mean.size(); ++g) m.mean[g] = m.count[g] > 0 ? m.mean[g] / m.count[g] : 0.0;
+  for_segments(p, 1, gather, [&](Index b, Index c, Index s, float* scratch) {
+    const Index n = p.valid(b);
+    const double mu = m.mean[static_cast<std::size_t>(p.group_of(b, c))];
+    seg[static_cast<std::size_t>(s)] = n ? k.sum_sq_dev(seg_in(xo, p, b, c, scratch), n, mu) : 0.0;
+  });
+  m.var = reduce_to_groups(p, seg);
+  for (std::size_t g = 0; g < m.var.size(); ++g) m.var[g] = m.count[g] > 0 ? m.var[g] / m.count[g] : 0.0;
+  return m;
+}
+
+void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& mean,
+               const std::vector<double>& rstd, const float* w, const float* b) {
+  const Operand xo = operand(x, p), yo = operand(y, p);
+  const kernels::RowKernels& k = kernels::row_kernels();
+  for_segments(
+      p, 2, needs_gather(xo, p) || needs_gather(yo, p), [&](Index bi, Index c, Index, float* scratch) {
+        const Index n = p.valid(bi);
+        const std::size_t g = static_cast<std::size_t>(p.group_of(bi, c));
+        float* out = seg_out(yo, p, bi, c, scratch + p.S);
+        if (n) {
+          const double wc = w ? static_cast<double>(w[c]) : 1.0, bc = b ? static_cast<double>(b[c]) : 0.0;
+          k.forward_scalar(out, seg_in(xo, p, bi, c, scratch), n, mean[g], rstd[g], wc, bc);
+        }
+        seg_finish(yo, p, bi, c, out);
+      });
+}
+
+void grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
+               const std::vector<double>& rstd, std::vector<double>& sdy, std::vector<double>& sdyxh) {
+  const Operand xo = operand(x, p), dyo = operand(dy, p);
+  const kernels::RowKernels& k = kernels::row_kernels();
+  sdy.assign(static_cast<std::size_t>(p.segments()), 0.0);
+  sdyxh.assign(static_cast<std::size_t>(p.segments()), 0.0);
+  for_segments(p, 2, needs_gather(xo, p) || needs_gather(dyo, p),
+               [&](Index b, Index c, Index s, float* scratch) {
+                 const Index n = p.valid(b);
+                 if (!n) return;
+                 const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
+                 double sums[2];
+                 k.backward_sums(sums, nullptr, nullptr, seg_in(dyo, p, b, c, scratch + p.S),
+                                 seg_in(xo, p, b, c, scratch), n, mean[g], rstd[g], nullptr);
+                 sdy[static_cast<std::size_t>(s)] = sums[0];
+                 sdyxh[static_cast<std::size_t>(s)] = sums[1];
+               });
+}
+
+void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::vector<double>& mean,
+                const std::vector<double>& rstd, const float* w, const std::vector<double>& mean_g,
+                const std::vector<double>& mean_gx) {
+  const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
+  const kernels::RowKernels& k = kernels::row_kernels();
+  const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
+  for_segments(p, 3, gather, [&](Index b, Index c, Index, float* scratch) {
+    const Index n = p.valid(b);
+    const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
+    float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S);
+    if (n) {
+      const double wc = w ? static_cast<double>(w[c]) : 1.0;
+      k.backward_dx_scalar(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n, mean[g],
+                           rstd[g], wc, mean_g[g], mean_gx[g]);
+    }
+    seg_finish(dxo, p, b, c, out);
+  });
+}
+
+void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w) {
+  const Operand dyo = operand(dy, p), dxo = operand(dx, p);
+  const kernels::RowKernels& k = kernels::row_kernels();
+  for_segments(p, 2, needs_gather(dyo, p) || needs_gather(dxo, p),
+               [&](Index b, Index c, Index, float* scratch) {
+                 const Index n = p.valid(b);
+                 float* out = seg_out(dxo, p, b, c, scratch + p.S);
+                 if (n) {
+                   const double wc = w ? static_cast<double>(w[c]) : 1.0;
+                   // dx = (dy − 0)·rstd·γ + 0
+                   k.forward_scalar(out, seg_in(dyo, p, b, c, scratch), n, 0.0,
+                                    rstd[static_cast<std::size_t>(p.group_of(b, c))], wc, 0.0);
+                 }
+                 seg_finish(dxo, p, b, c, out);
+               });
+}
+
+void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,
+                       const std::vector<double>& sdyxh, GradMode mode) {
+  const bool acc = mode == GradMode::kAccumulate;
+  for (Index c = 0; c < p.C; ++c) {
+    double sw = 0, sb = 0;
+    for (Index b = 0; b < p.B; ++b) {
+      sw += sdyxh[static_cast<std::size_t>(b * p.C + c)];
+      sb += sdy[static_cast<std::size_t>(b * p.C + c)];
+    }
+    if (dweight.defined()) {
+      float& d = dweight.data()[c * dweight.stride(0)];
+      d = acc ? d + static_cast<float>(sw) : static_cast<float>(sw);
+    }
+    if (dbias.defined()) {
+      float& d = dbias.data()[c * dbias.stride(0)];
+      d = acc ? d + static_cast<float>(sb) : static_cast<float>(sb);
+    }
+  }
+}
+
+void check_eps(double eps, const char* op) {
+  NL_CHECK(std::isfinite(eps) && eps >= 0, "{}: eps must be finite and ≥ 0, got {}", op, eps);
+}
+
+std::vector<float> channel_vector(ConstView v, Index C, const char* name, const char* op) {
+  if (!v.defined()) return {};
+  NL_CHECK(v.shape() == Dims{C}, "{}: {} has shape {} but [{}] is expected", op, name, v.shape().str(), C);
+  std::vector<float> out(static_cast<std::size_t>(C));
+  for (Index c = 0; c < C; ++c) out[static_cast<std::size_t>(c)] = v.data()[c * v.stride(0)];
+  return out;
+}
+
+void check_full_output(View out, ConstView x, ConstView other, const char* name, const char* op) {
+  NL_CHECK(out.defined(), "{}: {} is required", op, name);
+  plan::check_same_shape(x.shape(), out.shape(), name, op);
+  plan::check_writable(out.shape(), out.strides(), name, op);
+  plan::check_no_partial_overlap(out, x, name, "x", op);
+  if (other.defined()) plan::check_no_partial_overlap(out, other, name, "dy", op);
+}
+
+void check_part_output(View out, const Dims& expect, ConstView x, ConstView other, const char* name,
+                       const char* op) {
+  if (!out.defined()) return;
+  NL_CHECK(out.shape() == expect, "{}: {} has shape {} but {} is expected", op, name, out.shape().str(),
+           expect.str());
+  plan::check_writable(out.shape(), out.strides(), name, op);
+  plan::check_no_partial_overlap(out, x, name, "x", op);
+  if (other.defined()) plan::check_no_partial_overlap(out, other, name, "dy", op);
+}
+
+void write_stats(View out, const std::vector<double>& v) {
+  if (!out.defined()) return;
+  std::size_t i = 0;
+  for_each_offset(out.shape(), out.strides(),
+                  [&](Index off) { out.data()[off] = static_cast<float>(v[i++]); });
+}
+
+}  // namespace normlab::chnorm

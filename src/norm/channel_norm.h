@@ -1,0 +1,118 @@
+// The channel-norm engine behind BatchNorm, InstanceNorm and GroupNorm (internal).
+//
+// x is viewed as [B, C, S...]: B = product of the axes before the channel axis, C the channel axis,
+// S the axes after it. The unit of work is a SEGMENT (b, c): the S elements of one batch item and one
+// channel (with masking: only the real frames t < len[b] of the time axis, a sub-box of S). A grouping
+// maps segments to statistic groups:
+//     kBatch     group c                   (segments (0,c), (1,c), ... in b order)
+//     kInstance  group b·C + c             (one segment)
+//     kGroup     group b·G + c/(C/G)       (segments (b, g·C/G) ... (b, (g+1)·C/G − 1) in c order)
+// Each pass runs the row kernels on every segment (gathered to a contiguous buffer when its valid
+// elements are not already n consecutive floats), stores one double per segment, and the per-group
+// values are then combined serially in segment order (b major, c minor). Segments are handed out in
+// chunks that depend on the shape only, so results are bitwise identical for any thread count.
+//
+// Contract of the passes: y, dx written = at every element (0 at padded frames); the per-segment
+// sums are written = into vectors of size B·C.
+#pragma once
+
+#include <normlab/norm.h>
+#include <normlab/tensor.h>
+
+#include <span>
+#include <vector>
+
+namespace normlab::chnorm {
+
+enum class Grouping { kBatch, kInstance, kGroup };
+
+struct Plan {
+  const char* op = "";
+  Grouping grouping = Grouping::kBatch;
+  int rank = 0;
+  int channel_axis = 0;
+  Dims b_axes, b_shape;  // axes before the channel axis (B = product of b_shape)
+  Dims s_axes, s_shape;  // axes after it (S = product of s_shape)
+  Index B = 1, C = 1, S = 1;
+  Index G = 1;                // channel groups (kGroup); 1 otherwise
+  Index cpg = 1;              // channels per group (kGroup)
+  int time = -1;              // index into s_shape of the masked axis; -1 when unmasked
+  Index T = 1;                // size of the time axis (when masked)
+  bool time_leading = false;  // every S axis before the time axis has size 1 (real frames are a prefix)
+  std::vector<Index> len;     // per batch item (empty when unmasked)
+  Index groups = 1;           // number of statistic groups
+
+  Index segments() const { return B * C; }
+  bool masked() const { return time >= 0; }
+  Index valid(Index b) const {  // real elements in a segment of batch item b
+    return masked() ? S / T * len[static_cast<std::size_t>(b)] : S;
+  }
+  Index group_of(Index b, Index c) const {
+    switch (grouping) {
+      case Grouping::kBatch:
+        return c;
+      case Grouping::kInstance:
+        return b * C + c;
+      case Grouping::kGroup:
+        return b * G + c / cpg;
+    }
+    return 0;
+  }
+};
+
+// Validates x's shape, the channel axis, groups (kGroup), lengths and the time axis; builds the plan.
+// `groups` is used by kGroup only; `lengths` empty means unmasked.
+Plan make_plan(const Dims& x_shape, int channel_axis, Grouping grouping, Index groups,
+               std::span<const Index> lengths, int time_axis, const char* op);
+
+// Shape of per-group statistics: [C] for kBatch, b_shape + [C] or b_shape + [G] otherwise.
+Dims stats_shape(const Plan& p);
+
+// Element count of every group (real elements only).
+std::vector<double> group_counts(const Plan& p);
+
+// Combines per-segment values into per-group sums (serially, in segment order).
+std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& per_segment);
+
+// Per-group biased moments of x over real elements: mean = Σx/n, var = Σ(x−mean)²/n (two passes in
+// double). Empty groups (n = 0) get mean = var = 0.
+struct Moments {
+  std::vector<double> mean, var, count;
+};
+Moments moments(const Plan& p, ConstView x);
+
+// y = (x − mean_g)·rstd_g·γ_c + β_c at real elements, 0 at padded ones. mean, rstd per group; w, b
+// per channel or null. Groups with rstd_g given as an empty-group marker still get their elements
+// written by the same formula (callers zero their statistics).
+void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& mean,
+               const std::vector<double>& rstd, const float* w, const float* b);
+
+// Per segment over real elements, with x̂ = (x − mean_g)·rstd_g: sdy[seg] = Σ dy, sdyxh[seg] = Σ dy·x̂.
+void grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
+               const std::vector<double>& rstd, std::vector<double>& sdy, std::vector<double>& sdyxh);
+
+// Training-mode dx = rstd_g·(dy·γ_c − mean_g[g] − x̂·mean_gx[g]) at real elements, 0 at padded ones.
+void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::vector<double>& mean,
+                const std::vector<double>& rstd, const float* w, const std::vector<double>& mean_g,
+                const std::vector<double>& mean_gx);
+
+// Constant-statistics dx = dy·γ_c·rstd_g at real elements, 0 at padded ones.
+void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w);
+
+// dweight_c = Σ_b sdyxh[b, c], dbias_c = Σ_b sdy[b, c] (double, in b order), written per mode.
+void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,
+                       const std::vector<double>& sdyxh, GradMode mode);
+
+// Shared argument checks.
+void check_eps(double eps, const char* op);
+// An optional [C] input read into a contiguous vector (empty when not given).
+std::vector<float> channel_vector(ConstView v, Index C, const char* name, const char* op);
+// Checks a required full-shaped output against x (shape, writable, overlap with the listed inputs).
+void check_full_output(View out, ConstView x, ConstView other, const char* name, const char* op);
+// Checks an optional output of shape `expect` (shape, writable, no overlap with x / other).
+void check_part_output(View out, const Dims& expect, ConstView x, ConstView other, const char* name,
+                       const char* op);
+// Writes a per-group double vector into an optional float view of shape stats_shape.
+void write_stats(View out, const std::vector<double>& v);
+
+}  // namespace normlab::chnorm

@@ -1,0 +1,280 @@
+// BatchNorm, InstanceNorm and GroupNorm: forward and backward, on the channel-norm engine.
+//
+// Contract (include/normlab/norm.h): y, dx written = (0 at padded frames); save_mean/save_rstd
+// written =; running_mean/running_var updated in place (BatchNorm training); dweight, dbias written = or
+// += per GradMode. The three ops differ only in the grouping of (b, c) segments (channel_norm.h):
+//   forward:  mean_g, var_g = two-pass moments in double over the group's real elements,
+//             rstd_g = 1/√(var_g+eps), y = (x − mean_g)·rstd_g·γ_c + β_c.
+//   backward: with per-segment Σdy and Σdy·x̂ (double): mean(g)_g = Σ_seg γ_c·Σdy / n_g,
+//             mean(g·x̂)_g = Σ_seg γ_c·Σdy·x̂ / n_g; dx = rstd_g·(dy·γ_c − mean(g) − x̂·mean(g·x̂));
+//             dγ_c = Σ_b Σdy·x̂, dβ_c = Σ_b Σdy (b order).
+//   BatchNorm eval: the running statistics are constants: y as above with them, dx = dy·γ_c·rstd_c.
+// Every check runs before anything is written.
+#include <cmath>
+#include <vector>
+
+#include "norm/channel_norm.h"
+
+namespace normlab {
+
+namespace {
+
+using chnorm::Grouping;
+using chnorm::Plan;
+
+constexpr const char* kBnFwd = "batch_norm_forward";
+constexpr const char* kBnBwd = "batch_norm_backward";
+constexpr const char* kInFwd = "instance_norm_forward";
+constexpr const char* kInBwd = "instance_norm_backward";
+constexpr const char* kGnFwd = "group_norm_forward";
+constexpr const char* kGnBwd = "group_norm_backward";
+
+const float* ptr_or_null(const std::vector<float>& v) {
+  return v.empty() ? nullptr : v.data();
+}
+
+// rstd per group; empty groups (n = 0) get 0 (their elements are all padding).
+std::vector<double> rstd_of(const chnorm::Moments& m, double eps) {
+  std::vector<double> r(m.var.size());
+  for (std::size_t g = 0; g < r.size(); ++g) r[g] = m.count[g] > 0 ? 1.0 / std::sqrt(m.var[g] + eps) : 0.0;
+  return r;
+}
+
+void check_training_counts(const Plan& p, const chnorm::Moments& m, const Dims& x_shape) {
+  for (std::size_t c = 0; c < m.count.size(); ++c)
+    NL_CHECK(m.count[c] > 1,
+             "{}: Expected more than 1 value per channel when training, got input of shape {}{}", p.op,
+             x_shape.str(),
+             p.masked() ? fmt::format(" with {} real value(s) in channel {}", m.count[c], c) : "");
+}
+
+// Statistics of groups in training mode: forward outputs.
+void train_forward(const Plan& p, View y, View save_mean, View save_rstd, ConstView x, const float* w,
+                   const float* b, const chnorm::Moments& m, const std::vector<double>& rstd) {
+  chnorm::normalize(p, y, x, m.mean, rstd, w, b);
+  chnorm::write_stats(save_mean, m.mean);
+  chnorm::write_stats(save_rstd, rstd);
+}
+
+// The full backward with batch (group) statistics recomputed from x.
+void train_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
+                    const float* w, const chnorm::Moments& m, double eps, GradMode mode) {
+  const std::vector<double> rstd = rstd_of(m, eps);
+  std::vector<double> sdy, sdyxh;
+  chnorm::grad_sums(p, dy, x, m.mean, rstd, sdy, sdyxh);
+  // mean(g) and mean(g·x̂) per group, g = dy·γ_c: Σ over the group's segments in segment order.
+  std::vector<double> mg(static_cast<std::size_t>(p.groups), 0.0), mgx(mg.size(), 0.0);
+  for (Index b = 0; b < p.B; ++b)
+    for (Index c = 0; c < p.C; ++c) {
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
+                        g = static_cast<std::size_t>(p.group_of(b, c));
+      const double wc = w ? static_cast<double>(w[c]) : 1.0;
+      mg[g] += wc * sdy[s];
+      mgx[g] += wc * sdyxh[s];
+    }
+  for (std::size_t g = 0; g < mg.size(); ++g) {
+    mg[g] = m.count[g] > 0 ? mg[g] / m.count[g] : 0.0;
+    mgx[g] = m.count[g] > 0 ? mgx[g] / m.count[g] : 0.0;
+  }
+  chnorm::input_grad(p, dx, dy, x, m.mean, rstd, w, mg, mgx);
+  chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh, mode);
+}
+
+// Running statistics [C] read in double, and the rstd they give.
+struct RunningStats {
+  std::vector<double> mean, var, rstd;
+};
+RunningStats read_running(ConstView rm, ConstView rv, Index C, double eps) {
+  RunningStats r;
+  for (Index c = 0; c < C; ++c) {
+    r.mean.push_back(static_cast<double>(rm.data()[c * rm.stride(0)]));
+    r.var.push_back(static_cast<double>(rv.data()[c * rv.stride(0)]));
+    r.rstd.push_back(1.0 / std::sqrt(r.var.back() + eps));
+  }
+  return r;
+}
+
+void check_bn_options(const BatchNormOptions& opt, const char* op) {
+  chnorm::check_eps(opt.eps, op);
+  if (opt.momentum)
+    NL_CHECK(std::isfinite(*opt.momentum) && *opt.momentum >= 0 && *opt.momentum <= 1,
+             "{}: momentum must be in [0, 1], got {}", op, *opt.momentum);
+}
+
+}  // namespace
+
+// ---- BatchNorm ------------------------------------------------------------------------------------
+
+// x [B, C, S...]; y like x; save_mean, save_rstd, running_mean, running_var, weight, bias [C].
+void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mean, View running_var,
+                        Index* num_batches_tracked, ConstView x, ConstView weight, ConstView bias,
+                        std::span<const Index> lengths, const BatchNormOptions& opt) {
+  const char* op = kBnFwd;
+  NL_CHECK(x.defined(), "{}: x is required", op);
+  const Plan p =
+      chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kBatch, 1, lengths, opt.time_axis, op);
+  check_bn_options(opt, op);
+  chnorm::check_full_output(y, x, {}, "y", op);
+  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
+  const std::vector<float> b = chnorm::channel_vector(bias, p.C, "bias", op);
+  const Dims cs{p.C};
+  chnorm::check_part_output(save_mean, cs, x, {}, "save_mean", op);
+  chnorm::check_part_output(save_rstd, cs, x, {}, "save_rstd", op);
+  chnorm::check_part_output(running_mean, cs, x, {}, "running_mean", op);
+  chnorm::check_part_output(running_var, cs, x, {}, "running_var", op);
+  NL_CHECK(running_mean.defined() == running_var.defined(),
+           "{}: running_mean and running_var must be given together (got only {})", op,
+           running_mean.defined() ? "running_mean" : "running_var");
+  const bool tracking = running_mean.defined();
+
+  if (!opt.training) {
+    NL_CHECK(tracking, "{}: eval mode (training = false) needs running_mean and running_var", op);
+    const RunningStats r = read_running(running_mean, running_var, p.C, opt.eps);
+    chnorm::normalize(p, y, x, r.mean, r.rstd, ptr_or_null(w), ptr_or_null(b));
+    chnorm::write_stats(save_mean, r.mean);
+    chnorm::write_stats(save_rstd, r.rstd);
+    return;
+  }
+  NL_CHECK(!tracking || opt.momentum || num_batches_tracked,
+           "{}: momentum = nullopt (cumulative average) needs num_batches_tracked", op);
+  const chnorm::Moments m = chnorm::moments(p, x);
+  check_training_counts(p, m, x.shape());
+  const RunningStats old = tracking ? read_running(running_mean, running_var, p.C, opt.eps) : RunningStats{};
+  train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m, rstd_of(m, opt.eps));
+  if (!tracking) return;
+
+  // Running statistics: weights of the old value and of the batch statistic.
+  Index k = 0;
+  if (num_batches_tracked) k = ++*num_batches_tracked;
+  const bool onnx = opt.convention == BatchNormOptions::RunningStatsConvention::kOnnx;
+  double w_old, w_new;
+  if (!opt.momentum) {
+    w_new = 1.0 / static_cast<double>(k);
+    w_old = 1.0 - w_new;
+  } else if (onnx) {
+    w_old = *opt.momentum;
+    w_new = 1.0 - *opt.momentum;
+  } else {
+    w_new = *opt.momentum;
+    w_old = 1.0 - *opt.momentum;
+  }
+  for (Index c = 0; c < p.C; ++c) {
+    const std::size_t i = static_cast<std::size_t>(c);
+    const double n = m.count[i];
+    const double var = onnx ? m.var[i] : m.var[i] * n / (n - 1);  // PyTorch stores the unbiased variance
+    running_mean.data()[c * running_mean.stride(0)] =
+        static_cast<float>(w_old * old.mean[i] + w_new * m.mean[i]);
+    running_var.data()[c * running_var.stride(0)] = static_cast<float>(w_old * old.var[i] + w_new * var);
+  }
+}
+
+// dy, x, dx [B, C, S...]; weight, dweight, dbias, running_mean, running_var [C].
+void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                         ConstView running_mean, ConstView running_var, std::span<const Index> lengths,
+                         const BatchNormOptions& opt, GradMode mode) {
+  const char* op = kBnBwd;
+  NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", op);
+  const Plan p =
+      chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kBatch, 1, lengths, opt.time_axis, op);
+  check_bn_options(opt, op);
+  NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
+           x.shape().str());
+  chnorm::check_full_output(dx, x, dy, "dx", op);
+  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
+  const Dims cs{p.C};
+  chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
+  chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
+
+  if (!opt.training) {
+    NL_CHECK(running_mean.defined() && running_var.defined(),
+             "{}: eval mode (training = false) needs running_mean and running_var", op);
+    chnorm::channel_vector(running_mean, p.C, "running_mean", op);
+    chnorm::channel_vector(running_var, p.C, "running_var", op);
+    const RunningStats r = read_running(running_mean, running_var, p.C, opt.eps);
+    std::vector<double> sdy, sdyxh;
+    if (dweight.defined() || dbias.defined()) chnorm::grad_sums(p, dy, x, r.mean, r.rstd, sdy, sdyxh);
+    chnorm::input_grad_const(p, dx, dy, r.rstd, ptr_or_null(w));
+    if (dweight.defined() || dbias.defined()) chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh, mode);
+    return;
+  }
+  const chnorm::Moments m = chnorm::moments(p, x);
+  check_training_counts(p, m, x.shape());
+  train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), m, opt.eps, mode);
+}
+
+// ---- InstanceNorm and GroupNorm -------------------------------------------------------------------
+
+namespace {
+
+// Shared forward of the per-sample groupings. y like x; save_* of stats_shape(p).
+void grouped_forward(const Plan& p, View y, View save_mean, View save_rstd, ConstView x, ConstView weight,
+                     ConstView bias, double eps) {
+  const char* op = p.op;
+  chnorm::check_eps(eps, op);
+  chnorm::check_full_output(y, x, {}, "y", op);
+  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
+  const std::vector<float> b = chnorm::channel_vector(bias, p.C, "bias", op);
+  const Dims ss = chnorm::stats_shape(p);
+  chnorm::check_part_output(save_mean, ss, x, {}, "save_mean", op);
+  chnorm::check_part_output(save_rstd, ss, x, {}, "save_rstd", op);
+  const chnorm::Moments m = chnorm::moments(p, x);
+  train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m, rstd_of(m, eps));
+}
+
+void grouped_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
+                      ConstView weight, double eps, GradMode mode) {
+  const char* op = p.op;
+  chnorm::check_eps(eps, op);
+  NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
+           x.shape().str());
+  chnorm::check_full_output(dx, x, dy, "dx", op);
+  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
+  const Dims cs{p.C};
+  chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
+  chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
+  train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), chnorm::moments(p, x), eps, mode);
+}
+
+}  // namespace
+
+void instance_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight,
+                           ConstView bias, std::span<const Index> lengths, const InstanceNormOptions& opt) {
+  NL_CHECK(x.defined(), "{}: x is required", kInFwd);
+  const Plan p =
+      chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kInstance, 1, lengths, opt.time_axis, kInFwd);
+  grouped_forward(p, y, save_mean, save_rstd, x, weight, bias, opt.eps);
+}
+
+void instance_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                            std::span<const Index> lengths, const InstanceNormOptions& opt, GradMode mode) {
+  NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", kInBwd);
+  const Plan p =
+      chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kInstance, 1, lengths, opt.time_axis, kInBwd);
+  grouped_backward(p, dx, dweight, dbias, dy, x, weight, opt.eps, mode);
+}
+
+void group_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight, ConstView bias,
+                        int groups, const GroupNormOptions& opt) {
+  NL_CHECK(x.defined(), "{}: x is required", kGnFwd);
+  const Plan p = chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kGroup, groups, {}, -1, kGnFwd);
+  grouped_forward(p, y, save_mean, save_rstd, x, weight, bias, opt.eps);
+}
+
+void group_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                         int groups, const GroupNormOptions& opt, GradMode mode) {
+  NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", kGnBwd);
+  const Plan p = chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kGroup, groups, {}, -1, kGnBwd);
+  grouped_backward(p, dx, dweight, dbias, dy, x, weight, opt.eps, mode);
+}
+
+Dims instance_stats_shape(const Dims& x_shape, int channel_axis) {
+  return chnorm::stats_shape(
+      chnorm::make_plan(x_shape, channel_axis, Grouping::kInstance, 1, {}, -1, "instance_stats_shape"));
+}
+
+Dims group_stats_shape(const Dims& x_shape, int groups, int channel_axis) {
+  return chnorm::stats_shape(
+      chnorm::make_plan(x_shape, channel_axis, Grouping::kGroup, groups, {}, -1, "group_stats_shape"));
+}
+
+}  // namespace normlab

@@ -1,0 +1,500 @@
+// BatchNorm (channel-norm engine): hand-computed values, the float64 reference on random shapes and
+// strided layouts (train and eval, running statistics over several steps, PyTorch and ONNX
+// conventions), masked BatchNorm's defining properties, float64 finite differences, determinism across
+// thread counts, and bad input.
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+#include <normlab/reference.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "support/random.h"
+#include "support/tolerance.h"
+
+namespace normlab {
+namespace {
+
+using testing::all_close;
+using testing::bitwise_equal;
+using testing::Tol;
+using Lengths = std::vector<Index>;
+using ref::LayerNormGrads;
+
+double max_abs(const ref::DTensor& t) {
+  double m = 0;
+  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
+  return m;
+}
+// The magnitude of the terms that cancel in dx = rstd·(g − mean(g) − x̂·mean(g·x̂)): rstd·|dy|·|γ|. A group
+// of two elements has dx ≡ 0 exactly, so max|dx| alone is no scale.
+double dx_scale(const ref::DTensor& dx, const ref::DTensor& rstd, ConstView dy, ConstView w) {
+  const double wmax = w.defined() ? max_abs(ref::to_double(w)) : 1.0;
+  return std::max(max_abs(dx), max_abs(rstd) * max_abs(ref::to_double(dy)) * wmax);
+}
+
+struct BnFwd {
+  Tensor y, mean, rstd, rm, rv;
+  Index nbt = 0;
+};
+// Forward into fresh outputs; running stats (copied from rm0/rv0) only when given.
+BnFwd bn_forward(ConstView x, ConstView w, ConstView b, const Tensor* rm0, const Tensor* rv0,
+                 const Lengths& len, const BatchNormOptions& opt, Index nbt = 0) {
+  const Index C = x.size(opt.channel_axis);
+  BnFwd f{Tensor(x.shape()),
+          Tensor({C}),
+          Tensor({C}),
+          rm0 ? rm0->clone() : Tensor(),
+          rv0 ? rv0->clone() : Tensor(),
+          nbt};
+  batch_norm_forward(f.y.view(), f.mean.view(), f.rstd.view(), rm0 ? f.rm.view() : View{},
+                     rv0 ? f.rv.view() : View{}, &f.nbt, x, w, b, len, opt);
+  return f;
+}
+struct Grads {
+  Tensor dx, dw, db;
+};
+Grads bn_backward(ConstView dy, ConstView x, ConstView w, ConstView rm, ConstView rv, const Lengths& len,
+                  const BatchNormOptions& opt) {
+  const Index C = x.size(opt.channel_axis);
+  Grads g{Tensor(x.shape()), Tensor({C}), Tensor({C})};
+  batch_norm_backward(g.dx.view(), g.dw.view(), g.db.view(), dy, x, w, rm, rv, len, opt);
+  return g;
+}
+
+// A random strided view: parent padded by one on some axes (sliced, misaligned), maybe permuted.
+View random_view(std::mt19937_64& rng, Tensor& parent, const Dims& shape, double scale, double offset) {
+  std::uniform_int_distribution<int> coin(0, 1);
+  Dims ps = shape;
+  for (int d = 0; d < shape.size(); ++d) ps[d] += coin(rng);
+  std::vector<int> order(static_cast<std::size_t>(shape.size()));
+  std::iota(order.begin(), order.end(), 0);
+  if (coin(rng)) std::shuffle(order.begin(), order.end(), rng);
+  Dims pshape;  // the parent is laid out in the permuted order
+  for (int d : order) pshape.push_back(ps[d]);
+  parent = testing::random_tensor(pshape, rng, scale, offset);
+  View v = parent.view();
+  for (int i = 0; i < shape.size(); ++i)
+    if (pshape[i] != shape[order[static_cast<std::size_t>(i)]]) v = v.slice(i, 1, pshape[i]);
+  std::vector<int> inverse(order.size());
+  for (std::size_t i = 0; i < order.size(); ++i)
+    inverse[static_cast<std::size_t>(order[i])] = static_cast<int>(i);
+  v = v.permute(std::span<const int>(inverse));
+  if (coin(rng) && v.size(0) > 1) v = v.slice(0, v.size(0) - 1, -1, -1);  // a reversed axis
+  return v;
+}
+
+// Copies the real frames of x [B, C, ..T..] into [1, C, ..Σlen..]: the concatenated batch.
+Tensor concat_real(ConstView x, const Lengths& len, int time_axis) {
+  Dims shape = x.shape();
+  shape[0] = 1;
+  shape[time_axis] = std::accumulate(len.begin(), len.end(), Index{0});
+  Tensor out(shape);
+  Index at = 0;
+  for (std::size_t b = 0; b < len.size(); ++b) {
+    if (len[b] == 0) continue;
+    Tensor src = Tensor::copy_of(x.select(0, static_cast<Index>(b)).slice(time_axis - 1, 0, len[b]));
+    View dst = out.view().select(0, 0).slice(time_axis - 1, at, at + len[b]);
+    const float* s = src.data();
+    for_each_offset(dst.shape(), dst.strides(), [&](Index off) { dst.data()[off] = *s++; });
+    at += len[b];
+  }
+  return out;
+}
+
+// Whether every padded frame (t ≥ len[b] on time_axis) of v is exactly 0.
+bool padded_zero(ConstView v, const Lengths& len, int time_axis) {
+  bool ok = true;
+  for (std::size_t b = 0; b < len.size(); ++b) {
+    ConstView pad = v.select(0, static_cast<Index>(b)).slice(time_axis - 1, len[b], v.size(time_axis));
+    for_each_offset(pad.shape(), pad.strides(), [&](Index off) { ok = ok && pad.data()[off] == 0.0f; });
+  }
+  return ok;
+}
+
+Lengths random_lengths(std::mt19937_64& rng, Index B, Index T) {
+  std::uniform_int_distribution<Index> d(0, T);
+  Lengths len(static_cast<std::size_t>(B));
+  for (Index& l : len) l = d(rng);
+  len[0] = T;  // the full length
+  if (B > 1) len[1] = 1;
+  if (B > 3) len[3] = 0;  // a fully padded item
+  return len;
+}
+
+// ---- hand-computed -------------------------------------------------------------------------------
+
+TEST(BatchNormExamples, TwoChannelsOverBatchAndTime) {
+  // x [B=2, C=2, T=2]: channel 0 holds 1,2,3,4 (mean 2.5, var 1.25); channel 1 holds 5,5,7,7 (mean 6, var 1).
+  Tensor x({2, 2, 2}, {1, 2, 5, 5, 3, 4, 7, 7});
+  BatchNormOptions opt;
+  opt.eps = 0;
+  Tensor rm({2}, {0, 0}), rv({2}, {1, 1});
+  BnFwd f = bn_forward(x.cview(), {}, {}, &rm, &rv, {}, opt);
+  EXPECT_EQ(f.mean[0], 2.5f);
+  EXPECT_EQ(f.mean[1], 6.0f);
+  EXPECT_FLOAT_EQ(f.rstd[0], static_cast<float>(1 / std::sqrt(1.25)));
+  EXPECT_EQ(f.rstd[1], 1.0f);
+  for (Index i = 0; i < 2; ++i) EXPECT_EQ(f.y[2 + i], -1.0f);
+  for (Index i = 0; i < 2; ++i) EXPECT_EQ(f.y[6 + i], 1.0f);
+  // running ← 0.9·running + 0.1·batch, with the unbiased variance (n = 4): 1.25·4/3 and 4/3.
+  EXPECT_FLOAT_EQ(f.rm[0], 0.25f);
+  EXPECT_FLOAT_EQ(f.rm[1], 0.6f);
+  EXPECT_FLOAT_EQ(f.rv[0], static_cast<float>(0.9 + 0.1 * 1.25 * 4 / 3));
+  EXPECT_FLOAT_EQ(f.rv[1], static_cast<float>(0.9 + 0.1 * 4.0 / 3));
+  EXPECT_EQ(f.nbt, 1);
+  // Eval with running stats (0, 1), eps 0: y = x·γ + β.
+  opt.training = false;
+  Tensor w({2}, {2, 3}), b({2}, {1, -1}), z({2}, {0, 0}), one({2}, {1, 1});
+  BnFwd e = bn_forward(x.cview(), w.cview(), b.cview(), &z, &one, {}, opt);
+  EXPECT_EQ(e.y[0], 3.0f);
+  EXPECT_EQ(e.y[2], 14.0f);
+  EXPECT_TRUE(bitwise_equal(e.rm.cview(), z.cview(), "eval leaves running stats"));
+}
+
+// ---- the float64 reference on random layouts ----------------------------------------------------
+
+TEST(BatchNormReference, TrainAndEvalMatchFloat64OnRandomLayouts) {
+  static const Index kSizes[] = {1, 2, 3, 7, 33};
+  std::mt19937_64 rng(424242);
+  std::uniform_int_distribution<int> rank_d(1, 4), coin(0, 1), size_d(0, 4);
+  int trained = 0;
+  for (int i = 0; i < 250; ++i) {
+    const int rank = rank_d(rng);
+    Dims shape;
+    Index total = 1;
+    for (int d = 0; d < rank; ++d) {
+      Index s = kSizes[size_d(rng)];
+      if (total * s > 6000) s = 1;
+      total *= s;
+      shape.push_back(s);
+    }
+    Tensor parent;
+    View x = random_view(rng, parent, shape, 1.5, coin(rng) ? 0.25 : 100.0);
+    BatchNormOptions opt;
+    opt.channel_axis = std::uniform_int_distribution<int>(-rank, rank - 1)(rng);
+    opt.eps = coin(rng) ? 0.0 : 1e-5;
+    opt.momentum = coin(rng) ? std::optional<double>(0.1) : std::nullopt;
+    if (coin(rng) && coin(rng))
+      opt = [&] {
+        auto o = BatchNormOptions::onnx();
+        o.channel_axis = opt.channel_axis;
+        return o;
+      }();
+    const Index C = x.size(opt.channel_axis);
+    Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 1.0, 0.0);
+    Tensor rm = testing::random_tensor({C}, rng, 1.0, 0.0), rv = testing::random_tensor({C}, rng, 0.2, 1.0);
+    const bool use_w = coin(rng), use_b = coin(rng);
+    ConstView wv = use_w ? w.cview() : ConstView{}, bv = use_b ? b.cview() : ConstView{};
+    SCOPED_TRACE(fmt::format("case {}: shape {} strides {} channel_axis {} eps {} γ={} β={}", i,
+                             x.shape().str(), x.strides().str(), opt.channel_axis, opt.eps, use_w, use_b));
+    Tensor dy = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
+    for (bool training : {true, false}) {
+      opt.training = training;
+      if (training && total / C <= 1) {
+        EXPECT_NL_ERROR(bn_forward(x, wv, bv, &rm, &rv, {}, opt, 3),
+                        "Expected more than 1 value per channel");
+        continue;
+      }
+      trained += training;
+      BnFwd f = bn_forward(x, wv, bv, &rm, &rv, {}, opt, 3);
+      ref::BatchNormOut r = ref::batch_norm_forward(x, wv, bv, rm.cview(), rv.cview(), 3, {}, opt);
+      ASSERT_TRUE(all_close(f.y.cview(), r.y, Tol{4, 1}, "y"));
+      ASSERT_TRUE(all_close(f.mean.cview(), r.mean, Tol{2, 1e-5}, "save_mean"));
+      ASSERT_TRUE(all_close(f.rstd.cview(), r.rstd, Tol{2, 1e-30}, "save_rstd"));
+      ASSERT_TRUE(all_close(f.rm.cview(), r.running_mean, Tol{4, 1e-5}, "running_mean"));
+      ASSERT_TRUE(all_close(f.rv.cview(), r.running_var, Tol{4, 1e-5}, "running_var"));
+      EXPECT_EQ(f.nbt, r.num_batches_tracked);
+      Grads g = bn_backward(dy.cview(), x, wv, rm.cview(), rv.cview(), {}, opt);
+      LayerNormGrads rg = ref::batch_norm_backward(dy.cview(), x, wv, rm.cview(), rv.cview(), {}, opt);
+      ASSERT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), wv)}, "dx"));
+      ASSERT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{8, max_abs(rg.dweight)}, "dweight"));
+      ASSERT_TRUE(all_close(g.db.cview(), rg.dbias, Tol{8, max_abs(rg.dbias)}, "dbias"));
+    }
+  }
+  EXPECT_GT(trained, 100);
+}
+
+TEST(BatchNormRunningStats, SeveralStepsWithMomentumCumulativeAndOnnx) {
+  std::mt19937_64 rng(77);
+  BatchNormOptions cumulative;
+  cumulative.momentum = std::nullopt;
+  for (const BatchNormOptions& opt : {BatchNormOptions{}, cumulative, BatchNormOptions::onnx()}) {
+    Tensor rm({5}), rv({5});
+    for (Index c = 0; c < 5; ++c) rv[c] = 1.0f;
+    ref::DTensor rrm = ref::to_double(rm.cview()), rrv = ref::to_double(rv.cview());
+    Index nbt = 0;
+    for (int step = 0; step < 6; ++step) {
+      Tensor x = testing::random_tensor({4, 5, 9}, rng, 1.0 + step, 0.5 * step);
+      BnFwd f = bn_forward(x.cview(), {}, {}, &rm, &rv, {}, opt, nbt);
+      ref::BatchNormOut r = ref::batch_norm_forward(x.cview(), {}, {}, rm.cview(), rv.cview(), nbt, {}, opt);
+      ref::BatchNormOut r64 = ref::batch_norm_forward(ref::to_double(x.cview()).view(), {}, {}, rrm.view(),
+                                                      rrv.view(), nbt, {}, opt);
+      EXPECT_TRUE(all_close(f.rm.cview(), r.running_mean, Tol{2, 1e-6}, "running_mean step"));
+      EXPECT_TRUE(all_close(f.rv.cview(), r.running_var, Tol{2, 1e-6}, "running_var step"));
+      // Over all steps: fp32 storage of the running stats adds ≤ one rounding per step.
+      EXPECT_TRUE(all_close(f.rm.cview(), r64.running_mean, Tol{8, 1}, "running_mean vs float64 chain"));
+      EXPECT_TRUE(all_close(f.rv.cview(), r64.running_var, Tol{8, 1}, "running_var vs float64 chain"));
+      rm = f.rm.clone();
+      rv = f.rv.clone();
+      rrm = r64.running_mean.clone();
+      rrv = r64.running_var.clone();
+      nbt = f.nbt;
+    }
+    EXPECT_EQ(nbt, 6);
+  }
+  // Cumulative average after k steps of constant batches is exactly their plain average.
+  Tensor rm({1}), rv({1});
+  Index nbt = 0;
+  for (float v : {1.0f, 3.0f, 8.0f}) {
+    Tensor x({2, 1}, {v - 1, v + 1});
+    BnFwd f = bn_forward(x.cview(), {}, {}, &rm, &rv, {}, cumulative, nbt);
+    rm = f.rm.clone();
+    rv = f.rv.clone();
+    nbt = f.nbt;
+  }
+  EXPECT_EQ(rm[0], 4.0f);
+  EXPECT_EQ(rv[0], 2.0f);  // unbiased variance of (v−1, v+1) is 2 every step
+}
+
+// ---- masked BatchNorm -----------------------------------------------------------------------------
+
+TEST(BatchNormMasked, EqualsUnmaskedBatchNormOnTheConcatenatedRealFrames) {
+  std::mt19937_64 rng(31337);
+  struct Layout {
+    Dims shape;
+    int time_axis;
+  };
+  for (const Layout& l : {Layout{{6, 3, 17}, 2}, Layout{{5, 4, 33, 2}, 2}, Layout{{7, 2, 3, 9}, 3},
+                          Layout{{4, 3, 1}, 2}, Layout{{9, 5, 7}, -1}}) {
+    for (int rep = 0; rep < 4; ++rep) {
+      Tensor parent;
+      View x = random_view(rng, parent, l.shape, 2.0, 1.0);
+      const int ta = l.time_axis < 0 ? l.time_axis + l.shape.size() : l.time_axis;
+      const Lengths len = random_lengths(rng, l.shape[0], l.shape[ta]);
+      BatchNormOptions opt;
+      opt.time_axis = l.time_axis;
+      const Index C = l.shape[1];
+      Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 1.0, 0.0);
+      Tensor rm = testing::random_tensor({C}, rng, 1.0, 0.0), rv = testing::random_tensor({C}, rng, 0.2, 1.0);
+      Tensor dy = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
+      SCOPED_TRACE(fmt::format("shape {} strides {} time_axis {} lengths [{}]", x.shape().str(),
+                               x.strides().str(), l.time_axis, fmt::join(len, ",")));
+      const Tensor xc = concat_real(x, len, ta), dyc = concat_real(dy.cview(), len, ta);
+      for (bool training : {true, false}) {
+        opt.training = training;
+        BnFwd f = bn_forward(x, w.cview(), b.cview(), &rm, &rv, len, opt);
+        BnFwd fc = bn_forward(xc.cview(), w.cview(), b.cview(), &rm, &rv, {}, opt);
+        const ref::DTensor yc = ref::to_double(fc.y.cview());
+        EXPECT_TRUE(all_close(concat_real(f.y.cview(), len, ta).cview(), yc, Tol{2, 1}, "y at real frames"));
+        EXPECT_TRUE(padded_zero(f.y.cview(), len, ta)) << "y at padded frames";
+        EXPECT_TRUE(all_close(f.mean.cview(), ref::to_double(fc.mean.cview()), Tol{2, 1e-5}, "save_mean"));
+        EXPECT_TRUE(all_close(f.rm.cview(), ref::to_double(fc.rm.cview()), Tol{2, 1e-5}, "running_mean"));
+        EXPECT_TRUE(all_close(f.rv.cview(), ref::to_double(fc.rv.cview()), Tol{2, 1e-5}, "running_var"));
+        Grads g = bn_backward(dy.cview(), x, w.cview(), rm.cview(), rv.cview(), len, opt);
+        Grads gc = bn_backward(dyc.cview(), xc.cview(), w.cview(), rm.cview(), rv.cview(), {}, opt);
+        const ref::DTensor dxc = ref::to_double(gc.dx.cview());
+        EXPECT_TRUE(
+            all_close(concat_real(g.dx.cview(), len, ta).cview(), dxc, Tol{16, max_abs(dxc)}, "dx real"));
+        EXPECT_TRUE(padded_zero(g.dx.cview(), len, ta)) << "dx at padded frames";
+        const ref::DTensor dwc = ref::to_double(gc.dw.cview()), dbc = ref::to_double(gc.db.cview());
+        EXPECT_TRUE(all_close(g.dw.cview(), dwc, Tol{8, max_abs(dwc)}, "dweight"));
+        EXPECT_TRUE(all_close(g.db.cview(), dbc, Tol{8, max_abs(dbc)}, "dbias"));
+        // And the masked float64 reference.
+        ref::BatchNormOut r =
+            ref::batch_norm_forward(x, w.cview(), b.cview(), rm.cview(), rv.cview(), 0, len, opt);
+        EXPECT_TRUE(all_close(f.y.cview(), r.y, Tol{4, 1}, "y vs masked reference"));
+        LayerNormGrads rg =
+            ref::batch_norm_backward(dy.cview(), x, w.cview(), rm.cview(), rv.cview(), len, opt);
+        EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, max_abs(rg.dx)}, "dx vs masked reference"));
+      }
+    }
+  }
+}
+
+TEST(BatchNormMasked, FullLengthsEqualUnmaskedBitwise) {
+  std::mt19937_64 rng(8);
+  Tensor x = testing::random_tensor({3, 4, 10}, rng, 1.0, 0.0),
+         dy = testing::random_tensor({3, 4, 10}, rng, 1.0, 0);
+  const Lengths full{10, 10, 10};
+  BnFwd a = bn_forward(x.cview(), {}, {}, nullptr, nullptr, full, {}),
+        b = bn_forward(x.cview(), {}, {}, nullptr, nullptr, {}, {});
+  EXPECT_TRUE(bitwise_equal(a.y.cview(), b.y.cview(), "y"));
+  Grads ga = bn_backward(dy.cview(), x.cview(), {}, {}, {}, full, {}),
+        gb = bn_backward(dy.cview(), x.cview(), {}, {}, {}, {}, {});
+  EXPECT_TRUE(bitwise_equal(ga.dx.cview(), gb.dx.cview(), "dx"));
+}
+
+TEST(BatchNormMasked, TooFewRealValuesIsTheTrainingError) {
+  Tensor x({2, 3, 4});
+  BatchNormOptions opt;
+  EXPECT_NL_ERROR(bn_forward(x.cview(), {}, {}, nullptr, nullptr, {1, 0}, opt),
+                  "Expected more than 1 value per channel");
+  EXPECT_NL_ERROR(bn_forward(x.cview(), {}, {}, nullptr, nullptr, {0, 0}, opt),
+                  "Expected more than 1 value per channel");
+  opt.training = false;  // eval needs no batch statistics: every item may be empty
+  Tensor rm({3}), rv({3});
+  BnFwd f = bn_forward(x.cview(), {}, {}, &rm, &rv, {0, 0}, opt);
+  for (Index i = 0; i < f.y.numel(); ++i) EXPECT_EQ(f.y[i], 0.0f);
+}
+
+// ---- float64 finite differences -------------------------------------------------------------------
+
+// Central differences of L = Σ r⊙y(x, γ, β) for every entry of x, γ, β, against `grads`.
+template <typename Forward>
+void expect_fd(Forward&& forward, ref::DTensor& x, ref::DTensor& w, ref::DTensor& b, const ref::DTensor& r,
+               const LayerNormGrads& grads, double tol, const std::string& what) {
+  auto loss = [&] {
+    const ref::DTensor y = forward();
+    double s = 0;
+    for (Index i = 0; i < y.numel(); ++i) s += y[i] * r[i];
+    return s;
+  };
+  const double h = 1e-6;
+  auto check = [&](ref::DTensor& p, const ref::DTensor& grad, const char* name) {
+    for (Index i = 0; i < p.numel(); ++i) {
+      const double keep = p[i];
+      p[i] = keep + h;
+      const double lp = loss();
+      p[i] = keep - h;
+      const double lm = loss();
+      p[i] = keep;
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(grad[i], fd, tol * std::max(1.0, std::fabs(fd))) << what << " " << name << "[" << i << "]";
+    }
+  };
+  check(x, grads.dx, "dx");
+  check(w, grads.dweight, "dweight");
+  check(b, grads.dbias, "dbias");
+}
+
+TEST(BatchNormGradients, ReferenceAndKernelMatchFiniteDifferences) {
+  std::mt19937_64 rng(99);
+  const Dims shape{3, 2, 5};
+  for (int variant = 0; variant < 4; ++variant) {
+    // 0: train, 1: train masked, 2: eval, 3: eval masked.
+    BatchNormOptions opt;
+    opt.training = variant < 2;
+    const Lengths len = variant % 2 ? Lengths{5, 2, 0} : Lengths{};
+    Tensor xf = testing::random_tensor(shape, rng, 1.0, 0.5), wf = testing::random_tensor({2}, rng, 0.5, 1.0);
+    Tensor bf = testing::random_tensor({2}, rng, 1.0, 0.0), rf = testing::random_tensor(shape, rng, 1.0, 0.0);
+    Tensor rm = testing::random_tensor({2}, rng, 1.0, 0.0), rv = testing::random_tensor({2}, rng, 0.2, 1.0);
+    ref::DTensor x = ref::to_double(xf.cview()), w = ref::to_double(wf.cview()),
+                 b = ref::to_double(bf.cview());
+    const ref::DTensor r = ref::to_double(rf.cview()), rmd = ref::to_double(rm.cview()),
+                       rvd = ref::to_double(rv.cview());
+    auto forward = [&] {
+      return ref::batch_norm_forward(x.view(), w.view(), b.view(), rmd.view(), rvd.view(), 0, len, opt).y;
+    };
+    const std::string what = fmt::format("variant {}", variant);
+    LayerNormGrads rg =
+        ref::batch_norm_backward(r.view(), x.view(), w.view(), rmd.view(), rvd.view(), len, opt);
+    expect_fd(forward, x, w, b, r, rg, 1e-7, what + " reference");
+    // The fp32 kernel against the same float64 finite differences.
+    Grads g = bn_backward(rf.cview(), xf.cview(), wf.cview(), rm.cview(), rv.cview(), len, opt);
+    EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{64, max_abs(rg.dx)}, what + " kernel dx"));
+    EXPECT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{64, max_abs(rg.dweight)}, what + " kernel dweight"));
+    EXPECT_TRUE(all_close(g.db.cview(), rg.dbias, Tol{64, max_abs(rg.dbias)}, what + " kernel dbias"));
+  }
+}
+
+TEST(BatchNormGradients, AccumulateModeAndInPlace) {
+  std::mt19937_64 rng(4);
+  Tensor x = testing::random_tensor({4, 3, 6}, rng, 1.0, 0.0),
+         dy = testing::random_tensor({4, 3, 6}, rng, 1.0, 0.0);
+  Grads once = bn_backward(dy.cview(), x.cview(), {}, {}, {}, {}, {});
+  Tensor dx({4, 3, 6}), dw({3}, {1, 1, 1}), db({3}, {1, 1, 1});
+  batch_norm_backward(dx.view(), dw.view(), db.view(), dy.cview(), x.cview(), {}, {}, {}, {}, {},
+                      GradMode::kAccumulate);
+  for (Index c = 0; c < 3; ++c) {
+    EXPECT_EQ(dw[c], 1.0f + once.dw[c]);
+    EXPECT_EQ(db[c], 1.0f + once.db[c]);
+  }
+  Tensor inplace = dy.clone();  // dx written over dy
+  batch_norm_backward(inplace.view(), {}, {}, inplace.cview(), x.cview(), {}, {}, {}, {}, {});
+  EXPECT_TRUE(bitwise_equal(inplace.cview(), once.dx.cview(), "dx in place of dy"));
+  Tensor yin = x.clone();
+  batch_norm_forward(yin.view(), {}, {}, {}, {}, nullptr, yin.cview(), {}, {});
+  EXPECT_TRUE(bitwise_equal(yin.cview(), bn_forward(x.cview(), {}, {}, nullptr, nullptr, {}, {}).y.cview(),
+                            "y in place"));
+}
+
+// ---- determinism ----------------------------------------------------------------------------------
+
+TEST(BatchNormDeterminism, SameBitsForOneTwoAndThreeThreads) {
+  std::mt19937_64 rng(6);
+  Tensor x = testing::random_tensor({16, 12, 300}, rng, 2.0, 3.0),
+         dy = testing::random_tensor({16, 12, 300}, rng, 1, 0);
+  Tensor w = testing::random_tensor({12}, rng, 1.0, 1.0), rm({12}), rv({12});
+  const Lengths len = random_lengths(rng, 16, 300);
+  const int saved = num_threads();
+  std::vector<std::vector<Tensor>> out;
+  for (int t : {1, 2, 3}) {
+    set_num_threads(t);
+    std::vector<Tensor> o;
+    for (const Lengths& l : {Lengths{}, len}) {
+      BnFwd f = bn_forward(x.cview(), w.cview(), {}, &rm, &rv, l, {});
+      Grads g = bn_backward(dy.cview(), x.cview(), w.cview(), {}, {}, l, {});
+      for (Tensor* p : {&f.y, &f.mean, &f.rstd, &f.rm, &f.rv, &g.dx, &g.dw, &g.db})
+        o.push_back(std::move(*p));
+    }
+    out.push_back(std::move(o));
+  }
+  set_num_threads(saved);
+  for (std::size_t t = 1; t < out.size(); ++t)
+    for (std::size_t i = 0; i < out[0].size(); ++i)
+      EXPECT_TRUE(bitwise_equal(out[0][i].cview(), out[t][i].cview(),
+                                fmt::format("{} threads, output {}", t + 1, i)));
+}
+
+// ---- bad input ------------------------------------------------------------------------------------
+
+TEST(BatchNormErrors, BadInputGetsClearMessages) {
+  Tensor x({2, 3, 4}), y({2, 3, 4}), rm({3}), rv({3}), bad({4}), dx({2, 3, 4}), dy({2, 3, 4});
+  auto fwd = [&](const Lengths& len, BatchNormOptions opt, View m = {}, View v = {}) {
+    batch_norm_forward(y.view(), {}, {}, m, v, nullptr, x.cview(), {}, {}, len, opt);
+  };
+  BatchNormOptions opt;
+  opt.channel_axis = 3;
+  EXPECT_NL_ERROR(fwd({}, opt), "channel_axis 3 is out of range for x of shape [2, 3, 4]");
+  opt = {};
+  opt.eps = -1e-3;
+  EXPECT_NL_ERROR(fwd({}, opt), "eps must be finite and ≥ 0");
+  EXPECT_NL_ERROR(fwd({5, 1}, {}), "lengths[0] = 5 exceeds the size 4 of the time axis 2");
+  EXPECT_NL_ERROR(fwd({2, -1}, {}), "lengths[1] = -1 is negative");
+  EXPECT_NL_ERROR(fwd({2, 2, 2}, {}), "3 lengths given but x of shape [2, 3, 4] has 2 batch items");
+  opt = {};
+  opt.time_axis = 1;
+  EXPECT_NL_ERROR(fwd({2, 2}, opt), "time_axis 1 must come after the channel axis 1");
+  opt = {};
+  opt.training = false;
+  EXPECT_NL_ERROR(fwd({}, opt), "eval mode (training = false) needs running_mean and running_var");
+  EXPECT_NL_ERROR(batch_norm_backward(dx.view(), {}, {}, dy.cview(), x.cview(), {}, {}, {}, {}, opt),
+                  "eval mode (training = false) needs running_mean and running_var");
+  EXPECT_NL_ERROR(fwd({}, {}, bad.view(), rv.view()), "running_mean has shape [4] but [3] is expected");
+  EXPECT_NL_ERROR(fwd({}, {}, rm.view(), bad.view()), "running_var has shape [4] but [3] is expected");
+  EXPECT_NL_ERROR(fwd({}, {}, rm.view(), {}), "running_mean and running_var must be given together");
+  opt = {};
+  opt.momentum = std::nullopt;
+  EXPECT_NL_ERROR(fwd({}, opt, rm.view(), rv.view()), "needs num_batches_tracked");
+  opt.momentum = 1.5;
+  EXPECT_NL_ERROR(fwd({}, opt), "momentum must be in [0, 1]");
+  Tensor x1({1, 3}), y1({1, 3});
+  EXPECT_NL_ERROR(batch_norm_forward(y1.view(), {}, {}, {}, {}, nullptr, x1.cview(), {}, {}),
+                  "Expected more than 1 value per channel when training, got input of shape [1, 3]");
+  EXPECT_NL_ERROR(batch_norm_forward(y.view(), bad.view(), {}, {}, {}, nullptr, x.cview(), {}, {}),
+                  "save_mean has shape [4] but [3] is expected");
+  EXPECT_NL_ERROR(batch_norm_forward(y.view(), {}, {}, {}, {}, nullptr, x.cview(), bad.cview(), {}),
+                  "weight has shape [4] but [3] is expected");
+  EXPECT_NL_ERROR(batch_norm_backward(dx.view(), bad.view(), {}, dy.cview(), x.cview(), {}, {}, {}),
+                  "dweight has shape [4] but [3] is expected");
+  Tensor dy_bad({2, 3, 5});
+  EXPECT_NL_ERROR(batch_norm_backward(dx.view(), {}, {}, dy_bad.cview(), x.cview(), {}, {}, {}),
+                  "dy has shape [2, 3, 5]");
+  // Nothing was written by the failed calls.
+  for (Index i = 0; i < 3; ++i) EXPECT_EQ(rm[i], 0.0f);
+}
+
+}  // namespace
+}  // namespace normlab

@@ -1,0 +1,426 @@
+// InstanceNorm and GroupNorm (channel-norm engine): hand-computed values, the float64 reference on
+// random shapes and strided layouts, masked InstanceNorm's defining property (each sequence cut to its
+// length), relations between the groupings, float64 finite differences, determinism across thread
+// counts, and bad input.
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+#include <normlab/reference.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "support/random.h"
+#include "support/tolerance.h"
+
+namespace normlab {
+namespace {
+
+using testing::all_close;
+using testing::bitwise_equal;
+using testing::Tol;
+using Lengths = std::vector<Index>;
+using ref::LayerNormGrads;
+
+double max_abs(const ref::DTensor& t) {
+  double m = 0;
+  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
+  return m;
+}
+// The magnitude of the terms that cancel in dx = rstd·(g − mean(g) − x̂·mean(g·x̂)): rstd·|dy|·|γ|. A group
+// of two elements has dx ≡ 0 exactly, so max|dx| alone is no scale.
+double dx_scale(const ref::DTensor& dx, const ref::DTensor& rstd, ConstView dy, ConstView w) {
+  const double wmax = w.defined() ? max_abs(ref::to_double(w)) : 1.0;
+  return std::max(max_abs(dx), max_abs(rstd) * max_abs(ref::to_double(dy)) * wmax);
+}
+
+struct Fwd {
+  Tensor y, mean, rstd;
+};
+struct Grads {
+  Tensor dx, dw, db;
+};
+Fwd in_forward(ConstView x, ConstView w, ConstView b, const Lengths& len, const InstanceNormOptions& opt) {
+  const Dims ss = instance_stats_shape(x.shape(), opt.channel_axis);
+  Fwd f{Tensor(x.shape()), Tensor(ss), Tensor(ss)};
+  instance_norm_forward(f.y.view(), f.mean.view(), f.rstd.view(), x, w, b, len, opt);
+  return f;
+}
+Grads in_backward(ConstView dy, ConstView x, ConstView w, const Lengths& len,
+                  const InstanceNormOptions& opt) {
+  const Index C = x.size(opt.channel_axis);
+  Grads g{Tensor(x.shape()), Tensor({C}), Tensor({C})};
+  instance_norm_backward(g.dx.view(), g.dw.view(), g.db.view(), dy, x, w, len, opt);
+  return g;
+}
+Fwd gn_forward(ConstView x, ConstView w, ConstView b, int groups, const GroupNormOptions& opt) {
+  const Dims ss = group_stats_shape(x.shape(), groups, opt.channel_axis);
+  Fwd f{Tensor(x.shape()), Tensor(ss), Tensor(ss)};
+  group_norm_forward(f.y.view(), f.mean.view(), f.rstd.view(), x, w, b, groups, opt);
+  return f;
+}
+Grads gn_backward(ConstView dy, ConstView x, ConstView w, int groups, const GroupNormOptions& opt) {
+  const Index C = x.size(opt.channel_axis);
+  Grads g{Tensor(x.shape()), Tensor({C}), Tensor({C})};
+  group_norm_backward(g.dx.view(), g.dw.view(), g.db.view(), dy, x, w, groups, opt);
+  return g;
+}
+
+// A random strided view of a fresh parent: some axes sliced (misaligned), maybe a reversed axis 0.
+View random_view(std::mt19937_64& rng, Tensor& parent, const Dims& shape) {
+  std::uniform_int_distribution<int> coin(0, 1);
+  Dims ps = shape;
+  for (int d = 0; d < shape.size(); ++d) ps[d] += coin(rng);
+  parent = testing::random_tensor(ps, rng, 1.5, coin(rng) ? 0.25 : 50.0);
+  View v = parent.view();
+  for (int d = 0; d < shape.size(); ++d)
+    if (ps[d] != shape[d]) v = v.slice(d, 1, ps[d]);
+  if (shape.size() >= 3 && coin(rng)) {  // a physically transposed parent, seen in logical order
+    Tensor t = testing::random_tensor(shape, rng, 1.5, 0.25);
+    parent = Tensor::copy_of(t.cview().transpose(1, 2));
+    v = parent.view().transpose(1, 2);
+  }
+  if (coin(rng) && v.size(0) > 1) v = v.slice(0, v.size(0) - 1, -1, -1);
+  return v;
+}
+
+Dims random_shape(std::mt19937_64& rng, int min_rank) {
+  static const Index kSizes[] = {1, 2, 3, 4, 6, 7, 33};
+  std::uniform_int_distribution<int> rank_d(min_rank, 4), size_d(0, 6);
+  const int rank = rank_d(rng);
+  Dims shape;
+  Index total = 1;
+  for (int d = 0; d < rank; ++d) {
+    Index s = kSizes[size_d(rng)];
+    if (total * s > 6000) s = 1;
+    total *= s;
+    shape.push_back(s);
+  }
+  return shape;
+}
+
+// ---- hand-computed -------------------------------------------------------------------------------
+
+TEST(InstanceNormExamples, EachBatchItemAndChannelOnItsOwn) {
+  // x [B=2, C=1, T=3]: (1,2,3) and (10,20,30) both normalize to (−√1.5, 0, √1.5).
+  Tensor x({2, 1, 3}, {1, 2, 3, 10, 20, 30});
+  InstanceNormOptions opt;
+  opt.eps = 0;
+  Fwd f = in_forward(x.cview(), {}, {}, {}, opt);
+  const double s = std::sqrt(1.5);
+  EXPECT_TRUE(all_close(f.y.cview(), ref::DTensor({2, 1, 3}, {-s, 0, s, -s, 0, s}), Tol{2, 1}));
+  EXPECT_EQ(f.mean.shape(), (Dims{2, 1}));
+  EXPECT_EQ(f.mean[0], 2.0f);
+  EXPECT_EQ(f.mean[1], 20.0f);
+}
+
+TEST(GroupNormExamples, GroupsOfConsecutiveChannels) {
+  // x [1, C=4, 1], groups 2: (1, 3) and (5, 9): each group normalizes to (−1, 1).
+  Tensor x({1, 4, 1}, {1, 3, 5, 9}), w({4}, {1, 2, 3, 4}), b({4}, {0, 0, 1, 1});
+  GroupNormOptions opt;
+  opt.eps = 0;
+  Fwd f = gn_forward(x.cview(), w.cview(), b.cview(), 2, opt);
+  Tensor expect({1, 4, 1}, {-1, 2, -2, 5});
+  EXPECT_TRUE(bitwise_equal(f.y.cview(), expect.cview(), "y"));
+  EXPECT_EQ(f.mean.shape(), (Dims{1, 2}));
+  EXPECT_EQ(f.mean[1], 7.0f);
+  EXPECT_EQ(f.rstd[1], 0.5f);
+}
+
+// ---- the float64 reference on random layouts ----------------------------------------------------
+
+TEST(InstanceNormReference, MatchesFloat64OnRandomLayoutsMaskedOrNot) {
+  std::mt19937_64 rng(515);
+  std::uniform_int_distribution<int> coin(0, 1);
+  for (int i = 0; i < 200; ++i) {
+    const Dims shape = random_shape(rng, 2);
+    Tensor parent;
+    View x = random_view(rng, parent, shape);
+    const int rank = shape.size();
+    InstanceNormOptions opt;
+    opt.channel_axis = std::uniform_int_distribution<int>(0, rank - 2)(rng);
+    opt.eps = coin(rng) ? 0.0 : 1e-5;
+    Lengths len;
+    if (coin(rng)) {  // masked over a random later axis
+      opt.time_axis = std::uniform_int_distribution<int>(opt.channel_axis + 1, rank - 1)(rng);
+      Index B = 1;
+      for (int d = 0; d < opt.channel_axis; ++d) B *= shape[d];
+      std::uniform_int_distribution<Index> ld(0, shape[opt.time_axis]);
+      for (Index b = 0; b < B; ++b) len.push_back(ld(rng));
+      if (opt.eps == 0) opt.eps = 1e-5;  // one-frame instances have var 0
+    }
+    const Index C = shape[opt.channel_axis];
+    Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 1.0, 0.0);
+    ConstView wv = coin(rng) ? w.cview() : ConstView{}, bv = coin(rng) ? b.cview() : ConstView{};
+    SCOPED_TRACE(fmt::format("case {}: shape {} strides {} channel_axis {} time_axis {} lengths [{}] eps {}",
+                             i, x.shape().str(), x.strides().str(), opt.channel_axis, opt.time_axis,
+                             fmt::join(len, ","), opt.eps));
+    if (opt.eps == 0) {  // avoid constant instances (size-1 spatial extent) with eps 0
+      Index S = 1;
+      for (int d = opt.channel_axis + 1; d < rank; ++d) S *= shape[d];
+      if (S < 2) opt.eps = 1e-5;
+    }
+    Fwd f = in_forward(x, wv, bv, len, opt);
+    ref::ChannelNormOut r = ref::instance_norm_forward(x, wv, bv, len, opt);
+    ASSERT_TRUE(all_close(f.y.cview(), r.y, Tol{4, 1}, "y"));
+    ASSERT_TRUE(all_close(f.mean.cview(), r.mean, Tol{2, 1e-5}, "save_mean"));
+    ASSERT_TRUE(all_close(f.rstd.cview(), r.rstd, Tol{2, 1e-30}, "save_rstd"));
+    Tensor dy = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
+    Grads g = in_backward(dy.cview(), x, wv, len, opt);
+    LayerNormGrads rg = ref::instance_norm_backward(dy.cview(), x, wv, len, opt);
+    ASSERT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), wv)}, "dx"));
+    ASSERT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{8, max_abs(rg.dweight)}, "dweight"));
+    ASSERT_TRUE(all_close(g.db.cview(), rg.dbias, Tol{8, max_abs(rg.dbias)}, "dbias"));
+  }
+}
+
+TEST(GroupNormReference, MatchesFloat64OnRandomLayouts) {
+  std::mt19937_64 rng(616);
+  std::uniform_int_distribution<int> coin(0, 1);
+  for (int i = 0; i < 200; ++i) {
+    const Dims shape = random_shape(rng, 1);
+    Tensor parent;
+    View x = random_view(rng, parent, shape);
+    GroupNormOptions opt;
+    opt.channel_axis = std::uniform_int_distribution<int>(-shape.size(), shape.size() - 1)(rng);
+    const Index C = x.size(opt.channel_axis);
+    std::vector<int> divisors;
+    for (int g = 1; g <= C; ++g)
+      if (C % g == 0) divisors.push_back(g);
+    const int groups = divisors[rng() % divisors.size()];
+    opt.eps = coin(rng) ? 1e-5 : 0.0;
+    if (x.numel() / (x.size(0) == 0 ? 1 : 1) < 2) opt.eps = 1e-5;
+    Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 1.0, 0.0);
+    ConstView wv = coin(rng) ? w.cview() : ConstView{}, bv = coin(rng) ? b.cview() : ConstView{};
+    SCOPED_TRACE(fmt::format("case {}: shape {} strides {} channel_axis {} groups {} eps {}", i,
+                             x.shape().str(), x.strides().str(), opt.channel_axis, groups, opt.eps));
+    ref::ChannelNormOut r = ref::group_norm_forward(x, wv, bv, groups, opt);
+    for (Index k = 0; k < r.rstd.numel(); ++k)
+      if (!std::isfinite(r.rstd[k])) opt.eps = 1e-5;  // a one-element group with eps 0
+    r = ref::group_norm_forward(x, wv, bv, groups, opt);
+    Fwd f = gn_forward(x, wv, bv, groups, opt);
+    ASSERT_TRUE(all_close(f.y.cview(), r.y, Tol{4, 1}, "y"));
+    ASSERT_TRUE(all_close(f.mean.cview(), r.mean, Tol{2, 1e-5}, "save_mean"));
+    ASSERT_TRUE(all_close(f.rstd.cview(), r.rstd, Tol{2, 1e-30}, "save_rstd"));
+    Tensor dy = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
+    Grads g = gn_backward(dy.cview(), x, wv, groups, opt);
+    LayerNormGrads rg = ref::group_norm_backward(dy.cview(), x, wv, groups, opt);
+    ASSERT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), wv)}, "dx"));
+    ASSERT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{8, max_abs(rg.dweight)}, "dweight"));
+    ASSERT_TRUE(all_close(g.db.cview(), rg.dbias, Tol{8, max_abs(rg.dbias)}, "dbias"));
+  }
+}
+
+// ---- masked InstanceNorm ----------------------------------------------------------------------------
+
+TEST(InstanceNormMasked, EqualsUnmaskedInstanceNormOfEachSequenceCutToItsLength) {
+  std::mt19937_64 rng(717);
+  for (const Dims& shape : {Dims{6, 3, 17}, Dims{5, 2, 33, 3}, Dims{4, 4, 1}}) {
+    for (int time_axis : {2, -1}) {
+      Tensor parent;
+      View x = random_view(rng, parent, shape);
+      const int ta = time_axis < 0 ? time_axis + shape.size() : time_axis;
+      const Index T = shape[ta], B = shape[0], C = shape[1];
+      std::uniform_int_distribution<Index> ld(0, T);
+      Lengths len(static_cast<std::size_t>(B));
+      for (Index& l : len) l = ld(rng);
+      len[0] = T;
+      len[1] = 1;
+      if (B > 3) len[3] = 0;
+      InstanceNormOptions opt;
+      opt.time_axis = time_axis;
+      Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 1.0, 0.0);
+      Tensor dy = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
+      SCOPED_TRACE(
+          fmt::format("shape {} time_axis {} lengths [{}]", shape.str(), time_axis, fmt::join(len, ",")));
+      Fwd f = in_forward(x, w.cview(), b.cview(), len, opt);
+      Grads g = in_backward(dy.cview(), x, w.cview(), len, opt);
+      Tensor dw_sum({C}), db_sum({C});
+      for (Index bi = 0; bi < B; ++bi) {
+        const Index l = len[static_cast<std::size_t>(bi)];
+        ConstView yb = f.y.cview().slice(0, bi, bi + 1), dxb = g.dx.cview().slice(0, bi, bi + 1);
+        if (l > 0) {
+          ConstView xcut = ConstView(x).slice(0, bi, bi + 1).slice(ta, 0, l);
+          ConstView dycut = dy.cview().slice(0, bi, bi + 1).slice(ta, 0, l);
+          Fwd fc = in_forward(xcut, w.cview(), b.cview(), {}, {});
+          EXPECT_TRUE(bitwise_equal(yb.slice(ta, 0, l), fc.y.cview(), fmt::format("y of item {}", bi)));
+          EXPECT_TRUE(bitwise_equal(f.mean.cview().slice(0, bi, bi + 1), fc.mean.cview(), "save_mean"));
+          EXPECT_TRUE(bitwise_equal(f.rstd.cview().slice(0, bi, bi + 1), fc.rstd.cview(), "save_rstd"));
+          Grads gc = in_backward(dycut, xcut, w.cview(), {}, {});
+          EXPECT_TRUE(bitwise_equal(dxb.slice(ta, 0, l), gc.dx.cview(), fmt::format("dx of item {}", bi)));
+          for (Index c = 0; c < C; ++c) {
+            dw_sum[c] += gc.dw[c];
+            db_sum[c] += gc.db[c];
+          }
+        } else {  // a fully padded item: zeros, and statistics 0 (documented)
+          for (Index c = 0; c < C; ++c) {
+            EXPECT_EQ(f.mean.cview().at({bi, c}), 0.0f);
+            EXPECT_EQ(f.rstd.cview().at({bi, c}), 0.0f);
+          }
+        }
+        bool zero = true;
+        for (ConstView pad : {yb.slice(ta, l, T), dxb.slice(ta, l, T)})
+          for_each_offset(pad.shape(), pad.strides(),
+                          [&](Index off) { zero = zero && pad.data()[off] == 0.0f; });
+        EXPECT_TRUE(zero) << "padded frames of item " << bi;
+      }
+      // dγ, dβ: the per-item contributions (summed here in fp32, hence the tolerance).
+      EXPECT_TRUE(all_close(g.dw.cview(), ref::to_double(dw_sum.cview()), Tol{8, 4}, "dweight"));
+      EXPECT_TRUE(all_close(g.db.cview(), ref::to_double(db_sum.cview()), Tol{8, 4}, "dbias"));
+    }
+  }
+}
+
+// ---- relations between the groupings --------------------------------------------------------------
+
+TEST(GroupNormRelations, GroupsEqualChannelsIsInstanceNormAndOneGroupIsLayerNorm) {
+  std::mt19937_64 rng(818);
+  Tensor x = testing::random_tensor({3, 6, 5, 4}, rng, 2.0, 1.0),
+         dy = testing::random_tensor({3, 6, 5, 4}, rng, 1, 0);
+  Tensor w = testing::random_tensor({6}, rng, 1.0, 1.0), b = testing::random_tensor({6}, rng, 1.0, 0.0);
+  Fwd gn = gn_forward(x.cview(), w.cview(), b.cview(), 6, {});
+  Fwd in = in_forward(x.cview(), w.cview(), b.cview(), {}, {});
+  EXPECT_TRUE(bitwise_equal(gn.y.cview(), in.y.cview(), "y"));
+  EXPECT_TRUE(bitwise_equal(gn.mean.cview(), in.mean.cview(), "mean"));
+  Grads ggn = gn_backward(dy.cview(), x.cview(), w.cview(), 6, {}),
+        gin = in_backward(dy.cview(), x.cview(), w.cview(), {}, {});
+  EXPECT_TRUE(bitwise_equal(ggn.dx.cview(), gin.dx.cview(), "dx"));
+  EXPECT_TRUE(bitwise_equal(ggn.dw.cview(), gin.dw.cview(), "dweight"));
+  // One group: LayerNorm over every axis after the batch axis (no affine).
+  Fwd one = gn_forward(x.cview(), {}, {}, 1, {});
+  Tensor ly(x.shape());
+  layer_norm_forward(ly.view(), {}, {}, x.cview(), {}, {}, {1, 2, 3});
+  EXPECT_TRUE(all_close(one.y.cview(), ref::to_double(ly.cview()), Tol{2, 1}, "GroupNorm(1) vs LayerNorm"));
+}
+
+// ---- float64 finite differences -------------------------------------------------------------------
+
+template <typename Forward>
+void expect_fd(Forward&& forward, ref::DTensor& x, ref::DTensor& w, ref::DTensor& b, const ref::DTensor& r,
+               const LayerNormGrads& grads, const std::string& what) {
+  auto loss = [&] {
+    const ref::DTensor y = forward();
+    double s = 0;
+    for (Index i = 0; i < y.numel(); ++i) s += y[i] * r[i];
+    return s;
+  };
+  const double h = 1e-6;
+  auto check = [&](ref::DTensor& p, const ref::DTensor& grad, const char* name) {
+    for (Index i = 0; i < p.numel(); ++i) {
+      const double keep = p[i];
+      p[i] = keep + h;
+      const double lp = loss();
+      p[i] = keep - h;
+      const double lm = loss();
+      p[i] = keep;
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(grad[i], fd, 1e-7 * std::max(1.0, std::fabs(fd))) << what << " " << name << "[" << i << "]";
+    }
+  };
+  check(x, grads.dx, "dx");
+  check(w, grads.dweight, "dweight");
+  check(b, grads.dbias, "dbias");
+}
+
+TEST(ChannelNormGradients, InstanceAndGroupNormMatchFiniteDifferences) {
+  std::mt19937_64 rng(919);
+  const Dims shape{3, 4, 5};
+  for (int variant = 0; variant < 3; ++variant) {  // 0: InstanceNorm, 1: masked InstanceNorm, 2: GroupNorm(2)
+    Tensor xf = testing::random_tensor(shape, rng, 1.0, 0.5), wf = testing::random_tensor({4}, rng, 0.5, 1.0);
+    Tensor bf = testing::random_tensor({4}, rng, 1.0, 0.0), rf = testing::random_tensor(shape, rng, 1.0, 0.0);
+    ref::DTensor x = ref::to_double(xf.cview()), w = ref::to_double(wf.cview()),
+                 b = ref::to_double(bf.cview());
+    const ref::DTensor r = ref::to_double(rf.cview());
+    const Lengths len = variant == 1 ? Lengths{5, 2, 0} : Lengths{};
+    const std::string what = fmt::format("variant {}", variant);
+    LayerNormGrads rg;
+    Grads g;
+    if (variant < 2) {
+      auto fwd = [&] { return ref::instance_norm_forward(x.view(), w.view(), b.view(), len, {}).y; };
+      rg = ref::instance_norm_backward(r.view(), x.view(), w.view(), len, {});
+      expect_fd(fwd, x, w, b, r, rg, what);
+      g = in_backward(rf.cview(), xf.cview(), wf.cview(), len, {});
+    } else {
+      auto fwd = [&] { return ref::group_norm_forward(x.view(), w.view(), b.view(), 2, {}).y; };
+      rg = ref::group_norm_backward(r.view(), x.view(), w.view(), 2, {});
+      expect_fd(fwd, x, w, b, r, rg, what);
+      g = gn_backward(rf.cview(), xf.cview(), wf.cview(), 2, {});
+    }
+    EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{64, max_abs(rg.dx)}, what + " kernel dx"));
+    EXPECT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{64, max_abs(rg.dweight)}, what + " kernel dweight"));
+    EXPECT_TRUE(all_close(g.db.cview(), rg.dbias, Tol{64, max_abs(rg.dbias)}, what + " kernel dbias"));
+  }
+}
+
+// ---- determinism ----------------------------------------------------------------------------------
+
+TEST(ChannelNormDeterminism, InstanceAndGroupNormSameBitsForOneTwoAndThreeThreads) {
+  std::mt19937_64 rng(1010);
+  Tensor x = testing::random_tensor({16, 12, 300}, rng, 2.0, 3.0),
+         dy = testing::random_tensor({16, 12, 300}, rng, 1, 0);
+  Tensor w = testing::random_tensor({12}, rng, 1.0, 1.0);
+  Lengths len(16);
+  for (Index& l : len) l = static_cast<Index>(rng() % 301);
+  const int saved = num_threads();
+  std::vector<std::vector<Tensor>> out;
+  for (int t : {1, 2, 3}) {
+    set_num_threads(t);
+    std::vector<Tensor> o;
+    Fwd fi = in_forward(x.cview(), w.cview(), {}, len, {});
+    Grads gi = in_backward(dy.cview(), x.cview(), w.cview(), len, {});
+    Fwd fg = gn_forward(x.cview(), w.cview(), {}, 3, {});
+    Grads gg = gn_backward(dy.cview(), x.cview(), w.cview(), 3, {});
+    for (Tensor* p :
+         {&fi.y, &fi.mean, &gi.dx, &gi.dw, &gi.db, &fg.y, &fg.mean, &fg.rstd, &gg.dx, &gg.dw, &gg.db})
+      o.push_back(std::move(*p));
+    out.push_back(std::move(o));
+  }
+  set_num_threads(saved);
+  for (std::size_t t = 1; t < out.size(); ++t)
+    for (std::size_t i = 0; i < out[0].size(); ++i)
+      EXPECT_TRUE(bitwise_equal(out[0][i].cview(), out[t][i].cview(),
+                                fmt::format("{} threads, output {}", t + 1, i)));
+}
+
+// ---- bad input ------------------------------------------------------------------------------------
+
+TEST(ChannelNormErrors, BadInputGetsClearMessages) {
+  Tensor x({2, 6, 4}), y({2, 6, 4}), dx({2, 6, 4}), dy({2, 6, 4}), bad({5}), stats_bad({2, 3});
+  EXPECT_NL_ERROR(group_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, 4),
+                  "groups = 4 does not divide the number of channels C = 6");
+  EXPECT_NL_ERROR(group_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, 0), "groups must be ≥ 1, got 0");
+  EXPECT_NL_ERROR(group_norm_backward(dx.view(), {}, {}, dy.cview(), x.cview(), {}, 5),
+                  "groups = 5 does not divide");
+  EXPECT_NL_ERROR(group_norm_forward(y.view(), stats_bad.view(), {}, x.cview(), {}, {}, 2),
+                  "save_mean has shape [2, 3] but [2, 2] is expected");
+  EXPECT_NL_ERROR(group_norm_forward(y.view(), {}, {}, x.cview(), bad.cview(), {}, 2),
+                  "weight has shape [5] but [6]");
+  GroupNormOptions gopt;
+  gopt.channel_axis = -4;
+  EXPECT_NL_ERROR(group_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, 2, gopt),
+                  "channel_axis -4 is out of range");
+  gopt = {};
+  gopt.eps = -1;
+  EXPECT_NL_ERROR(group_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, 2, gopt),
+                  "eps must be finite and ≥ 0");
+  const Lengths ok{4, 2};
+  EXPECT_NL_ERROR(instance_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, Lengths{4, 5}),
+                  "lengths[1] = 5 exceeds");
+  EXPECT_NL_ERROR(instance_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, Lengths{-2, 1}),
+                  "lengths[0] = -2 is negative");
+  EXPECT_NL_ERROR(instance_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, Lengths{4}),
+                  "1 lengths given but x");
+  EXPECT_NL_ERROR(instance_norm_backward(dx.view(), bad.view(), {}, dy.cview(), x.cview(), {}, ok),
+                  "dweight has shape [5] but [6] is expected");
+  InstanceNormOptions iopt;
+  iopt.channel_axis = 2;
+  EXPECT_NL_ERROR(instance_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, ok, iopt),
+                  "time_axis 2 must come after the channel axis 2");
+  EXPECT_NL_ERROR(instance_norm_forward(y.view(), stats_bad.view(), {}, x.cview(), {}, {}),
+                  "save_mean has shape [2, 3] but [2, 6] is expected");
+  Tensor empty({0, 6, 4}), yempty({0, 6, 4});
+  EXPECT_NL_ERROR(instance_norm_forward(yempty.view(), {}, {}, empty.cview(), {}, {}), "x is empty");
+}
+
+}  // namespace
+}  // namespace normlab

@@ -14,6 +14,9 @@
 namespace normlab::cli {
 
 void add_norm_command(CLI::App& app);      // cmd_norm.cpp: `normlab norm layer ...`
+void add_cmvn_stats_command(CLI::App& app);  // cmd_cmvn.cpp: `normlab cmvn-stats FILES... -o STATS.npy`
+void add_norm_channel_commands(CLI::App* norm);  // cmd_norm_channel.cpp: `norm batch|instance|group`
+void add_norm_cmvn_command(CLI::App* norm);      // cmd_cmvn.cpp: `norm cmvn`
 void add_exercise_command(CLI::App& app);  // cmd_exercise.cpp: `normlab exercise [--seed S] [--json]`
 void add_lab_command(CLI::App& app);       // cmd_lab.cpp: `normlab lab [--out DIR] [--quick]`
 

@@ -87,29 +87,49 @@ void check_eps(double eps, const std::string& option) {
   NL_CHECK(std::isfinite(eps) && eps >= 0, "{} must be finite and ≥ 0, got {}", option, eps);
 }
 
-void add_norm_io_options(CLI::App* cmd, NormOptions& opts) {
+void add_norm_io_options(CLI::App* cmd, NormOptions& opts, const NormFlags& flags) {
   cmd->add_option("input", opts.input, "Input tensor x (.npy, float32 or float64)")
       ->required()
       ->type_name("IN.npy");
   cmd->add_option("-o,--output", opts.output, "Where to write y (.npy, float32)")
       ->required()
       ->type_name("OUT.npy");
-  cmd->add_option("--eps", opts.eps, "Added to the variance inside the square root (≥ 0)")
-      ->capture_default_str();
-  cmd->add_option("--weight", opts.weight, "Scale γ (.npy), shaped like the normalized axes")
-      ->type_name("W.npy");
-  cmd->add_option("--bias", opts.bias, "Shift β (.npy), shaped like the normalized axes")->type_name("B.npy");
-  cmd->add_option("--stats-out", opts.stats_out,
-                  "Also write the statistics as PREFIX.<name>.npy (e.g. PREFIX.mean.npy, PREFIX.rstd.npy)")
-      ->type_name("PREFIX");
+  if (flags.eps) {
+    CLI::Option* eps =
+        cmd->add_option("--eps", opts.eps, "Added to the variance inside the square root (≥ 0)")
+            ->capture_default_str();
+    if (flags.eps_torch) {
+      // The word is replaced by the number before CLI11 converts it; 2^-23 prints exactly.
+      eps->description(
+             "Added to the mean square inside the square root (≥ 0), or `torch` for PyTorch's default "
+             "(FLT_EPSILON = 1.1920928955078125e-07)")
+          ->transform(CLI::Transformer({{"torch", fmt::format("{:.17g}", kTorchRmsNormEps)}}));
+    } else {
+      eps->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return v == "torch"
+                       ? "`torch` (PyTorch's RMSNorm default) is accepted only by `normlab norm rms`; "
+                         "give a number"
+                       : std::string();
+          },
+          "", "no torch"));
+    }
+  }
+  if (flags.weight)
+    cmd->add_option("--weight", opts.weight, "Scale γ (.npy), " + flags.param_shape)->type_name("W.npy");
+  if (flags.bias)
+    cmd->add_option("--bias", opts.bias, "Shift β (.npy), " + flags.param_shape)->type_name("B.npy");
+  if (flags.stats) cmd->add_option("--stats-out", opts.stats_out, flags.stats_help)->type_name("PREFIX");
   auto* bwd = cmd->add_option_group("backward", "Backward pass (runs when --dy is given)");
   bwd->add_option("--dy", opts.dy, "Upstream gradient dL/dy (.npy), shaped like x; needs --dx-out")
       ->type_name("DY.npy");
   bwd->add_option("--dx-out", opts.dx_out, "Where to write dL/dx (.npy); needs --dy")->type_name("DX.npy");
-  bwd->add_option("--dweight-out", opts.dweight_out, "Where to write dL/dγ (.npy); needs --dy")
-      ->type_name("DW.npy");
-  bwd->add_option("--dbias-out", opts.dbias_out, "Where to write dL/dβ (.npy); needs --dy")
-      ->type_name("DB.npy");
+  if (flags.weight)
+    bwd->add_option("--dweight-out", opts.dweight_out, "Where to write dL/dγ (.npy); needs --dy")
+        ->type_name("DW.npy");
+  if (flags.bias)
+    bwd->add_option("--dbias-out", opts.dbias_out, "Where to write dL/dβ (.npy); needs --dy")
+        ->type_name("DB.npy");
   cmd->add_option_function<int>(
          "--threads", [&opts](const int& n) { opts.threads = n; },
          "Threads for the kernels (≥ 1; default: all cores). Results do not depend on it")
@@ -146,6 +166,29 @@ NormInputs load_norm_inputs(const NormOptions& opts) {
 
 void add_stat_output(OutputSet& out, const NormOptions& opts, const std::string& name, Tensor t) {
   if (!opts.stats_out.empty()) out.add(opts.stats_out + "." + name + ".npy", std::move(t));
+}
+
+std::vector<Index> load_lengths(const std::string& path, const std::string& role) {
+  try {
+    return load_npy_index(path);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", role, e.what()));
+  }
+}
+
+void check_lengths(std::span<const Index> lengths, Index batch, Index frames, const std::string& batch_what,
+                   const std::string& time_what, const std::string& role) {
+  NL_CHECK(static_cast<Index>(lengths.size()) == batch, "{} has {} entries, but there are {} {}", role,
+           lengths.size(), batch, batch_what);
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    NL_CHECK(lengths[i] >= 0, "{}: length {} of item {} is negative", role, lengths[i], i);
+    NL_CHECK(lengths[i] <= frames, "{}: length {} of item {} is longer than the time axis ({}: {} frames)",
+             role, lengths[i], i, time_what, frames);
+  }
+}
+
+void check_unused(const std::string& value, const std::string& flag, const std::string& why) {
+  NL_CHECK(value.empty(), "{} {}", flag, why);
 }
 
 }  // namespace normlab::cli

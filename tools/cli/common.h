@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,9 +60,23 @@ struct NormOptions {
   bool backward() const { return !dy.empty(); }
 };
 
+// Which options of NormOptions a command offers (add_norm_io_options registers only these; CLI11 then
+// rejects the others as unexpected arguments). The defaults are the full LayerNorm set.
+struct NormFlags {
+  bool eps = true;         // --eps
+  bool eps_torch = false;  // --eps also accepts the word `torch` (PyTorch's RMSNorm default, FLT_EPSILON)
+  bool weight = true;      // --weight (and --dweight-out)
+  bool bias = true;        // --bias (and --dbias-out)
+  bool stats = true;       // --stats-out
+  std::string param_shape = "shaped like the normalized axes";  // help text of --weight / --bias
+  std::string stats_help =
+      "Also write the statistics as PREFIX.<name>.npy (e.g. PREFIX.mean.npy, PREFIX.rstd.npy)";
+};
+
 // Registers the options of NormOptions on `cmd` (the caller keeps `opts` alive, e.g. in a shared_ptr
-// captured by the command's callback).
-void add_norm_io_options(CLI::App* cmd, NormOptions& opts);
+// captured by the command's callback). The default of --eps shown in --help is opts.eps at the time of
+// the call. Without flags.eps_torch, `--eps torch` is rejected with a message that points to `norm rms`.
+void add_norm_io_options(CLI::App* cmd, NormOptions& opts, const NormFlags& flags = {});
 
 // The loaded inputs of a norm command.
 struct NormInputs {
@@ -86,5 +101,19 @@ NormInputs load_norm_inputs(const NormOptions& opts);
 
 // Adds PREFIX.<name>.npy to `out` when --stats-out was given.
 void add_stat_output(OutputSet& out, const NormOptions& opts, const std::string& name, Tensor t);
+
+// Loads per-sequence lengths (.npy of integers, or floats holding exact integers; flattened) for
+// option `role` ("--lengths").
+std::vector<Index> load_lengths(const std::string& path, const std::string& role = "--lengths");
+
+// Throws normlab::Error (messages name `role`) unless `lengths` has exactly `batch` entries, each in
+// [0, frames]. `batch_what` and `time_what` describe the batch items and the time axis of the input,
+// e.g. "batch items (the axes before --channel-axis 1 of x of shape [2, 3, 8])" and "--time-axis -1".
+void check_lengths(std::span<const Index> lengths, Index batch, Index frames, const std::string& batch_what,
+                   const std::string& time_what, const std::string& role = "--lengths");
+
+// Throws normlab::Error unless `option` (e.g. "--running-mean-out") is empty; `why` completes
+// "<flag> <why>".
+void check_unused(const std::string& value, const std::string& flag, const std::string& why);
 
 }  // namespace normlab::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   });
   app.require_subcommand(1);
   normlab::cli::add_norm_command(app);
+  normlab::cli::add_cmvn_stats_command(app);
   normlab::cli::add_exercise_command(app);
   normlab::cli::add_lab_command(app);
   try {

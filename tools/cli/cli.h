@@ -19,6 +19,8 @@ void add_norm_channel_commands(CLI::App* norm);  // cmd_norm_channel.cpp: `norm 
 void add_norm_cmvn_command(CLI::App* norm);      // cmd_cmvn.cpp: `norm cmvn`
 void add_exercise_command(CLI::App& app);  // cmd_exercise.cpp: `normlab exercise [--seed S] [--json]`
 void add_lab_command(CLI::App& app);       // cmd_lab.cpp: `normlab lab [--out DIR] [--quick]`
+void add_fbank_command(CLI::App& app);     // cmd_fbank.cpp: `normlab fbank IN.wav -o OUT.npy` / `--list`
+void add_speech_data_command(CLI::App& app);  // cmd_speech_data.cpp: `normlab speech-data --out DIR`
 
 // The source article's exercise (cmd_exercise.cpp), reused by `normlab lab`.
 struct ExerciseResult {

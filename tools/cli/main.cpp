@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   normlab::cli::add_cmvn_stats_command(app);
   normlab::cli::add_exercise_command(app);
   normlab::cli::add_lab_command(app);
+  normlab::cli::add_fbank_command(app);
+  normlab::cli::add_speech_data_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

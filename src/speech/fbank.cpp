@@ -1,0 +1,192 @@
+// Log-mel filterbank features. Semantics follow Kaldi's src/feat/feature-fbank.cc (FbankComputer::Compute)
+// and src/feat/online-feature.cc (OnlineGenericBaseFeature::ComputeFeatures), restated; the contract is
+// in include/normlab/speech/fbank.h.
+#include <normlab/error.h>
+#include <normlab/speech/fbank.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <complex>
+#include <kissfft/kissfft.hh>
+
+namespace normlab::speech {
+
+void FbankOptions::Validate() const {
+  frame_opts.Validate();
+  NL_CHECK(std::isfinite(energy_floor) && energy_floor >= 0, "energy-floor must be ≥ 0, got {}",
+           energy_floor);
+}
+
+std::string FbankOptions::ToString() const {
+  return fmt::format(
+      "{} {} use_energy={} energy_floor={} raw_energy={} htk_compat={} use_log_fbank={} use_power={}",
+      frame_opts.ToString(), mel_opts.ToString(), use_energy, energy_floor, raw_energy, htk_compat,
+      use_log_fbank, use_power);
+}
+
+namespace {
+MelBanksOptions with_htk_mode(MelBanksOptions m, bool htk_compat) {
+  m.htk_mode = htk_compat;
+  return m;
+}
+const FbankOptions& validated(const FbankOptions& o) {
+  o.Validate();
+  return o;
+}
+}  // namespace
+
+// The power spectrum |X_k|², k = 0..N/2, of a real frame of N samples, with kissfft's C++ template
+// (kissfft.hh) in double precision (why double: feature_window.h, "Precision"). Even N uses the real-input
+// transform (a complex FFT of N/2 points); odd N a complex FFT of N points.
+struct FbankComputer::Fft {
+  using Cpx = std::complex<double>;
+  explicit Fft(int length)
+      : n(length),
+        plan(static_cast<std::size_t>(length % 2 == 0 ? length / 2 : length), false),
+        in(static_cast<std::size_t>(length % 2 == 0 ? length : 2 * length)),
+        out(static_cast<std::size_t>(length)) {}
+
+  void PowerSpectrum(const double* x, double* power) {
+    if (n % 2 == 0) {
+      for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = x[i];
+      plan.transform_real(in.data(), out.data());  // out[0] = (X_0, X_{N/2}); out[k] = X_k, 0 < k < N/2
+      const double dc = out[0].real(), nyq = out[0].imag();
+      power[0] = dc * dc;
+      power[n / 2] = nyq * nyq;
+      for (int k = 1; k < n / 2; ++k) power[k] = std::norm(out[static_cast<std::size_t>(k)]);
+    } else {
+      for (int i = 0; i < n; ++i) {
+        in[static_cast<std::size_t>(2 * i)] = x[i];
+        in[static_cast<std::size_t>(2 * i + 1)] = 0.0;
+      }
+      plan.transform(reinterpret_cast<const Cpx*>(in.data()), out.data());
+      for (int k = 0; k <= n / 2; ++k) power[k] = std::norm(out[static_cast<std::size_t>(k)]);
+    }
+  }
+
+  int n;
+  kissfft<double> plan;
+  std::vector<double> in;  // N reals (even N) or N interleaved complex values (odd N)
+  std::vector<Cpx> out;
+};
+
+FbankComputer::FbankComputer(const FbankOptions& opts)
+    : opts_(validated(opts)),
+      mel_banks_(with_htk_mode(opts.mel_opts, opts.htk_compat), opts.frame_opts),
+      fft_(std::make_unique<Fft>(opts.frame_opts.PaddedWindowSize())),
+      power_(static_cast<std::size_t>(opts.frame_opts.PaddedWindowSize() / 2 + 1)),
+      mel_(static_cast<std::size_t>(opts.mel_opts.num_bins)) {}
+
+FbankComputer::~FbankComputer() = default;
+
+std::int32_t FbankComputer::Dim() const {
+  return opts_.mel_opts.num_bins + (opts_.use_energy ? 1 : 0);
+}
+
+void FbankComputer::Compute(float signal_raw_log_energy, std::span<double> window, std::span<float> feature) {
+  NL_DCHECK(static_cast<std::int32_t>(window.size()) == opts_.frame_opts.PaddedWindowSize());
+  NL_DCHECK(static_cast<std::int32_t>(feature.size()) == Dim());
+  if (opts_.use_energy && !opts_.raw_energy) {  // energy of the windowed frame
+    double e = 0;
+    for (double s : window) e += s * s;
+    signal_raw_log_energy = static_cast<float>(std::log(std::max(e, static_cast<double>(FLT_MIN))));
+  }
+  fft_->PowerSpectrum(window.data(), power_.data());
+  if (!opts_.use_power)
+    for (double& p : power_) p = std::sqrt(p);
+
+  mel_banks_.Compute(power_, mel_);
+  const std::size_t mel_offset = (opts_.use_energy && !opts_.htk_compat) ? 1 : 0;
+  for (std::size_t b = 0; b < mel_.size(); ++b) {
+    const double m =
+        opts_.use_log_fbank ? std::log(std::max(mel_[b], static_cast<double>(FLT_EPSILON))) : mel_[b];
+    feature[mel_offset + b] = static_cast<float>(m);
+  }
+  if (opts_.use_energy) {
+    if (opts_.energy_floor > 0.0f)
+      signal_raw_log_energy = std::max(signal_raw_log_energy, std::log(opts_.energy_floor));
+    feature[opts_.htk_compat ? mel_.size() : 0] = signal_raw_log_energy;
+  }
+}
+
+OnlineFbank::OnlineFbank(const FbankOptions& opts)
+    : opts_(opts), computer_(opts), window_function_(opts.frame_opts), dither_(opts.frame_opts.dither_seed) {}
+
+void OnlineFbank::AcceptWaveform(float samp_freq, std::span<const float> samples) {
+  NL_CHECK(!finished_, "OnlineFbank: AcceptWaveform called after InputFinished");
+  NL_CHECK(samp_freq == opts_.frame_opts.samp_freq,
+           "sample frequency mismatch: the options say {} Hz but the waveform has {} Hz (normlab does not "
+           "resample; set --sample-frequency {} or resample the audio)",
+           opts_.frame_opts.samp_freq, samp_freq, samp_freq);
+  if (samples.empty()) return;
+  remainder_.insert(remainder_.end(), samples.begin(), samples.end());
+  ComputeFeatures();
+}
+
+void OnlineFbank::InputFinished() {
+  if (finished_) return;
+  finished_ = true;
+  ComputeFeatures();
+}
+
+std::span<const float> OnlineFbank::GetFrame(std::int64_t frame) const {
+  NL_CHECK(frame >= 0 && frame < num_frames_, "frame {} is not ready (0..{} are)", frame, num_frames_ - 1);
+  const std::size_t d = static_cast<std::size_t>(Dim());
+  return std::span<const float>(features_).subspan(static_cast<std::size_t>(frame) * d, d);
+}
+
+void OnlineFbank::ComputeFeatures() {
+  const FrameExtractionOptions& fo = opts_.frame_opts;
+  const std::int64_t total = waveform_offset_ + static_cast<std::int64_t>(remainder_.size());
+  const std::int64_t new_frames = NumFrames(total, fo, finished_);
+  if (new_frames > num_frames_ && !remainder_.empty()) {
+    const std::size_t d = static_cast<std::size_t>(Dim());
+    features_.resize(static_cast<std::size_t>(new_frames) * d);
+    const bool need_energy = computer_.NeedRawLogEnergy();
+    for (std::int64_t f = num_frames_; f < new_frames; ++f) {
+      float raw_log_energy = 0.0f;
+      ExtractWindow(waveform_offset_, remainder_, f, fo, window_function_, dither_, window_,
+                    need_energy ? &raw_log_energy : nullptr);
+      computer_.Compute(raw_log_energy, window_,
+                        std::span<float>(features_).subspan(static_cast<std::size_t>(f) * d, d));
+    }
+    num_frames_ = new_frames;
+  }
+  // Drop the samples no later frame needs, keeping one extra frame length of history: a final frame
+  // mirrored at the end of the stream can read up to one sample before its own start, and a very short
+  // stream mirrors twice. Both are then still in the buffer (ExtractWindow checks).
+  const std::int64_t keep_from = FirstSampleOfFrame(num_frames_, fo) - fo.WindowSize();
+  const std::int64_t discard =
+      std::min<std::int64_t>(keep_from - waveform_offset_, static_cast<std::int64_t>(remainder_.size()));
+  if (discard > 0) {
+    remainder_.erase(remainder_.begin(), remainder_.begin() + discard);
+    waveform_offset_ += discard;
+  }
+}
+
+Tensor OnlineFbank::Features(FeatureLayout layout) const {
+  const Index t = num_frames_, d = Dim();
+  Tensor out(layout == FeatureLayout::kTF ? Dims{t, d} : Dims{d, t});
+  for (Index f = 0; f < t; ++f)
+    for (Index j = 0; j < d; ++j)
+      out[layout == FeatureLayout::kTF ? f * d + j : j * t + f] =
+          features_[static_cast<std::size_t>(f * d + j)];
+  return out;
+}
+
+Tensor ComputeFbank(const FbankOptions& opts, std::span<const float> samples, float samp_freq,
+                    FeatureLayout layout) {
+  OnlineFbank fbank(opts);
+  fbank.AcceptWaveform(samp_freq, samples);
+  fbank.InputFinished();
+  const FrameExtractionOptions& fo = opts.frame_opts;
+  NL_CHECK(fbank.NumFramesReady() > 0,
+           "the waveform has {} samples ({:.1f} ms), too short for one {}-sample frame ({} ms at {} Hz{}); "
+           "Kaldi would output 0 frames, normlab refuses",
+           samples.size(), 1000.0 * static_cast<double>(samples.size()) / fo.samp_freq, fo.WindowSize(),
+           fo.frame_length_ms, fo.samp_freq, fo.snip_edges ? ", snip-edges true" : ", snip-edges false");
+  return fbank.Features(layout);
+}
+
+}  // namespace normlab::speech

@@ -1,0 +1,297 @@
+// Log-mel filterbank: torchaudio.compliance.kaldi.fbank golden files (tests/fixtures/make_fbank_fixtures.py),
+// streaming == whole waveform bitwise, Kaldi's defaults, errors.
+#include <gtest/gtest.h>
+#include <normlab/npy.h>
+#include <normlab/speech/fbank.h>
+#include <normlab/speech/wav.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "support/tolerance.h"
+
+namespace normlab::speech {
+namespace {
+
+using normlab::testing::bitwise_equal;
+
+const std::string kDir = std::string(NORMLAB_FIXTURES_DIR) + "/fbank/";
+
+// The same table as CASES in make_fbank_fixtures.py.
+struct Case {
+  const char* name;
+  const char* wav;
+  void (*set)(FbankOptions&);
+};
+
+void base(FbankOptions& o) {
+  o.frame_opts.dither = 0.0f;
+}
+
+const Case kCases[] = {
+    {"default_16k", "tone16k", [](FbankOptions&) {}},
+    {"bins40_nosnip_hamming_16k", "tone16k",
+     [](FbankOptions& o) {
+       o.mel_opts.num_bins = 40;
+       o.frame_opts.snip_edges = false;
+       o.frame_opts.window_type = "hamming";
+     }},
+    {"bins80_16k", "tone16k", [](FbankOptions& o) { o.mel_opts.num_bins = 80; }},
+    {"bins80_nosnip_16k", "tone16k",
+     [](FbankOptions& o) {
+       o.mel_opts.num_bins = 80;
+       o.frame_opts.snip_edges = false;
+     }},
+    {"bins23_8k", "tone8k", [](FbankOptions& o) { o.frame_opts.samp_freq = 8000; }},
+    {"bins40_nosnip_hamming_8k", "tone8k",
+     [](FbankOptions& o) {
+       o.frame_opts.samp_freq = 8000;
+       o.mel_opts.num_bins = 40;
+       o.frame_opts.snip_edges = false;
+       o.frame_opts.window_type = "hamming";
+     }},
+    {"hanning_nodc_16k", "tone16k",
+     [](FbankOptions& o) {
+       o.frame_opts.window_type = "hanning";
+       o.frame_opts.remove_dc_offset = false;
+     }},
+    {"rect_nopreemph_16k", "tone16k",
+     [](FbankOptions& o) {
+       o.frame_opts.window_type = "rectangular";
+       o.frame_opts.preemph_coeff = 0.0f;
+     }},
+    {"blackman_400fft_16k", "tone16k",
+     [](FbankOptions& o) {
+       o.frame_opts.window_type = "blackman";
+       o.frame_opts.round_to_power_of_two = false;
+     }},
+    {"freqs_bins30_16k", "tone16k",
+     [](FbankOptions& o) {
+       o.mel_opts.low_freq = 60;
+       o.mel_opts.high_freq = -400;
+       o.mel_opts.num_bins = 30;
+     }},
+    {"energy_16k", "tone16k",
+     [](FbankOptions& o) {
+       o.use_energy = true;
+       o.frame_opts.frame_length_ms = 20;
+       o.frame_opts.frame_shift_ms = 8;
+     }},
+};
+
+FbankOptions options_of(const Case& c) {
+  FbankOptions o;
+  base(o);
+  c.set(o);
+  return o;
+}
+
+double max_abs_diff(ConstView a, ConstView b) {
+  double m = 0;
+  for (Index i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(double(a.data()[i]) - b.data()[i]));
+  return m;
+}
+
+// <case>.npy is torchaudio in float32 (the acceptance bound: 2e-4 max abs); <case>.f64.npy is torchaudio in
+// float64, the algorithm's value, which normlab (double per frame) must match more tightly (1e-4; what is
+// left is the ~1e-5 relative difference between Kaldi's float mel weights, which normlab uses, and
+// torchaudio's). The printed numbers go to docs/PERFORMANCE.md.
+TEST(FbankTorchaudio, MatchesGoldenFiles) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const FbankOptions o = options_of(c);
+    const Waveform w = read_wav(kDir + c.wav + ".wav", {.expected_samp_freq = o.frame_opts.samp_freq});
+    const Tensor got = ComputeFbank(o, w.samples, w.samp_freq);
+    const Tensor ref32 = load_npy(kDir + std::string(c.name) + ".npy");
+    const Tensor ref64 = load_npy(kDir + std::string(c.name) + ".f64.npy");
+    ASSERT_EQ(got.shape(), ref32.shape()) << "frame count or feature dim differs from torchaudio";
+    ASSERT_EQ(got.shape(), ref64.shape());
+    const double err32 = max_abs_diff(got.cview(), ref32.cview());
+    const double err64 = max_abs_diff(got.cview(), ref64.cview());
+    const double ta = max_abs_diff(ref32.cview(), ref64.cview());
+    std::printf(
+        "  %-26s [%3lld, %2lld]  |normlab - ta32| %.2e  |normlab - ta64| %.2e  (|ta32 - ta64| %.2e)\n",
+        c.name, static_cast<long long>(got.size(0)), static_cast<long long>(got.size(1)), err32, err64, ta);
+    EXPECT_LE(err32, 2e-4);
+    EXPECT_LE(err64, 1e-4);
+  }
+}
+
+TEST(FbankTorchaudio, FtLayoutIsTheTranspose) {
+  FbankOptions o = options_of(kCases[0]);
+  const Waveform w = read_wav(kDir + "tone16k.wav");
+  const Tensor tf = ComputeFbank(o, w.samples, w.samp_freq, FeatureLayout::kTF);
+  const Tensor ft = ComputeFbank(o, w.samples, w.samp_freq, FeatureLayout::kFT);
+  ASSERT_EQ(ft.shape(), (Dims{tf.size(1), tf.size(0)}));
+  EXPECT_TRUE(bitwise_equal(ft.cview(), tf.cview().transpose(0, 1)));
+}
+
+TEST(Fbank, EmptyMelBinIsAnErrorLikeKaldi) {
+  FbankOptions o;
+  o.mel_opts.num_bins = 128;  // 512-point FFT at 16 kHz: the lowest bins are narrower than 31.25 Hz
+  EXPECT_NL_ERROR(FbankComputer c(o), "contains no FFT bin");
+  EXPECT_NL_ERROR(FbankComputer c(o), "num-mel-bins too large");
+  o.mel_opts.num_bins = 80;
+  EXPECT_NO_THROW(FbankComputer c(o));
+}
+
+TEST(Fbank, BadFrequencyRangeNamesTheValues) {
+  FbankOptions o;
+  o.mel_opts.high_freq = 9000;
+  EXPECT_NL_ERROR(FbankComputer c(o), "high-freq 9000 vs. nyquist 8000");
+  o.mel_opts.high_freq = 0;
+  o.mel_opts.low_freq = 8000;
+  EXPECT_NL_ERROR(FbankComputer c(o), "low-freq 8000");
+  o.mel_opts.low_freq = 20;
+  o.mel_opts.num_bins = 2;
+  EXPECT_NL_ERROR(FbankComputer c(o), "num-mel-bins must be ≥ 3");
+  o.mel_opts.num_bins = 23;
+  o.frame_opts.window_type = "kaiser";
+  EXPECT_NL_ERROR(FbankComputer c(o), "unknown window-type \"kaiser\"");
+}
+
+std::vector<float> synthetic(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1000.0f);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i)
+    x[i] = std::round(nd(rng) + 3000.0f * std::sin(0.05f * static_cast<float>(i)));
+  return x;
+}
+
+Tensor stream(const FbankOptions& o, const std::vector<float>& x, std::mt19937_64& rng,
+              std::size_t max_chunk) {
+  OnlineFbank f(o);
+  std::uniform_int_distribution<std::size_t> len(1, max_chunk);
+  std::size_t pos = 0;
+  while (pos < x.size()) {
+    const std::size_t k = std::min(x.size() - pos, rng() % 4 == 0 ? std::size_t{1} : len(rng));
+    f.AcceptWaveform(o.frame_opts.samp_freq, std::span<const float>(x).subspan(pos, k));
+    pos += k;
+  }
+  f.InputFinished();
+  return f.Features();
+}
+
+TEST(OnlineFbank, RandomChunksEqualWholeWaveformBitwise) {
+  std::mt19937_64 rng(7);
+  for (bool snip : {true, false})
+    for (float dither : {0.0f, 1.0f})
+      for (bool energy : {false, true})
+        for (std::size_t n : {std::size_t{401}, std::size_t{1000}, std::size_t{8123}, std::size_t{150}})
+          for (std::size_t max_chunk :
+               {std::size_t{1}, std::size_t{37}, std::size_t{700}, std::size_t{5000}}) {
+            if (snip && n < 400) continue;  // no frame at all: ComputeFbank refuses (tested below)
+            FbankOptions o;
+            o.frame_opts.snip_edges = snip;
+            o.frame_opts.dither = dither;
+            o.frame_opts.dither_seed = 99;
+            o.use_energy = energy;
+            SCOPED_TRACE(::testing::Message() << "snip " << snip << " dither " << dither << " energy "
+                                              << energy << " n " << n << " max_chunk " << max_chunk);
+            const std::vector<float> x = synthetic(n, n);
+            const Tensor whole = ComputeFbank(o, x, 16000);
+            const Tensor chunked = stream(o, x, rng, max_chunk);
+            ASSERT_TRUE(bitwise_equal(chunked.cview(), whole.cview()));
+            ASSERT_EQ(whole.size(0), NumFrames(static_cast<std::int64_t>(n), o.frame_opts));
+          }
+}
+
+TEST(OnlineFbank, FramesBecomeReadyAsSoonAsTheyFit) {
+  FbankOptions o;
+  o.frame_opts.dither = 0;
+  OnlineFbank f(o);
+  const std::vector<float> x = synthetic(1000, 1);
+  f.AcceptWaveform(16000, std::span<const float>(x).first(399));
+  EXPECT_EQ(f.NumFramesReady(), 0);
+  f.AcceptWaveform(16000, std::span<const float>(x).subspan(399, 1));
+  EXPECT_EQ(f.NumFramesReady(), 1);
+  f.AcceptWaveform(16000, std::span<const float>(x).subspan(400));
+  EXPECT_EQ(f.NumFramesReady(), 4);  // 1 + (1000 − 400)/160
+  f.InputFinished();
+  EXPECT_TRUE(f.IsLastFrame(3));
+  EXPECT_NL_ERROR(f.AcceptWaveform(16000, x), "after InputFinished");
+  EXPECT_NL_ERROR(f.GetFrame(4), "not ready");
+}
+
+TEST(Fbank, DitherIsSeededAndDeterministic) {
+  const std::vector<float> x = synthetic(4000, 3);
+  FbankOptions o;  // dither 1.0 (Kaldi's default)
+  const Tensor a = ComputeFbank(o, x, 16000), b = ComputeFbank(o, x, 16000);
+  EXPECT_TRUE(bitwise_equal(a.cview(), b.cview()));
+  o.frame_opts.dither_seed = 1;
+  const Tensor c = ComputeFbank(o, x, 16000);
+  EXPECT_FALSE(bitwise_equal(a.cview(), c.cview()));
+  o.frame_opts.dither = 0;
+  const Tensor d = ComputeFbank(o, x, 16000);
+  EXPECT_LT(max_abs_diff(a.cview(), d.cview()), 0.05);  // dither of 1 on samples of ~±3000: tiny effect
+}
+
+TEST(Fbank, SilenceIsFlooredAtLogFltEpsilon) {
+  FbankOptions o;
+  o.frame_opts.dither = 0;
+  const std::vector<float> x(1600, 0.0f);
+  const Tensor t = ComputeFbank(o, x, 16000);
+  for (Index i = 0; i < t.numel(); ++i) ASSERT_EQ(t[i], std::log(FLT_EPSILON));
+  EXPECT_NEAR(std::log(FLT_EPSILON), -15.942385, 1e-5);
+}
+
+TEST(Fbank, ShorterThanOneFrameIsAnError) {
+  FbankOptions o;
+  const std::vector<float> x(399, 1.0f);
+  EXPECT_NL_ERROR(ComputeFbank(o, x, 16000), "too short for one 400-sample frame");
+  EXPECT_EQ(NumFrames(399, o.frame_opts), 0);  // what Kaldi would output (with a warning)
+  // snip_edges = false: Kaldi mirrors short input into frames; only < shift/2 samples give none.
+  o.frame_opts.snip_edges = false;
+  EXPECT_EQ(ComputeFbank(o, x, 16000).size(0), 2);
+  EXPECT_NL_ERROR(ComputeFbank(o, std::vector<float>(79, 1.0f), 16000), "too short");
+  EXPECT_NL_ERROR(ComputeFbank(o, std::vector<float>(), 16000), "0 samples");
+}
+
+TEST(Fbank, SampleRateMismatchIsAnError) {
+  FbankOptions o;
+  EXPECT_NL_ERROR(ComputeFbank(o, synthetic(1000, 1), 8000), "sample frequency mismatch");
+  EXPECT_NL_ERROR(ComputeFbank(o, synthetic(1000, 1), 8000), "does not resample");
+}
+
+TEST(FbankOptions, DefaultsArePinnedToKaldi) {
+  const FbankOptions o;
+  EXPECT_FALSE(o.use_energy);
+  EXPECT_EQ(o.energy_floor, 0.0f);
+  EXPECT_TRUE(o.raw_energy);
+  EXPECT_FALSE(o.htk_compat);
+  EXPECT_TRUE(o.use_log_fbank);
+  EXPECT_TRUE(o.use_power);
+  const FrameExtractionOptions& f = o.frame_opts;
+  EXPECT_EQ(f.samp_freq, 16000.0f);
+  EXPECT_EQ(f.frame_shift_ms, 10.0f);
+  EXPECT_EQ(f.frame_length_ms, 25.0f);
+  EXPECT_EQ(f.dither, 1.0f);
+  EXPECT_EQ(f.preemph_coeff, 0.97f);
+  EXPECT_TRUE(f.remove_dc_offset);
+  EXPECT_EQ(f.window_type, "povey");
+  EXPECT_TRUE(f.round_to_power_of_two);
+  EXPECT_EQ(f.blackman_coeff, 0.42f);
+  EXPECT_TRUE(f.snip_edges);
+  EXPECT_EQ(f.dither_seed, 0u);
+  EXPECT_EQ(f.WindowShift(), 160);
+  EXPECT_EQ(f.WindowSize(), 400);
+  EXPECT_EQ(f.PaddedWindowSize(), 512);
+  const MelBanksOptions& m = o.mel_opts;
+  EXPECT_EQ(m.num_bins, 23);
+  EXPECT_EQ(m.low_freq, 20.0f);
+  EXPECT_EQ(m.high_freq, 0.0f);
+  EXPECT_EQ(m.vtln_low, 100.0f);
+  EXPECT_EQ(m.vtln_high, -500.0f);
+  EXPECT_FALSE(m.htk_mode);
+  EXPECT_EQ(FbankComputer(o).Dim(), 23);
+  FbankOptions e;
+  e.use_energy = true;
+  EXPECT_EQ(FbankComputer(e).Dim(), 24);
+}
+
+}  // namespace
+}  // namespace normlab::speech

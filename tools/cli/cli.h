@@ -20,7 +20,10 @@ void add_norm_cmvn_command(CLI::App* norm);      // cmd_cmvn.cpp: `norm cmvn`
 void add_exercise_command(CLI::App& app);  // cmd_exercise.cpp: `normlab exercise [--seed S] [--json]`
 void add_lab_command(CLI::App& app);       // cmd_lab.cpp: `normlab lab [--out DIR] [--quick]`
 void add_fbank_command(CLI::App& app);     // cmd_fbank.cpp: `normlab fbank IN.wav -o OUT.npy` / `--list`
+void add_gradnorms_command(CLI::App& app);  // cmd_gradnorms.cpp: `normlab gradnorms --placement P --layers L [--json]`
 void add_speech_data_command(CLI::App& app);  // cmd_speech_data.cpp: `normlab speech-data --out DIR`
+void add_train_command(CLI::App& app);  // cmd_train.cpp: `normlab train --placement P --layers L ... --log run.jsonl`
+void add_eval_command(CLI::App& app);   // cmd_train.cpp: `normlab eval --checkpoint DIR [--drop-last K | --skip-block I]`
 
 // The source article's exercise (cmd_exercise.cpp), reused by `normlab lab`.
 struct ExerciseResult {

@@ -1,0 +1,4 @@
+// Forwarding header: the optimizer API lives in include/normlab/nn/optim.h.
+#pragma once
+
+#include <normlab/nn/optim.h>

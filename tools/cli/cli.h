@@ -22,6 +22,7 @@ void add_lab_command(CLI::App& app);       // cmd_lab.cpp: `normlab lab [--out D
 void add_fbank_command(CLI::App& app);     // cmd_fbank.cpp: `normlab fbank IN.wav -o OUT.npy` / `--list`
 void add_gradnorms_command(CLI::App& app);  // cmd_gradnorms.cpp: `normlab gradnorms --placement P --layers L [--json]`
 void add_speech_data_command(CLI::App& app);  // cmd_speech_data.cpp: `normlab speech-data --out DIR`
+void add_speech_study_command(CLI::App& app);  // cmd_speech_study.cpp: `normlab speech-study --data DIR [--out study.json]`
 void add_train_command(CLI::App& app);  // cmd_train.cpp: `normlab train --placement P --layers L ... --log run.jsonl`
 void add_eval_command(CLI::App& app);   // cmd_train.cpp: `normlab eval --checkpoint DIR [--drop-last K | --skip-block I]`
 

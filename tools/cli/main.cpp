@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   normlab::cli::add_lab_command(app);
   normlab::cli::add_fbank_command(app);
   normlab::cli::add_speech_data_command(app);
+  normlab::cli::add_speech_study_command(app);
   normlab::cli::add_gradnorms_command(app);
   normlab::cli::add_train_command(app);
   normlab::cli::add_eval_command(app);

@@ -1,0 +1,760 @@
+// bench/bench_norm.cpp — Google Benchmark harness: normlab's LayerNorm next to its peers (LibTorch ATen
+// 1.13 and oneDNN 2.6) and next to a plain memory copy, all in one binary so that they share the build
+// flags, the buffers, the thread pool (libgomp) and the machine state.
+//
+// What is measured (names are BM_<Op>/<impl>/<shape>; gbench appends "/real_time"):
+//   BM_LayerNormFwd/{normlab,aten,onednn}/RxD   y, mean, rstd (or variance) from x, γ, β; rows × D,
+//                                               normalized over the last axis
+//   BM_LayerNormBwd/{normlab,aten,onednn}/RxD   dx, dγ, dβ from dy, x, γ (ATen and oneDNN take the
+//                                               forward's mean/rstd, computed once outside the loop;
+//                                               normlab recomputes them, which is its contract)
+//   BM_LayerNormFwdBFT/{normlab,aten,onednn}/32x80x1000
+//                                               forward over axis 1 (F) of a contiguous [B, F, T]:
+//                                               normlab on the strided axis as is; ATen via the permute
+//                                               route (permute().contiguous() -> native_layer_norm
+//                                               over the last axis -> permute back .contiguous());
+//                                               oneDNN on a strided memory descriptor, when it accepts one
+//   BM_Copy/copy/<shape>, BM_CopyStream/copy/<shape>
+//                                               the memory roofline: y = x with ordinary AVX-512 stores,
+//                                               or with non-temporal (streaming) stores
+// For every D ∈ {64, 80, 256, 768, 4096} there are two sizes: "in L3", x = 2 MiB (forward working set
+// x + y = 4 MiB), and "out of cache", x = 128 MiB (256 MiB forward, 384 MiB backward).
+//
+// Bytes: every benchmark reports bytes_per_second = iterations × (bytes the ideal kernel must move) /
+// wall time, so that it reads directly against copy bandwidth. The ideal kernel reads each input once
+// and writes each output once; γ, β, mean, rstd, dγ, dβ are O(rows + D) and are not counted:
+//   LayerNormFwd, LayerNormFwdBFT: read x, write y          = 2 · 4 · N bytes
+//   LayerNormBwd:                  read x, dy, write dx     = 3 · 4 · N bytes
+//   Copy, CopyStream:              read x, write y          = 2 · 4 · N bytes
+// Extra traffic an implementation does (a second pass that misses the cache, the permute copies of the
+// ATen BFT route) is exactly what this comparison is meant to expose, so it is never counted.
+//
+// Method: every implementation reads the same 64-byte aligned buffers (one set per size, allocated and
+// filled once from a fixed RNG) and writes into them (normlab, oneDNN) or into the tensors it returns
+// (ATen). Primitives, views and wrapped tensors are made outside the timed loop, and each benchmark runs
+// once untimed before its loop. Time is wall-clock time (UseRealTime); the default minimum time per
+// benchmark is 0.2 s (override with --benchmark_min_time).
+//
+// Environment:
+//   NORMLAB_BENCH_THREADS   threads for normlab, ATen, oneDNN (OpenMP) and the copies alike; default 1.
+//   NORMLAB_BENCH_MALLOC    "reuse" (default): malloc never returns memory to the kernel (no mmap, no
+//                           trim), so the outputs ATen allocates on every call reuse warm pages instead
+//                           of page-faulting fresh ones; "default": leave glibc malloc as it is.
+//   NORMLAB_ISA             the instruction set normlab's kernels use (see normlab/simd.h).
+// Before running, the harness checks on small shapes (and on the BFT shape) that the three
+// implementations agree, so that a misconfigured peer cannot produce a flattering number.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <malloc.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <dnnl.hpp>
+#include <fmt/format.h>
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+#include <normlab/simd.h>
+#include <normlab/tensor.h>
+
+// libgomp's entry point for `#pragma omp parallel num_threads(n)`. This target is not compiled with
+// -fopenmp, so the copy kernels call it directly; it runs them on the same OpenMP thread pool that
+// normlab, ATen and oneDNN use.
+extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
+
+namespace {
+
+using normlab::Index;
+
+constexpr double kEps = 1e-5;
+constexpr Index kInCacheElems = (Index{2} << 20) / 4;    // x = 2 MiB
+constexpr Index kOutOfCacheElems = (Index{128} << 20) / 4;  // x = 128 MiB
+constexpr Index kDims[] = {64, 80, 256, 768, 4096};
+constexpr Index kMaxD = 4096;
+constexpr const char* kDefaultMinTime = "--benchmark_min_time=0.2";
+
+int g_threads = 1;
+
+// ---- buffers ----------------------------------------------------------------------------------------
+
+struct AlignedFree {
+  void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
+};
+using Buffer = std::unique_ptr<float, AlignedFree>;
+
+Buffer AllocateFloats(Index n) {
+  return Buffer(static_cast<float*>(::operator new(static_cast<std::size_t>(n) * sizeof(float),
+                                                   std::align_val_t(64))));
+}
+
+// Deterministic uniform values in [lo, hi) (splitmix64; fast enough to fill 128 MiB in a blink).
+void FillUniform(float* p, Index n, std::uint64_t seed, float lo, float hi) {
+  std::uint64_t s = seed;
+  for (Index i = 0; i < n; ++i) {
+    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = lo + (hi - lo) * static_cast<float>(static_cast<double>(z >> 40) * 0x1.0p-24);
+  }
+}
+
+// The four full-size tensors of one size; shapes of that many elements are views of them.
+struct Pool {
+  Index elems;
+  Buffer x, y, dy, dx;
+};
+
+Pool& GetPool(Index elems) {
+  static std::map<Index, std::unique_ptr<Pool>> pools;
+  auto& slot = pools[elems];
+  if (!slot) {
+    slot = std::make_unique<Pool>();
+    slot->elems = elems;
+    slot->x = AllocateFloats(elems);
+    slot->y = AllocateFloats(elems);
+    slot->dy = AllocateFloats(elems);
+    slot->dx = AllocateFloats(elems);
+    FillUniform(slot->x.get(), elems, 1, -1.5f, 2.5f);
+    FillUniform(slot->dy.get(), elems, 2, -1.0f, 1.0f);
+    std::fill_n(slot->y.get(), elems, 0.0f);  // first touch outside any timed loop
+    std::fill_n(slot->dx.get(), elems, 0.0f);
+  }
+  return *slot;
+}
+
+// γ and β for any D ≤ kMaxD (read-only).
+const float* Gamma() {
+  static const Buffer g = [] {
+    Buffer b = AllocateFloats(kMaxD);
+    FillUniform(b.get(), kMaxD, 3, 0.5f, 1.5f);
+    return b;
+  }();
+  return g.get();
+}
+const float* Beta() {
+  static const Buffer g = [] {
+    Buffer b = AllocateFloats(kMaxD);
+    FillUniform(b.get(), kMaxD, 4, -0.5f, 0.5f);
+    return b;
+  }();
+  return g.get();
+}
+
+// ---- problems ---------------------------------------------------------------------------------------
+
+enum class Op { kFwd, kBwd };
+enum class Kind { kNormlab, kAten, kOneDnn };
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kNormlab: return "normlab";
+    case Kind::kAten: return "aten";
+    case Kind::kOneDnn: return "onednn";
+  }
+  return "?";
+}
+
+// A contiguous x of `shape`, normalized over `axis`.
+struct Problem {
+  std::string name;  // "8192x64"
+  std::vector<Index> shape;
+  int axis = 0;
+  Index numel = 0;   // elements of x
+  Index n = 0;       // elements per group (the normalized size)
+  Index groups = 0;  // numel / n
+
+  bool last_axis() const { return axis == static_cast<int>(shape.size()) - 1; }
+};
+
+Problem MakeProblem(std::vector<Index> shape, int axis) {
+  Problem p;
+  p.shape = std::move(shape);
+  p.axis = axis;
+  p.numel = 1;
+  for (std::size_t i = 0; i < p.shape.size(); ++i) {
+    p.numel *= p.shape[i];
+    if (i) p.name += 'x';
+    p.name += std::to_string(p.shape[i]);
+  }
+  p.n = p.shape[static_cast<std::size_t>(axis)];
+  p.groups = p.numel / p.n;
+  return p;
+}
+
+std::vector<Index> KeptShape(const Problem& p) {
+  std::vector<Index> k;
+  for (std::size_t i = 0; i < p.shape.size(); ++i)
+    if (static_cast<int>(i) != p.axis) k.push_back(p.shape[i]);
+  return k;
+}
+
+std::vector<Index> RowMajorStrides(const std::vector<Index>& shape) {
+  std::vector<Index> s(shape.size());
+  Index acc = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+// Bytes the ideal kernel moves (see the top of the file).
+std::int64_t BytesMoved(Op op, const Problem& p) {
+  return (op == Op::kFwd ? 2 : 3) * static_cast<std::int64_t>(sizeof(float)) * p.numel;
+}
+
+// ---- implementations ---------------------------------------------------------------------------------
+
+// What an implementation produced: y (forward) or dx (backward), and dγ, dβ (backward only).
+struct Outputs {
+  const float* main = nullptr;
+  const float* dgamma = nullptr;
+  const float* dbeta = nullptr;
+};
+
+class Impl {
+ public:
+  virtual ~Impl() = default;
+  virtual void Run() = 0;
+  virtual Outputs Result() = 0;
+};
+
+class NormlabFwd : public Impl {
+ public:
+  NormlabFwd(const Problem& p, Pool& pool)
+      : mean_(static_cast<std::size_t>(p.groups)),
+        rstd_(static_cast<std::size_t>(p.groups)),
+        y_(pool.y.get(), normlab::Dims(p.shape)),
+        mean_v_(mean_.data(), normlab::Dims(KeptShape(p))),
+        rstd_v_(rstd_.data(), normlab::Dims(KeptShape(p))),
+        x_(pool.x.get(), normlab::Dims(p.shape)),
+        gamma_(Gamma(), normlab::Dims{p.n}),
+        beta_(Beta(), normlab::Dims{p.n}),
+        axes_{p.axis} {}
+  void Run() override { normlab::layer_norm_forward(y_, mean_v_, rstd_v_, x_, gamma_, beta_, axes_, kEps); }
+  Outputs Result() override { return {y_.data(), nullptr, nullptr}; }
+
+ private:
+  std::vector<float> mean_, rstd_;
+  normlab::View y_, mean_v_, rstd_v_;
+  normlab::ConstView x_, gamma_, beta_;
+  normlab::Axes axes_;
+};
+
+class NormlabBwd : public Impl {
+ public:
+  NormlabBwd(const Problem& p, Pool& pool)
+      : dgamma_(static_cast<std::size_t>(p.n)),
+        dbeta_(static_cast<std::size_t>(p.n)),
+        dx_(pool.dx.get(), normlab::Dims(p.shape)),
+        dgamma_v_(dgamma_.data(), normlab::Dims{p.n}),
+        dbeta_v_(dbeta_.data(), normlab::Dims{p.n}),
+        dy_(pool.dy.get(), normlab::Dims(p.shape)),
+        x_(pool.x.get(), normlab::Dims(p.shape)),
+        gamma_(Gamma(), normlab::Dims{p.n}),
+        axes_{p.axis} {}
+  void Run() override {
+    normlab::layer_norm_backward(dx_, dgamma_v_, dbeta_v_, dy_, x_, gamma_, axes_, kEps);
+  }
+  Outputs Result() override { return {dx_.data(), dgamma_.data(), dbeta_.data()}; }
+
+ private:
+  std::vector<float> dgamma_, dbeta_;
+  normlab::View dx_, dgamma_v_, dbeta_v_;
+  normlab::ConstView dy_, x_, gamma_;
+  normlab::Axes axes_;
+};
+
+at::Tensor Wrap(const float* p, const std::vector<Index>& shape) {
+  return at::from_blob(const_cast<float*>(p), at::IntArrayRef(shape), at::TensorOptions().dtype(at::kFloat));
+}
+
+// at::native_layer_norm on from_blob views of the shared buffers. Its outputs are allocated by ATen on
+// every call (the API has no preallocated-output form that avoids a copy); they are dropped at once
+// unless `keep` (for the self-check).
+class AtenFwd : public Impl {
+ public:
+  AtenFwd(const Problem& p, Pool& pool, bool keep)
+      : keep_(keep),
+        x_(Wrap(pool.x.get(), p.shape)),
+        gamma_(Wrap(Gamma(), {p.n})),
+        beta_(Wrap(Beta(), {p.n})),
+        normalized_shape_{p.n},
+        permute_(!p.last_axis()) {
+    if (permute_) {  // the normalized axis goes last, and comes back
+      for (int i = 0; i < static_cast<int>(p.shape.size()); ++i)
+        if (i != p.axis) to_last_.push_back(i);
+      to_last_.push_back(p.axis);
+      from_last_.resize(to_last_.size());
+      for (std::size_t i = 0; i < to_last_.size(); ++i) from_last_[static_cast<std::size_t>(to_last_[i])] = static_cast<Index>(i);
+    }
+  }
+  void Run() override {
+    at::Tensor y;
+    if (permute_) {
+      const at::Tensor xp = x_.permute(to_last_).contiguous();
+      y = std::get<0>(at::native_layer_norm(xp, normalized_shape_, gamma_, beta_, kEps)).permute(from_last_).contiguous();
+    } else {
+      y = std::get<0>(at::native_layer_norm(x_, normalized_shape_, gamma_, beta_, kEps));
+    }
+    benchmark::DoNotOptimize(y.data_ptr());
+    if (keep_) y_ = y;
+  }
+  Outputs Result() override { return {y_.data_ptr<float>(), nullptr, nullptr}; }
+
+ private:
+  bool keep_;
+  at::Tensor x_, gamma_, beta_, y_;
+  std::vector<Index> normalized_shape_, to_last_, from_last_;
+  bool permute_;
+};
+
+class AtenBwd : public Impl {
+ public:
+  AtenBwd(const Problem& p, Pool& pool, bool keep)
+      : keep_(keep),
+        x_(Wrap(pool.x.get(), p.shape)),
+        dy_(Wrap(pool.dy.get(), p.shape)),
+        gamma_(Wrap(Gamma(), {p.n})),
+        beta_(Wrap(Beta(), {p.n})),
+        normalized_shape_{p.n} {
+    if (!p.last_axis()) throw std::invalid_argument("AtenBwd: only the last axis");
+    auto fwd = at::native_layer_norm(x_, normalized_shape_, gamma_, beta_, kEps);
+    mean_ = std::get<1>(fwd);
+    rstd_ = std::get<2>(fwd);
+  }
+  void Run() override {
+    auto r = at::native_layer_norm_backward(dy_, x_, normalized_shape_, mean_, rstd_, gamma_, beta_,
+                                            {true, true, true});
+    benchmark::DoNotOptimize(std::get<0>(r).data_ptr());
+    if (keep_) out_ = std::move(r);
+  }
+  Outputs Result() override {
+    return {std::get<0>(out_).data_ptr<float>(), std::get<1>(out_).data_ptr<float>(),
+            std::get<2>(out_).data_ptr<float>()};
+  }
+
+ private:
+  bool keep_;
+  at::Tensor x_, dy_, gamma_, beta_, mean_, rstd_;
+  std::vector<Index> normalized_shape_;
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> out_;
+};
+
+dnnl::engine& Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+dnnl::stream& Stream() {
+  static dnnl::stream stream(Engine());
+  return stream;
+}
+
+using dnnl::memory;
+const dnnl::normalization_flags kScaleShift =
+    dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+
+// oneDNN normalizes over the last logical dimension: the logical dims are x's with the normalized axis
+// moved last, and the strides say where the elements really are (plain `ab` for a rows × D problem).
+memory::desc DataDesc(const Problem& p) {
+  const std::vector<Index> strides = RowMajorStrides(p.shape);
+  memory::dims dims, st;
+  for (std::size_t i = 0; i < p.shape.size(); ++i)
+    if (static_cast<int>(i) != p.axis) {
+      dims.push_back(p.shape[i]);
+      st.push_back(strides[i]);
+    }
+  dims.push_back(p.n);
+  st.push_back(strides[static_cast<std::size_t>(p.axis)]);
+  if (p.shape.size() == 2 && p.last_axis()) return memory::desc(dims, memory::data_type::f32, memory::format_tag::ab);
+  return memory::desc(dims, memory::data_type::f32, st);
+}
+memory::desc StatDesc(const Problem& p) {
+  const std::vector<Index> kept = KeptShape(p);
+  return memory::desc(kept, memory::data_type::f32, RowMajorStrides(kept));
+}
+memory::desc ParamDesc(const Problem& p) {
+  return memory::desc({p.n}, memory::data_type::f32, memory::format_tag::a);
+}
+
+dnnl::layer_normalization_forward::primitive_desc OneDnnFwdDesc(const Problem& p) {
+  const dnnl::layer_normalization_forward::desc d(dnnl::prop_kind::forward_training, DataDesc(p), StatDesc(p),
+                                                  static_cast<float>(kEps), kScaleShift);
+  return dnnl::layer_normalization_forward::primitive_desc(d, Engine());
+}
+
+// Does oneDNN accept this problem at all (the BFT shape needs a strided descriptor)?
+bool OneDnnSupports(const Problem& p, std::string* impl_name) {
+  try {
+    const auto pd = OneDnnFwdDesc(p);
+    if (impl_name) *impl_name = pd.impl_info_str();
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+// `forward_training`: writes y, mean and variance, like the other two write y, mean and rstd.
+class OneDnnFwd : public Impl {
+ public:
+  OneDnnFwd(const Problem& p, Pool& pool)
+      : mean_(static_cast<std::size_t>(p.groups)), var_(static_cast<std::size_t>(p.groups)), y_(pool.y.get()) {
+    pd_ = OneDnnFwdDesc(p);
+    prim_ = dnnl::layer_normalization_forward(pd_);
+    const memory::desc data = DataDesc(p), stat = StatDesc(p), param = ParamDesc(p);
+    dnnl::engine& e = Engine();
+    args_ = {{DNNL_ARG_SRC, memory(data, e, pool.x.get())},
+             {DNNL_ARG_DST, memory(data, e, pool.y.get())},
+             {DNNL_ARG_MEAN, memory(stat, e, mean_.data())},
+             {DNNL_ARG_VARIANCE, memory(stat, e, var_.data())},
+             {DNNL_ARG_SCALE, memory(param, e, const_cast<float*>(Gamma()))},
+             {DNNL_ARG_SHIFT, memory(param, e, const_cast<float*>(Beta()))}};
+  }
+  void Run() override {
+    prim_.execute(Stream(), args_);
+    Stream().wait();
+  }
+  Outputs Result() override { return {y_, nullptr, nullptr}; }
+
+ private:
+  std::vector<float> mean_, var_;
+  float* y_;
+  dnnl::layer_normalization_forward::primitive_desc pd_;
+  dnnl::layer_normalization_forward prim_;
+  std::unordered_map<int, memory> args_;
+};
+
+// prop_kind::backward with use_scale | use_shift: dx, dγ, dβ, from the mean and variance of one forward
+// run made here, outside the timed loop.
+class OneDnnBwd : public Impl {
+ public:
+  OneDnnBwd(const Problem& p, Pool& pool)
+      : mean_(static_cast<std::size_t>(p.groups)),
+        var_(static_cast<std::size_t>(p.groups)),
+        dgamma_(static_cast<std::size_t>(p.n)),
+        dbeta_(static_cast<std::size_t>(p.n)),
+        dx_(pool.dx.get()) {
+    const memory::desc data = DataDesc(p), stat = StatDesc(p), param = ParamDesc(p);
+    dnnl::engine& e = Engine();
+    const memory x(data, e, pool.x.get()), mean(stat, e, mean_.data()), var(stat, e, var_.data());
+    const memory gamma(param, e, const_cast<float*>(Gamma())), beta(param, e, const_cast<float*>(Beta()));
+
+    const auto fwd_pd = OneDnnFwdDesc(p);
+    dnnl::layer_normalization_forward(fwd_pd).execute(
+        Stream(), {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, memory(data, e, pool.y.get())}, {DNNL_ARG_MEAN, mean},
+                   {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_SCALE, gamma}, {DNNL_ARG_SHIFT, beta}});
+    Stream().wait();
+
+    const dnnl::layer_normalization_backward::desc d(dnnl::prop_kind::backward, data, data, stat,
+                                                     static_cast<float>(kEps), kScaleShift);
+    const dnnl::layer_normalization_backward::primitive_desc pd(d, e, fwd_pd);
+    prim_ = dnnl::layer_normalization_backward(pd);
+    args_ = {{DNNL_ARG_SRC, x},
+             {DNNL_ARG_DIFF_DST, memory(data, e, pool.dy.get())},
+             {DNNL_ARG_MEAN, mean},
+             {DNNL_ARG_VARIANCE, var},
+             {DNNL_ARG_SCALE, gamma},
+             {DNNL_ARG_SHIFT, beta},
+             {DNNL_ARG_DIFF_SRC, memory(data, e, pool.dx.get())},
+             {DNNL_ARG_DIFF_SCALE, memory(param, e, dgamma_.data())},
+             {DNNL_ARG_DIFF_SHIFT, memory(param, e, dbeta_.data())}};
+  }
+  void Run() override {
+    prim_.execute(Stream(), args_);
+    Stream().wait();
+  }
+  Outputs Result() override { return {dx_, dgamma_.data(), dbeta_.data()}; }
+
+ private:
+  std::vector<float> mean_, var_, dgamma_, dbeta_;
+  float* dx_;
+  dnnl::layer_normalization_backward prim_;
+  std::unordered_map<int, memory> args_;
+};
+
+std::unique_ptr<Impl> MakeImpl(Op op, Kind kind, const Problem& p, Pool& pool, bool keep) {
+  switch (kind) {
+    case Kind::kNormlab:
+      if (op == Op::kFwd) return std::make_unique<NormlabFwd>(p, pool);
+      return std::make_unique<NormlabBwd>(p, pool);
+    case Kind::kAten:
+      if (op == Op::kFwd) return std::make_unique<AtenFwd>(p, pool, keep);
+      return std::make_unique<AtenBwd>(p, pool, keep);
+    case Kind::kOneDnn:
+      if (op == Op::kFwd) return std::make_unique<OneDnnFwd>(p, pool);
+      return std::make_unique<OneDnnBwd>(p, pool);
+  }
+  return nullptr;
+}
+
+// ---- copy: the memory roofline -----------------------------------------------------------------------
+
+using CopyFn = void (*)(float* dst, const float* src, Index n);
+
+__attribute__((target("avx512f"))) void CopyStoreAvx512(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+// Non-temporal stores need a 64-byte aligned destination: a scalar head reaches the boundary first.
+__attribute__((target("avx512f"))) void CopyStreamAvx512(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = src[i];
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+}
+
+__attribute__((target("avx"))) void CopyStoreAvx(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+__attribute__((target("avx"))) void CopyStreamAvx(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 31) != 0; ++i) dst[i] = src[i];
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+}
+
+bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
+CopyFn StoreCopy() { return HasAvx512() ? CopyStoreAvx512 : CopyStoreAvx; }
+CopyFn StreamCopy() { return HasAvx512() ? CopyStreamAvx512 : CopyStreamAvx; }
+
+struct CopyJob {
+  CopyFn fn;
+  float* dst;
+  const float* src;
+  Index n;
+};
+
+// One contiguous part per thread, cut at multiples of 16 floats so that every part starts on a line.
+void CopyPart(void* arg) {
+  const auto* job = static_cast<const CopyJob*>(arg);
+  const Index t = omp_get_thread_num(), nt = omp_get_num_threads();
+  const Index blocks = (job->n + 15) / 16;
+  const Index begin = std::min(job->n, blocks * t / nt * 16);
+  const Index end = std::min(job->n, blocks * (t + 1) / nt * 16);
+  job->fn(job->dst + begin, job->src + begin, end - begin);
+}
+
+void ParallelCopy(CopyFn fn, float* dst, const float* src, Index n) {
+  CopyJob job{fn, dst, src, n};
+  if (g_threads <= 1) {
+    fn(dst, src, n);
+  } else {
+    GOMP_parallel(CopyPart, &job, static_cast<unsigned>(g_threads), 0);
+  }
+}
+
+// ---- benchmarks ---------------------------------------------------------------------------------------
+
+void BenchLayerNorm(benchmark::State& state, Op op, Kind kind, const Problem& p) {
+  std::unique_ptr<Impl> impl;
+  try {
+    impl = MakeImpl(op, kind, p, GetPool(p.numel), /*keep=*/false);
+    impl->Run();  // untimed warm-up: first calls, lazy initialization, page touch
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  for (auto _ : state) {
+    impl->Run();
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * BytesMoved(op, p));
+}
+
+void BenchCopy(benchmark::State& state, bool stream, const Problem& p) {
+  Pool& pool = GetPool(p.numel);
+  const CopyFn fn = stream ? StreamCopy() : StoreCopy();
+  ParallelCopy(fn, pool.y.get(), pool.x.get(), p.numel);
+  for (auto _ : state) {
+    ParallelCopy(fn, pool.y.get(), pool.x.get(), p.numel);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * static_cast<std::int64_t>(sizeof(float)) * p.numel);
+}
+
+template <typename F>
+void Register(const std::string& name, F&& fn) {
+  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(fn))
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+void RegisterCopies(const Problem& p) {
+  Register("BM_Copy/copy/" + p.name, [p](benchmark::State& s) { BenchCopy(s, false, p); });
+  Register("BM_CopyStream/copy/" + p.name, [p](benchmark::State& s) { BenchCopy(s, true, p); });
+}
+
+void RegisterLayerNorm(const std::string& op_name, Op op, const Problem& p, bool with_onednn) {
+  for (Kind kind : {Kind::kNormlab, Kind::kAten, Kind::kOneDnn}) {
+    if (kind == Kind::kOneDnn && !with_onednn) continue;
+    Register("BM_" + op_name + "/" + KindName(kind) + "/" + p.name,
+             [op, kind, p](benchmark::State& s) { BenchLayerNorm(s, op, kind, p); });
+  }
+}
+
+Problem BftProblem() { return MakeProblem({32, 80, 1000}, 1); }
+
+// Registered per shape so that the implementations being compared run close together in time.
+std::string RegisterAll() {
+  for (Index elems : {kInCacheElems, kOutOfCacheElems}) {
+    for (Index d : kDims) {
+      const Problem p = MakeProblem({elems / d, d}, 1);
+      RegisterCopies(p);
+      RegisterLayerNorm("LayerNormFwd", Op::kFwd, p, true);
+      RegisterLayerNorm("LayerNormBwd", Op::kBwd, p, true);
+    }
+  }
+  const Problem bft = BftProblem();
+  std::string onednn_bft;
+  const bool onednn_ok = OneDnnSupports(bft, &onednn_bft);
+  RegisterCopies(bft);
+  RegisterLayerNorm("LayerNormFwdBFT", Op::kFwd, bft, onednn_ok);
+  return onednn_ok ? onednn_bft : "not supported (no oneDNN primitive for the strided descriptor)";
+}
+
+// ---- self-check ---------------------------------------------------------------------------------------
+
+// max |a − b| / max(1, max |b|)
+double RelError(const float* a, const float* b, Index n) {
+  double err = 0, scale = 1;
+  for (Index i = 0; i < n; ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return err / scale;
+}
+
+struct Snapshot {
+  std::vector<float> main, dgamma, dbeta;
+};
+
+Snapshot RunOnce(Op op, Kind kind, const Problem& p) {
+  Pool& pool = GetPool(p.numel);
+  std::unique_ptr<Impl> impl = MakeImpl(op, kind, p, pool, /*keep=*/true);
+  impl->Run();
+  const Outputs o = impl->Result();
+  Snapshot s;
+  s.main.assign(o.main, o.main + p.numel);
+  if (o.dgamma) s.dgamma.assign(o.dgamma, o.dgamma + p.n);
+  if (o.dbeta) s.dbeta.assign(o.dbeta, o.dbeta + p.n);
+  return s;
+}
+
+// Runs every implementation once on small problems (and on the BFT problem) and compares each peer with
+// normlab (whose double-precision result is the closest to exact). Returns the worst relative error;
+// exits when a peer disagrees, since its timings would then mean nothing.
+double SelfCheck(bool onednn_bft) {
+  constexpr double kTolerance = 1e-4;
+  double worst = 0;
+  auto check = [&](Op op, const Problem& p, bool with_onednn) {
+    const Snapshot ref = RunOnce(op, Kind::kNormlab, p);
+    for (Kind kind : {Kind::kAten, Kind::kOneDnn}) {
+      if (kind == Kind::kOneDnn && !with_onednn) continue;
+      const Snapshot got = RunOnce(op, kind, p);
+      double err = RelError(got.main.data(), ref.main.data(), p.numel);
+      if (op == Op::kBwd) {
+        err = std::max(err, RelError(got.dgamma.data(), ref.dgamma.data(), p.n));
+        err = std::max(err, RelError(got.dbeta.data(), ref.dbeta.data(), p.n));
+      }
+      if (!(err <= kTolerance)) {
+        std::fprintf(stderr, "self-check FAILED: %s %s on %s differs from normlab by %.3g (> %.0e)\n",
+                     op == Op::kFwd ? "forward" : "backward", KindName(kind), p.name.c_str(), err, kTolerance);
+        std::exit(1);
+      }
+      worst = std::max(worst, err);
+    }
+  };
+  for (Index d : kDims) {
+    const Problem p = MakeProblem({67, d}, 1);
+    check(Op::kFwd, p, true);
+    check(Op::kBwd, p, true);
+  }
+  check(Op::kFwd, BftProblem(), onednn_bft);
+  return worst;
+}
+
+// ---- setup ----------------------------------------------------------------------------------------------
+
+int ThreadsFromEnv() {
+  const char* env = std::getenv("NORMLAB_BENCH_THREADS");
+  if (!env || !*env) return 1;
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (*end != '\0' || n < 1 || n > 1024) {
+    std::fprintf(stderr, "NORMLAB_BENCH_THREADS=%s: expected a whole number ≥ 1\n", env);
+    std::exit(2);
+  }
+  return static_cast<int>(n);
+}
+
+// See NORMLAB_BENCH_MALLOC at the top of the file.
+std::string ConfigureMalloc() {
+  const char* env = std::getenv("NORMLAB_BENCH_MALLOC");
+  const std::string mode = env && *env ? env : "reuse";
+  if (mode == "default") return "glibc default";
+  if (mode != "reuse") {
+    std::fprintf(stderr, "NORMLAB_BENCH_MALLOC=%s: expected reuse or default\n", mode.c_str());
+    std::exit(2);
+  }
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);
+  return "reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string malloc_mode = ConfigureMalloc();
+  g_threads = ThreadsFromEnv();
+  normlab::set_num_threads(g_threads);
+  at::set_num_threads(g_threads);
+  omp_set_num_threads(g_threads);  // oneDNN (OpenMP runtime) and the copies
+
+  // The default minimum time goes in front, so that a --benchmark_min_time given by the user wins.
+  std::vector<char*> args(argv, argv + argc);
+  std::string min_time = kDefaultMinTime;
+  args.insert(args.begin() + 1, min_time.data());
+  int nargs = static_cast<int>(args.size());
+  benchmark::Initialize(&nargs, args.data());
+  if (benchmark::ReportUnrecognizedArguments(nargs, args.data())) return 1;
+
+  const std::string onednn_bft = RegisterAll();
+  const double check_err = SelfCheck(onednn_bft.rfind("not supported", 0) != 0);
+
+  benchmark::AddCustomContext("threads", std::to_string(g_threads));
+  benchmark::AddCustomContext("isa", normlab::isa_name(normlab::active_isa()));
+  benchmark::AddCustomContext("aten_threads", std::to_string(at::get_num_threads()));
+  benchmark::AddCustomContext("omp_max_threads", std::to_string(omp_get_max_threads()));
+  benchmark::AddCustomContext("copy_isa", HasAvx512() ? "avx512f" : "avx");
+  benchmark::AddCustomContext("malloc", malloc_mode);
+  benchmark::AddCustomContext("onednn_bft", onednn_bft);
+  benchmark::AddCustomContext("selfcheck", fmt::format("ok (worst peer vs normlab: {:.2g})", check_err));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

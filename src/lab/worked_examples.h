@@ -1,4 +1,4 @@
-// The seed article's worked LayerNorm examples, run through normlab's real kernel and compared with
+// (Moved from tools/cli for the lab library.) The seed article's worked LayerNorm examples, run through normlab's real kernel and compared with
 // the hand-computed answers. Returned as data so that `normlab lab` (today and in its later, fuller
 // form) can print, check and record them.
 //
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace normlab::cli {
+namespace normlab::lab {
 
 // One quantity of one example compared against its hand-computed value.
 struct ExampleCheck {
@@ -57,4 +57,4 @@ WorkedExamples run_worked_examples();
 
 nlohmann::json worked_examples_json(const WorkedExamples& w);
 
-}  // namespace normlab::cli
+}  // namespace normlab::lab

@@ -1,13 +1,13 @@
 // The seed article's worked LayerNorm examples (see worked_examples.h): inputs, hand-computed answers,
 // and the comparison with normlab's kernel.
-#include "worked_examples.h"
+#include "lab/worked_examples.h"
 
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
 
-namespace normlab::cli {
+namespace normlab::lab {
 
 namespace {
 
@@ -125,4 +125,4 @@ nlohmann::json worked_examples_json(const WorkedExamples& w) {
   return list;
 }
 
-}  // namespace normlab::cli
+}  // namespace normlab::lab

@@ -1,0 +1,883 @@
+// The lab's experiments (see experiments.h and docs/LAB.md).
+#include "lab/experiments.h"
+
+#include <fmt/format.h>
+#include <normlab/error.h>
+#include <normlab/nn/model.h>
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "nn/checkpoint.h"
+#include "nn/data.h"
+#include "nn/train.h"
+
+namespace normlab::lab {
+
+namespace {
+
+using json = nlohmann::json;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---- sizes: lab.md's designs (default) and the --quick reductions ----------------------------------
+struct Sizes {
+  // claims 4, 5: gradients at init
+  std::vector<int> depths;
+  int g_d, g_heads, g_ffn, g_seq, g_batch, g_batches;
+  // claim 6 (and its models for 8, 9)
+  int c6_layers, d, heads, ffn, seq, batch;
+  std::int64_t c6_steps, c6_warmup;
+  double c6_lr;
+  std::int64_t eval_every, val_windows;
+  // claim 7
+  int c7_layers;
+  std::int64_t c7_steps, c7_warmup;
+  double c7_lr;
+  // claim 8 at depth (first seed only): Post-LN's gentler schedule and a Pre-LN control on it
+  bool c8_deep;
+  int c8_layers;
+  double c8_lr;
+  std::int64_t c8_warmup, c8_steps;
+};
+
+Sizes sizes(bool quick) {
+  if (!quick)
+    return Sizes{.depths = {6, 12, 24}, .g_d = 128, .g_heads = 4, .g_ffn = 512, .g_seq = 64, .g_batch = 32,
+                 .g_batches = 8, .c6_layers = 6, .d = 64, .heads = 4, .ffn = 256, .seq = 64, .batch = 32,
+                 .c6_steps = 600, .c6_warmup = 200, .c6_lr = 3e-3, .eval_every = 50, .val_windows = 256,
+                 .c7_layers = 3, .c7_steps = 1000, .c7_warmup = 200, .c7_lr = 3e-3, .c8_deep = true,
+                 .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600};
+  return Sizes{.depths = {2, 4, 8}, .g_d = 64, .g_heads = 4, .g_ffn = 256, .g_seq = 32, .g_batch = 8,
+               .g_batches = 2, .c6_layers = 6, .d = 64, .heads = 4, .ffn = 256, .seq = 64, .batch = 16,
+               .c6_steps = 200, .c6_warmup = 50, .c6_lr = 3e-3, .eval_every = 25, .val_windows = 64,
+               .c7_layers = 3, .c7_steps = 200, .c7_warmup = 40, .c7_lr = 3e-3, .c8_deep = false,
+               .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600};
+}
+
+std::string quick_note(bool quick) {
+  return quick ? "--quick: reduced sizes (see config); the verdict describes these sizes, not lab.md's designs. " : "";
+}
+
+// ---- job specs ---------------------------------------------------------------------------------------
+struct Arm {
+  std::string name;
+  nn::Placement placement;
+  nn::ScheduleKind schedule;
+  std::int64_t warmup;
+};
+
+std::vector<Arm> c6_arms(const Sizes& z) {
+  return {{"post-nowarmup", nn::Placement::kPost, nn::ScheduleKind::kConstant, 0},
+          {"post-warmup", nn::Placement::kPost, nn::ScheduleKind::kLinear, z.c6_warmup},
+          {"pre-nowarmup", nn::Placement::kPre, nn::ScheduleKind::kConstant, 0},
+          {"pre-warmup", nn::Placement::kPre, nn::ScheduleKind::kLinear, z.c6_warmup}};
+}
+
+nn::TrainConfig base_train(const Sizes& z, const LabOptions& opt, int seed) {
+  nn::TrainConfig c;
+  c.model.d_model = z.d, c.model.heads = z.heads, c.model.ffn = z.ffn;
+  c.seq = z.seq, c.batch = z.batch, c.seed = static_cast<std::uint64_t>(seed);
+  c.eval_every = z.eval_every, c.val_windows = z.val_windows, c.data = opt.data;
+  c.threads = 1;
+  return c;
+}
+
+std::string train_command(const nn::TrainConfig& c, const std::string& key, bool checkpoint) {
+  std::string s = fmt::format(
+      "normlab train --placement {} --layers {} --d-model {} --heads {} --ffn {} --seq {} --batch {} --lr {:g} "
+      "--schedule {} --warmup {}",
+      nn::placement_name(c.model.placement), c.model.layers, c.model.d_model, c.model.heads, c.model.ffn, c.seq,
+      c.batch, c.lr, nn::schedule_name(c.schedule), c.warmup);
+  if (c.schedule == nn::ScheduleKind::kCosine) s += fmt::format(" --lr-floor {:g}", c.lr_floor);
+  s += fmt::format(" --steps {} --seed {} --eval-every {} --val-windows {} --data {} --threads 1 --log {}.jsonl",
+                   c.steps, c.seed, c.eval_every, c.val_windows, c.data, key);
+  if (checkpoint) s += fmt::format(" --checkpoint {}-ckpt", key);
+  return s;
+}
+
+Job train_job(const std::string& key, const nn::TrainConfig& c, bool removal) {
+  Job j;
+  j.key = key;
+  j.spec = {{"kind", "train"}, {"config", json::parse(nn::train_config_json(c))}, {"removal", removal}};
+  j.commands.push_back(train_command(c, key, removal));
+  if (removal) {
+    j.commands.push_back(fmt::format("normlab eval --checkpoint {}-ckpt --drop-last K   # K = 1..{}", key,
+                                     c.model.layers - 1));
+    j.commands.push_back(fmt::format("normlab eval --checkpoint {}-ckpt --skip-block I   # I = 0..{}", key,
+                                     c.model.layers - 1));
+  }
+  j.cost = static_cast<double>(c.model.layers) * c.model.d_model * c.model.d_model * static_cast<double>(c.steps) *
+           static_cast<double>(c.batch * c.seq) * 1e-9;
+  return j;
+}
+
+std::string c6_key(const std::string& arm, int seed) { return fmt::format("c6-{}-s{}", arm, seed); }
+std::string c7_key(const std::string& arm, int seed) { return fmt::format("c7-{}-s{}", arm, seed); }
+std::string c8_key(const std::string& arm, int layers, int seed) {
+  return fmt::format("c8-L{}-{}-s{}", layers, arm, seed);
+}
+std::string grad_key(const std::string& placement, int layers, int seed) {
+  return fmt::format("grad-{}-L{}-s{}", placement, layers, seed);
+}
+
+json grad_spec(const Sizes& z, const LabOptions& opt, const std::string& placement, int layers, int seed) {
+  return {{"kind", "gradnorms"}, {"placement", placement}, {"layers", layers},      {"d_model", z.g_d},
+          {"heads", z.g_heads},  {"ffn", z.g_ffn},         {"seq", z.g_seq},        {"batch", z.g_batch},
+          {"batches", z.g_batches}, {"seed", seed},        {"data", opt.data}};
+}
+
+}  // namespace
+
+const std::vector<Section>& sections() {
+  static const std::vector<Section> s = {
+      {"neuron", "The neuron", {}},
+      {"layer", "The layer", {}},
+      {"layernorm-math", "LayerNorm math: worked examples", {1}},
+      {"ln-vs-bn", "LayerNorm vs BatchNorm", {2}},
+      {"f-vs-t", "F vs T normalization on speech", {3}},
+      {"placement", "Pre/Post placement", {4, 7}},
+      {"gradient-flow", "Gradient flow at initialization", {5}},
+      {"warmup", "Warmup", {6}},
+      {"layer-utilization", "Layer utilization and token similarity", {8, 9}},
+      {"variants", "Variants", {}},
+  };
+  return s;
+}
+
+std::string lab_command(const LabOptions& opt, int claim) {
+  std::string s = fmt::format("normlab lab --only {}", claim);
+  if (opt.quick) s += " --quick";
+  const bool default_seeds = opt.quick ? opt.seeds == std::vector<int>{0} : opt.seeds == std::vector<int>{0, 1, 2};
+  if (!default_seeds) s += fmt::format(" --seeds {}", opt.seeds.size());
+  if (opt.data != "fortunes") s += fmt::format(" --data {}", opt.data);
+  return s;
+}
+
+std::vector<Job> plan_jobs(const LabOptions& opt) {
+  const Sizes z = sizes(opt.quick);
+  std::vector<Job> jobs;
+  if (opt.wants(4) || opt.wants(5)) {
+    for (int seed : opt.seeds)
+      for (const char* p : {"post", "pre"})
+        for (int L : z.depths) {
+          Job j;
+          j.key = grad_key(p, L, seed);
+          j.spec = grad_spec(z, opt, p, L, seed);
+          j.commands.push_back(fmt::format(
+              "normlab gradnorms --placement {} --layers {} --d-model {} --heads {} --ffn {} --seq {} --batch {} "
+              "--batches {} --seed {} --data {} --json",
+              p, L, z.g_d, z.g_heads, z.g_ffn, z.g_seq, z.g_batch, z.g_batches, seed, opt.data));
+          j.cost = L * double(z.g_d) * z.g_d * z.g_batches * z.g_batch * z.g_seq * 3e-9;
+          jobs.push_back(std::move(j));
+        }
+  }
+  if (opt.wants(6) || opt.wants(8) || opt.wants(9)) {
+    for (int seed : opt.seeds)
+      for (const Arm& a : c6_arms(z)) {
+        nn::TrainConfig c = base_train(z, opt, seed);
+        c.model.layers = z.c6_layers, c.model.placement = a.placement;
+        c.schedule = a.schedule, c.warmup = a.warmup, c.lr = z.c6_lr, c.steps = z.c6_steps;
+        jobs.push_back(train_job(c6_key(a.name, seed), c, opt.wants(8) && a.name != "post-nowarmup"));
+      }
+  }
+  if (opt.wants(7)) {
+    for (int seed : opt.seeds)
+      for (auto [arm, p] : {std::pair{"post", nn::Placement::kPost}, std::pair{"pre", nn::Placement::kPre}}) {
+        nn::TrainConfig c = base_train(z, opt, seed);
+        c.model.layers = z.c7_layers, c.model.placement = p;
+        c.schedule = nn::ScheduleKind::kCosine, c.warmup = z.c7_warmup, c.lr = z.c7_lr, c.steps = z.c7_steps;
+        c.lr_floor = 0.1;
+        jobs.push_back(train_job(c7_key(arm, seed), c, false));
+      }
+  }
+  if (opt.wants(8) && z.c8_deep && !opt.seeds.empty()) {
+    const int seed = opt.seeds.front();
+    for (auto [arm, p] : {std::pair{"post", nn::Placement::kPost}, std::pair{"pre", nn::Placement::kPre}}) {
+      nn::TrainConfig c = base_train(z, opt, seed);
+      c.model.layers = z.c8_layers, c.model.placement = p;
+      c.schedule = nn::ScheduleKind::kLinear, c.warmup = z.c8_warmup, c.lr = z.c8_lr, c.steps = z.c8_steps;
+      jobs.push_back(train_job(c8_key(arm, z.c8_layers, seed), c, true));
+    }
+  }
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.cost > b.cost; });
+  return jobs;
+}
+
+// ---- running one job -------------------------------------------------------------------------------------
+namespace {
+
+void single_thread() {
+  set_num_threads(1);
+  omp_set_num_threads(1);
+}
+
+json run_gradnorms(const json& s) {
+  // The computation of `normlab gradnorms` (tools/cli/cmd_gradnorms.cpp): the same model, sampler seed, batch
+  // order and averaging of squared norms.
+  nn::ModelConfig cfg;
+  cfg.placement = nn::parse_placement(s.at("placement").get<std::string>());
+  cfg.layers = s.at("layers"), cfg.d_model = s.at("d_model"), cfg.heads = s.at("heads"), cfg.ffn = s.at("ffn");
+  const int seq = s.at("seq"), batch = s.at("batch"), batches = s.at("batches");
+  const std::uint64_t seed = s.at("seed").get<std::uint64_t>();
+  cfg.vocab = 256, cfg.max_seq = seq, cfg.seed = seed;
+  nn::Model model(cfg);
+  const nn::LmData data = nn::LmData::load(s.value("data", std::string("fortunes")));
+  nn::BatchSampler sampler(data, seed);
+  std::vector<nn::ParamRef> params = model.params();
+  std::vector<double> sq(params.size(), 0.0);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq)), targets(tokens.size());
+  double loss_sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    sampler.sample(tokens.data(), targets.data(), batch, seq);
+    loss_sum += model.forward(tokens.data(), targets.data(), batch, seq);
+    model.backward();
+    for (std::size_t t = 0; t < params.size(); ++t) {
+      double v = 0;
+      for (Index j = 0; j < params[t].numel(); ++j) v += double(params[t].grad[j]) * params[t].grad[j];
+      sq[t] += v;
+    }
+  }
+  std::vector<double> ffn2(static_cast<std::size_t>(cfg.layers), kNaN), block(static_cast<std::size_t>(cfg.layers), 0.0);
+  json named = json::object();
+  for (std::size_t t = 0; t < params.size(); ++t) {
+    const double norm = std::sqrt(sq[t] / batches);
+    named[params[t].name] = norm;
+    const std::string& n = params[t].name;
+    if (!n.starts_with("blocks.")) continue;
+    const std::size_t dot = n.find('.', 7);
+    const int l = std::stoi(n.substr(7, dot - 7));
+    const std::string rest = n.substr(dot + 1);
+    block[static_cast<std::size_t>(l)] += sq[t] / batches;
+    if (rest == "ffn.w2.weight") ffn2[static_cast<std::size_t>(l)] = norm;
+  }
+  for (double& b : block) b = std::sqrt(b);
+  json f = json::array(), b = json::array();
+  for (double v : ffn2) f.push_back(finite_or_null(v));
+  for (double v : block) b.push_back(finite_or_null(v));
+  return {{"loss", loss_sum / batches}, {"ffn2", f}, {"block", b}, {"params", named}};
+}
+
+json run_train(const json& s, const std::string& work_dir) {
+  namespace fs = std::filesystem;
+  nn::TrainConfig cfg = nn::train_config_from_json(s.at("config").dump());
+  const bool removal = s.value("removal", false);
+  cfg.threads = 1;
+  cfg.log_path = (fs::path(work_dir) / "train.jsonl").string();
+  cfg.checkpoint_dir = removal ? (fs::path(work_dir) / "ckpt").string() : std::string();
+  const nn::TrainResult res = nn::train(cfg);
+  json out;
+  json val = json::array();
+  for (const auto& [step, v] : res.val_losses) val.push_back({step, finite_or_null(v)});
+  json train = json::array();  // mean training loss per 10 updates
+  for (std::size_t i = 0; i < res.losses.size(); i += 10) {
+    double sum = 0;
+    std::size_t n = 0;
+    for (std::size_t k = i; k < std::min(res.losses.size(), i + 10); ++k) sum += res.losses[k], ++n;
+    train.push_back({static_cast<std::int64_t>(i + n), finite_or_null(sum / static_cast<double>(n))});
+  }
+  out["val"] = val;
+  out["train"] = train;
+  out["unigram"] = res.unigram;
+  out["unigram_val"] = res.unigram_val;
+  out["diverged"] = res.diverged;
+  out["message"] = res.message;
+  out["steps_done"] = res.steps_done;
+  out["final_val"] = res.diverged || res.val_losses.empty() ? json(nullptr) : finite_or_null(res.val_losses.back().second);
+  // Token cosine (and block gradient norms) at the first and the last logged update, from the log.
+  std::ifstream log(cfg.log_path);
+  std::string line;
+  json first, last;
+  while (std::getline(log, line)) {
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("token_cosine")) continue;
+    if (first.is_null()) first = j;
+    last = j;
+  }
+  auto pick = [](const json& j, const char* k) { return j.is_object() && j.contains(k) ? j.at(k) : json::array(); };
+  out["cos_init"] = pick(first, "token_cosine");
+  out["cos_final"] = pick(last, "token_cosine");
+  out["block_grad_init"] = pick(first, "block_grad_norms");
+  out["block_grad_final"] = pick(last, "block_grad_norms");
+  if (removal && !res.diverged) {
+    // The computation of `normlab eval --checkpoint DIR --drop-last K / --skip-block I`.
+    const nn::CheckpointMeta meta = nn::read_checkpoint_meta(cfg.checkpoint_dir);
+    nn::Model model(meta.model);
+    nn::load_checkpoint(cfg.checkpoint_dir, meta.model, model.params(), nullptr);
+    const nn::LmData data = nn::LmData::load(cfg.data);
+    auto eval = [&](std::vector<int> skipped) {
+      model.set_skipped_blocks(std::move(skipped));
+      return nn::evaluate(model, data, cfg.seq, cfg.val_windows, cfg.batch);
+    };
+    const int L = meta.model.layers;
+    const double full = eval({});
+    json drop = json::array(), skip = json::array();
+    for (int k = 1; k < L; ++k) {
+      std::vector<int> sk;
+      for (int l = L - k; l < L; ++l) sk.push_back(l);
+      drop.push_back(finite_or_null(eval(sk) - full));
+    }
+    for (int l = 0; l < L; ++l) skip.push_back(finite_or_null(eval({l}) - full));
+    out["removal"] = {{"full", finite_or_null(full)}, {"drop_last", drop}, {"skip", skip}, {"step", meta.step}};
+  }
+  return out;
+}
+
+}  // namespace
+
+json run_job(const json& spec, const std::string& work_dir) {
+  single_thread();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string kind = spec.at("kind");
+  json out;
+  if (kind == "gradnorms")
+    out = run_gradnorms(spec);
+  else if (kind == "train")
+    out = run_train(spec, work_dir);
+  else
+    throw Error(fmt::format("lab: unknown job kind '{}'", kind));
+  out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+// ---- claim 2: LayerNorm vs BatchNorm on synthetic activations (kernel level) ------------------------------
+// Activations x [B, C, T] (C = 16 features, T frames): per-feature offsets and scales, per-sample gains.
+// LayerNorm normalizes each (b, t) over C (axes {1}); BatchNorm each feature c over (B, T) (channel axis 1).
+struct Acts {
+  Index B, C, T;
+  std::vector<float> x;
+};
+
+Acts make_acts(std::mt19937_64& rng, Index B, Index C, Index T) {
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<float> off(static_cast<std::size_t>(C)), sc(static_cast<std::size_t>(C));
+  for (Index c = 0; c < C; ++c) off[c] = 2.f * n(rng), sc[c] = 0.5f + std::fabs(n(rng));
+  Acts a{B, C, T, std::vector<float>(static_cast<std::size_t>(B * C * T))};
+  for (Index b = 0; b < B; ++b) {
+    const float gain = 0.5f + 1.5f * std::fabs(n(rng));
+    for (Index c = 0; c < C; ++c)
+      for (Index t = 0; t < T; ++t) a.x[static_cast<std::size_t>((b * C + c) * T + t)] = gain * (off[c] + sc[c] * n(rng));
+  }
+  return a;
+}
+
+std::vector<float> ln_out(const std::vector<float>& x, Index B, Index C, Index T) {
+  std::vector<float> y(x.size());
+  layer_norm_forward(View(y.data(), Dims{B, C, T}), View{}, View{}, ConstView(x.data(), Dims{B, C, T}), ConstView{},
+                     ConstView{}, Axes{1}, 1e-5);
+  return y;
+}
+
+std::vector<float> bn_out(const std::vector<float>& x, Index B, Index C, Index T, View rm = {}, View rv = {},
+                          bool training = true) {
+  std::vector<float> y(x.size());
+  BatchNormOptions o;
+  o.training = training;
+  batch_norm_forward(View(y.data(), Dims{B, C, T}), View{}, View{}, rm, rv, nullptr, ConstView(x.data(), Dims{B, C, T}),
+                     ConstView{}, ConstView{}, {}, o);
+  return y;
+}
+
+// max |a − b| over sample b < nb, all c, frames t < nt; a has T frames per row, bb has Tb.
+double max_diff(const std::vector<float>& a, Index Ta, const std::vector<float>& bb, Index Tb, Index nb, Index C, Index nt) {
+  double m = 0;
+  for (Index b = 0; b < nb; ++b)
+    for (Index c = 0; c < C; ++c)
+      for (Index t = 0; t < nt; ++t)
+        m = std::max(m, std::fabs(double(a[static_cast<std::size_t>((b * C + c) * Ta + t)]) -
+                                  double(bb[static_cast<std::size_t>((b * C + c) * Tb + t)])));
+  return m;
+}
+
+Claim2Seed measure_claim2(int seed) {
+  constexpr Index C = 16, T = 24;
+  std::mt19937_64 rng(0xC1A1u + static_cast<std::uint64_t>(seed));
+  Claim2Seed r;
+  r.seed = seed;
+  // (a) batch 64 vs its first 2 samples.
+  const Acts big = make_acts(rng, 64, C, T);
+  const std::vector<float> small(big.x.begin(), big.x.begin() + 2 * C * T);
+  r.ln_batch = max_diff(ln_out(big.x, 64, C, T), T, ln_out(small, 2, C, T), T, 2, C, T);
+  r.bn_batch = max_diff(bn_out(big.x, 64, C, T), T, bn_out(small, 2, C, T), T, 2, C, T);
+  // (b) train vs eval: running statistics from 20 batches of 2, then the same batch in both modes.
+  std::vector<float> rm(C, 0.f), rv(C, 1.f);
+  for (int i = 0; i < 20; ++i) {
+    const std::vector<float> xb(big.x.begin() + 2 * i * C * T, big.x.begin() + 2 * (i + 1) * C * T);
+    bn_out(xb, 2, C, T, View(rm.data(), Dims{C}), View(rv.data(), Dims{C}), true);
+  }
+  r.bn_train_eval = max_diff(bn_out(small, 2, C, T), T,
+                             bn_out(small, 2, C, T, View(rm.data(), Dims{C}), View(rv.data(), Dims{C}), false), T, 2,
+                             C, T);
+  // (c) zero padding after T real frames, padding fractions 0.25, 0.5, 0.75 (unmasked BatchNorm).
+  const Acts base = make_acts(rng, 4, C, T);
+  const std::vector<float> ln0 = ln_out(base.x, 4, C, T), bn0 = bn_out(base.x, 4, C, T);
+  for (double frac : {0.25, 0.5, 0.75}) {
+    const Index Tp = static_cast<Index>(std::lround(T / (1 - frac)));
+    std::vector<float> xp(static_cast<std::size_t>(4 * C * Tp), 0.f);
+    for (Index b = 0; b < 4; ++b)
+      for (Index c = 0; c < C; ++c)
+        for (Index t = 0; t < T; ++t)
+          xp[static_cast<std::size_t>((b * C + c) * Tp + t)] = base.x[static_cast<std::size_t>((b * C + c) * T + t)];
+    r.ln_pad = std::max(r.ln_pad, max_diff(ln_out(xp, 4, C, Tp), Tp, ln0, T, 4, C, T));
+    r.bn_pad = std::max(r.bn_pad, max_diff(bn_out(xp, 4, C, Tp), Tp, bn0, T, 4, C, T));
+  }
+  // (d) the special case: one sample's C features as BatchNorm's [1, 1, C] (one channel, C positions) vs
+  // LayerNorm over its C features.
+  std::vector<float> one(base.x.begin(), base.x.begin() + C);  // sample 0, frame-major slice of C values
+  std::vector<float> y_ln(C), y_bn(C);
+  layer_norm_forward(View(y_ln.data(), Dims{C}), View{}, View{}, ConstView(one.data(), Dims{C}), ConstView{}, ConstView{},
+                     Axes{0}, 1e-5);
+  BatchNormOptions o;
+  batch_norm_forward(View(y_bn.data(), Dims{1, 1, C}), View{}, View{}, View{}, View{}, nullptr,
+                     ConstView(one.data(), Dims{1, 1, C}), ConstView{}, ConstView{}, {}, o);
+  for (Index i = 0; i < C; ++i) r.special = std::max(r.special, std::fabs(double(y_ln[i]) - double(y_bn[i])));
+  return r;
+}
+
+// ---- assembling the claims ----------------------------------------------------------------------------------
+namespace {
+
+double num(const json& j) { return j.is_number() ? j.get<double>() : kNaN; }
+std::vector<double> nums(const json& j) {
+  std::vector<double> v;
+  if (j.is_array())
+    for (const auto& x : j) v.push_back(num(x));
+  return v;
+}
+
+// Collects the outputs of the given keys; reports missing/failed ones.
+struct Gather {
+  explicit Gather(const json& o) : outputs(o) {}
+  const json& outputs;
+  std::vector<std::string> missing;
+  double wall = 0;
+  std::vector<std::string> commands;
+  const json* get(const std::string& key, const std::vector<Job>& jobs) {
+    for (const Job& j : jobs)
+      if (j.key == key)
+        for (const std::string& c : j.commands)
+          if (std::find(commands.begin(), commands.end(), c) == commands.end()) commands.push_back(c);
+    if (!outputs.contains(key)) {
+      missing.push_back(key + ": not run");
+      return nullptr;
+    }
+    const json& o = outputs.at(key);
+    if (o.contains("error")) {
+      missing.push_back(key + ": " + o.at("error").get<std::string>());
+      return nullptr;
+    }
+    wall += o.value("seconds", 0.0);
+    return &o;
+  }
+  std::string failures() const {
+    std::string s;
+    for (const std::string& m : missing) s += (s.empty() ? "" : "; ") + m;
+    return s;
+  }
+};
+
+ClaimResult make(int id, const std::string& section, const std::string& title, const std::string& claim) {
+  ClaimResult c;
+  c.id = id, c.section = section, c.title = title, c.claim = claim;
+  return c;
+}
+
+void finish(ClaimResult& c, const LabOptions& opt, Gather& g, RuleResult rule) {
+  c.command = lab_command(opt, c.id);
+  c.run_commands.insert(c.run_commands.end(), g.commands.begin(), g.commands.end());
+  c.wall_s += g.wall;
+  if (!g.missing.empty()) {
+    rule.verdict = Verdict::kInconclusive;
+    rule.reason = "runs failed or missing (" + g.failures() + "); " + rule.reason;
+  }
+  c.verdict = std::move(rule);
+}
+
+json run_entry(const std::string& arm, int seed, const json& o) {
+  return {{"arm", arm},
+          {"seed", seed},
+          {"val", o.at("val")},
+          {"train", o.at("train")},
+          {"final_val", o.at("final_val")},
+          {"diverged", o.at("diverged")},
+          {"message", o.at("message")},
+          {"unigram_val", o.at("unigram_val")},
+          {"seconds", o.value("seconds", 0.0)}};
+}
+
+json train_config_summary(const Sizes& z, int layers) {
+  return {{"layers", layers}, {"d_model", z.d}, {"heads", z.heads}, {"ffn", z.ffn}, {"seq", z.seq},
+          {"batch", z.batch}, {"val_windows", z.val_windows}, {"eval_every", z.eval_every},
+          {"optimizer", "adamw β=(0.9, 0.98) eps 1e-9, no clipping"}, {"data", "fortunes (byte-level)"}};
+}
+
+}  // namespace
+
+std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, const std::vector<ExtraCheck>& extra) {
+  const Sizes z = sizes(opt.quick);
+  const std::vector<Job> jobs = plan_jobs(opt);
+  std::vector<ClaimResult> claims;
+
+  if (opt.wants(1)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ClaimResult c = make(1, "layernorm-math", "LayerNorm is per-sample normalization over one layer's features",
+                         "LayerNorm = per-sample normalization over the features of one layer. Layer output [1,2,3] → "
+                         "mean 2; the 2×3 speech example [[1,2,3],[3,4,5]] over F → [[-1,-1,-1],[1,1,1]]; over T → "
+                         "rows ≈ [-1.22, 0, 1.22].");
+    const WorkedExamples w = run_worked_examples();
+    Claim1Input in{w.num_checks(), w.num_failed()};
+    json ex = json::array();
+    for (const ExtraCheck& e : extra) {
+      in.checks += 1, in.failed += e.passed ? 0 : 1;
+      ex.push_back({{"name", e.name}, {"passed", e.passed}, {"detail", e.detail}});
+    }
+    c.measured = true;
+    c.config = {{"eps", 0}, {"kernel", "normlab::layer_norm_forward"}, {"exercise_seed", 0}};
+    c.data = {{"worked_examples", worked_examples_json(w)}, {"exercise_checks", ex}};
+    SeedValues sv;
+    sv.seed = 0;
+    for (const WorkedExample& e : w.examples)
+      for (const ExampleCheck& k : e.checks) sv.values[e.name + "." + k.quantity + ".max_abs_err"] = k.max_abs_err;
+    c.per_seed.push_back(sv);
+    c.run_commands = {"normlab lab --only 1", "normlab exercise --seed 0",
+                      "normlab norm layer x.npy -o y.npy --axes 0 --eps 0   # x = [1,2,3]"};
+    c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Gather g(outputs);
+    finish(c, opt, g, rule_claim1(in));
+    claims.push_back(std::move(c));
+  }
+
+  if (opt.wants(2)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ClaimResult c = make(2, "ln-vs-bn", "LayerNorm does not depend on the batch; BatchNorm does",
+                         "LayerNorm does not depend on batch size or padding; BatchNorm does (small batches are noisy, "
+                         "train and eval differ, padded zeros change the statistics). Batch size 1 with the right "
+                         "layout makes them coincide numerically.");
+    c.measured = true;
+    c.note = "Measured at the kernel level (layer_norm_forward, batch_norm_forward in training mode, unmasked) on "
+             "synthetic activations [B, C=16, T=24] with per-feature offsets and per-sample gains: the same sample "
+             "in a batch of 64 vs 2, zero padding to fractions 0.25/0.5/0.75, train vs eval mode with running "
+             "statistics from 20 batches of 2, and batch 1 with one channel over the features. lab.md's trained "
+             "designs (next-byte MLP at batch 64 vs 2; 2-layer Transformer with padding) are not run yet.";
+    c.config = {{"C", 16}, {"T", 24}, {"batch", {64, 2}}, {"padding_fractions", {0.25, 0.5, 0.75}}, {"eps", 1e-5},
+                {"seeds", opt.seeds}};
+    std::vector<Claim2Seed> seeds;
+    for (int seed : opt.seeds) {
+      const Claim2Seed s = measure_claim2(seed);
+      seeds.push_back(s);
+      c.per_seed.push_back({seed, {{"ln_batch", s.ln_batch}, {"bn_batch", s.bn_batch}, {"ln_pad", s.ln_pad},
+                                   {"bn_pad", s.bn_pad}, {"bn_train_eval", s.bn_train_eval},
+                                   {"batch1_bn_vs_ln", s.special}}});
+    }
+    c.data = {{"kind", "kernel-level"}};
+    c.run_commands = {"normlab lab --only 2", "normlab norm batch --help", "normlab norm layer --help"};
+    c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Gather g(outputs);
+    finish(c, opt, g, rule_claim2(seeds));
+    claims.push_back(std::move(c));
+  }
+
+  if (opt.wants(3)) {
+    ClaimResult c = make(3, "f-vs-t", "F-normalization vs T-normalization (CMVN) on speech features",
+                         "F-normalization removes frame-level level differences and keeps the spectral shape; "
+                         "T-normalization (CMVN) removes per-band bias and keeps each band's time course; F-norm is "
+                         "causal and per-frame, T-norm needs the whole window; T statistics are noisy for short "
+                         "utterances.");
+    c.note = "Planned design: shared/reference/speech.md (segment-wise gain separates the axes; a constant gain does "
+             "not).";
+    Gather g(outputs);
+    finish(c, opt, g,
+           rule_not_measured("not yet measured: the speech F-vs-T experiment is not implemented in the lab yet"));
+    c.run_commands = {"normlab speech-data --out DIR", "normlab fbank IN.wav -o OUT.npy", "normlab norm cmvn --help"};
+    claims.push_back(std::move(c));
+  }
+
+  // Claims 4 and 5 share the gradient runs.
+  if (opt.wants(4) || opt.wants(5)) {
+    Gather g(outputs);
+    std::vector<GradSeed> seeds;
+    json profiles = json::array();
+    for (int seed : opt.seeds) {
+      GradSeed gs;
+      gs.seed = seed;
+      bool complete = true;
+      for (const char* p : {"post", "pre"})
+        for (int L : z.depths) {
+          const json* o = g.get(grad_key(p, L, seed), jobs);
+          if (!o) {
+            complete = false;
+            continue;
+          }
+          GradProfile prof{L, nums(o->at("ffn2")), nums(o->at("block"))};
+          profiles.push_back({{"placement", p}, {"layers", L}, {"seed", seed}, {"ffn2", o->at("ffn2")},
+                              {"block", o->at("block")}, {"loss", o->at("loss")}});
+          (std::string(p) == "post" ? gs.post : gs.pre).push_back(std::move(prof));
+        }
+      if (complete) seeds.push_back(std::move(gs));
+    }
+    const json config = {{"depths", z.depths}, {"d_model", z.g_d}, {"heads", z.g_heads}, {"ffn", z.g_ffn},
+                         {"seq", z.g_seq},     {"batch", z.g_batch}, {"batches", z.g_batches},
+                         {"loss", "mean cross-entropy over all predicted tokens, at initialization"},
+                         {"averaging", "squared gradient norms averaged over the batches, then square-rooted"}};
+    if (opt.wants(4)) {
+      ClaimResult c = make(4, "placement", "Pre-LN keeps an identity path; Post-LN sends gradients through every LN",
+                           "Pre-LN keeps an identity path (∂x_{l+1}/∂x_l = I + …); Post-LN sends gradients through "
+                           "every LN Jacobian.");
+      c.measured = true;
+      c.config = config;
+      c.data = {{"profiles", profiles}};
+      c.note = quick_note(opt.quick) +
+               "Measured on the per-block parameter gradient norms ‖∇θ_l‖ at initialization (the same runs as claim 5): "
+               "nn::Model exposes no per-layer ∂L/∂x_l accessor, so the identity path is seen through how much "
+               "gradient reaches the input-side block relative to the output-side block.";
+      for (const GradSeed& s : seeds) {
+        SeedValues sv{s.seed, json::object()};
+        for (std::size_t i = 0; i < s.post.size(); ++i) {
+          const auto& po = s.post[i].block;
+          const auto& pr = s.pre[i].block;
+          if (!po.empty()) sv.values[fmt::format("r_post_L{}", s.post[i].layers)] = finite_or_null(po.front() / po.back());
+          if (!pr.empty()) sv.values[fmt::format("r_pre_L{}", s.pre[i].layers)] = finite_or_null(pr.front() / pr.back());
+        }
+        c.per_seed.push_back(sv);
+      }
+      Gather g4 = g;
+      finish(c, opt, g4, rule_claim4(seeds));
+      claims.push_back(std::move(c));
+    }
+    if (opt.wants(5)) {
+      ClaimResult c = make(5, "gradient-flow", "Gradient norms at initialization (Xiong et al. 2020)",
+                           "At initialization Post-LN's gradients are large near the output and grow relative to the "
+                           "input layers with depth; Pre-LN's last-layer gradient shrinks like 1/√L.");
+      c.measured = true;
+      c.config = config;
+      c.data = {{"profiles", profiles}};
+      c.note = quick_note(opt.quick) + "Same computation as `normlab gradnorms` (one process per run, 1 thread).";
+      for (const GradSeed& s : seeds) {
+        SeedValues sv{s.seed, json::object()};
+        std::vector<double> d, last;
+        for (const GradProfile& p : s.post)
+          if (!p.ffn2.empty()) sv.values[fmt::format("post_last_over_first_L{}", p.layers)] = finite_or_null(p.ffn2.back() / p.ffn2.front());
+        for (const GradProfile& p : s.pre)
+          if (!p.ffn2.empty()) {
+            sv.values[fmt::format("pre_last_L{}", p.layers)] = finite_or_null(p.ffn2.back());
+            d.push_back(p.layers), last.push_back(p.ffn2.back());
+          }
+        sv.values["pre_last_slope"] = finite_or_null(loglog_slope(d, last));
+        c.per_seed.push_back(sv);
+      }
+      finish(c, opt, g, rule_claim5(seeds));
+      claims.push_back(std::move(c));
+    }
+  }
+
+  // Claim 6's runs (also the trained models of claims 8 and 9).
+  std::map<std::pair<std::string, int>, const json*> c6;
+  Gather g6(outputs);
+  if (opt.wants(6) || opt.wants(8) || opt.wants(9))
+    for (int seed : opt.seeds)
+      for (const Arm& a : c6_arms(z)) c6[{a.name, seed}] = g6.get(c6_key(a.name, seed), jobs);
+  auto c6_config = [&] {
+    json arms = json::array();
+    for (const Arm& a : c6_arms(z))
+      arms.push_back({{"arm", a.name}, {"placement", nn::placement_name(a.placement)},
+                      {"schedule", nn::schedule_name(a.schedule)}, {"warmup", a.warmup}});
+    json c = train_config_summary(z, z.c6_layers);
+    c["lr"] = z.c6_lr, c["steps"] = z.c6_steps, c["arms"] = arms, c["seeds"] = opt.seeds;
+    return c;
+  };
+
+  if (opt.wants(6)) {
+    ClaimResult c = make(6, "warmup", "Post-LN needs learning-rate warmup; Pre-LN trains without it",
+                         "Post-LN needs learning-rate warmup; Pre-LN trains without it.");
+    c.measured = true;
+    c.config = c6_config();
+    c.note = quick_note(opt.quick) + "\"Failure\" means stuck at the unigram level U (or a divergence), not NaN.";
+    std::vector<Claim6Seed> seeds;
+    json runs = json::array();
+    double unigram = kNaN;
+    for (int seed : opt.seeds) {
+      Claim6Seed s{seed};
+      SeedValues sv{seed, json::object()};
+      bool ok = true;
+      for (const Arm& a : c6_arms(z)) {
+        const json* o = c6[{a.name, seed}];
+        if (!o) {
+          ok = false;
+          continue;
+        }
+        runs.push_back(run_entry(a.name, seed, *o));
+        const double f = o->at("diverged").get<bool>() ? kNaN : num(o->at("final_val"));
+        s.unigram = num(o->at("unigram_val"));
+        unigram = s.unigram;
+        sv.values[a.name] = finite_or_null(f);
+        // Informational (not in the rule): the validation loss at the end of the warmup (lab.md: "the arms
+        // separate by step 200").
+        for (const auto& pt : o->at("val"))
+          if (pt.at(0).get<std::int64_t>() == z.c6_warmup)
+            sv.values[fmt::format("{}@{}", a.name, z.c6_warmup)] = pt.at(1);
+        if (a.name == "post-nowarmup") s.post_nowarmup = f;
+        if (a.name == "post-warmup") s.post_warmup = f;
+        if (a.name == "pre-nowarmup") s.pre_nowarmup = f;
+      }
+      sv.values["unigram"] = finite_or_null(s.unigram);
+      c.per_seed.push_back(sv);
+      if (ok) seeds.push_back(s);
+    }
+    c.data = {{"runs", runs}, {"unigram_val", finite_or_null(unigram)}};
+    finish(c, opt, g6, rule_claim6(seeds));
+    c.run_commands.erase(std::remove_if(c.run_commands.begin(), c.run_commands.end(),
+                                        [](const std::string& s) { return s.starts_with("normlab eval"); }),
+                         c.run_commands.end());
+    claims.push_back(std::move(c));
+  }
+
+  if (opt.wants(7)) {
+    ClaimResult c = make(7, "placement", "At shallow depth a well-tuned Post-LN can end slightly better than Pre-LN",
+                         "At shallow depth (≤ 6 layers) a well-tuned Post-LN can end slightly better than Pre-LN.");
+    c.measured = true;
+    json cfg = train_config_summary(z, z.c7_layers);
+    cfg["lr"] = z.c7_lr, cfg["schedule"] = "cosine", cfg["warmup"] = z.c7_warmup, cfg["lr_floor"] = 0.1,
+    cfg["steps"] = z.c7_steps, cfg["arms"] = {"post", "pre"}, cfg["seeds"] = opt.seeds;
+    c.config = cfg;
+    c.note = quick_note(opt.quick) + "Paired: both arms of a seed share the initialization seed, batches and "
+                                     "validation windows.";
+    Gather g(outputs);
+    std::vector<Claim7Seed> seeds;
+    json runs = json::array();
+    for (int seed : opt.seeds) {
+      const json* po = g.get(c7_key("post", seed), jobs);
+      const json* pr = g.get(c7_key("pre", seed), jobs);
+      if (po) runs.push_back(run_entry("post", seed, *po));
+      if (pr) runs.push_back(run_entry("pre", seed, *pr));
+      if (!po || !pr) continue;
+      Claim7Seed s{seed, num(po->at("unigram_val")), num(po->at("final_val")), num(pr->at("final_val"))};
+      seeds.push_back(s);
+      c.per_seed.push_back({seed, {{"post", finite_or_null(s.post)}, {"pre", finite_or_null(s.pre)},
+                                   {"d", finite_or_null(s.post - s.pre)}}});
+    }
+    c.data = {{"runs", runs}};
+    finish(c, opt, g, rule_claim7(seeds));
+    claims.push_back(std::move(c));
+  }
+
+  if (opt.wants(8)) {
+    ClaimResult c = make(8, "layer-utilization", "Pre-LN's deep layers are under-used",
+                         "Pre-LN's deep layers are under-used: removing them costs little; Post-LN's cost a lot.");
+    c.measured = true;
+    json cfg = c6_config();
+    cfg["compared"] = {"pre-warmup", "post-warmup"};
+    cfg["removal"] = "validation loss increase: drop the last k blocks (k = 1..L-1); skip each block alone";
+    if (z.c8_deep)
+      cfg["deep"] = {{"layers", z.c8_layers}, {"lr", z.c8_lr}, {"schedule", "linear"}, {"warmup", z.c8_warmup},
+                     {"steps", z.c8_steps}, {"seed", opt.seeds.empty() ? 0 : opt.seeds.front()},
+                     {"arms", {"post", "pre (control on Post-LN's schedule)"}}};
+    c.config = cfg;
+    c.note = quick_note(opt.quick) +
+             "The rule compares the 6-layer Pre-LN and Post-LN models trained with the same warmup schedule (claim 6's "
+             "warmup arms), so the comparison is not a schedule artefact." +
+             (z.c8_deep ? " The 12-layer pair (one seed) is shown for reference and does not enter the rule." : "");
+    std::vector<Claim8Seed> seeds;
+    json removal = json::array();
+    auto add_removal = [&](const std::string& arm, int seed, int layers, const json* o) {
+      if (!o || !o->contains("removal")) return;
+      const json& r = o->at("removal");
+      removal.push_back({{"arm", arm}, {"seed", seed}, {"layers", layers}, {"full", r.at("full")},
+                         {"drop_last", r.at("drop_last")}, {"skip", r.at("skip")}});
+    };
+    for (int seed : opt.seeds) {
+      const json* pre = c6[{"pre-warmup", seed}];
+      const json* post = c6[{"post-warmup", seed}];
+      add_removal("pre-warmup", seed, z.c6_layers, pre);
+      add_removal("post-warmup", seed, z.c6_layers, post);
+      add_removal("pre-nowarmup", seed, z.c6_layers, c6[{"pre-nowarmup", seed}]);
+      if (!pre || !post) continue;
+      Claim8Seed s{seed, num(pre->at("unigram_val")), kNaN, kNaN, {}, {}};
+      if (pre->contains("removal")) s.pre_full = num(pre->at("removal").at("full")), s.pre_skip = nums(pre->at("removal").at("skip"));
+      if (post->contains("removal"))
+        s.post_full = num(post->at("removal").at("full")), s.post_skip = nums(post->at("removal").at("skip"));
+      seeds.push_back(s);
+      c.per_seed.push_back({seed, {{"D_pre", finite_or_null(deep_skip_mean(s.pre_skip))},
+                                   {"D_post", finite_or_null(deep_skip_mean(s.post_skip))},
+                                   {"pre_full", finite_or_null(s.pre_full)},
+                                   {"post_full", finite_or_null(s.post_full)}}});
+    }
+    Gather g = g6;
+    json deep = json::array();
+    if (z.c8_deep && !opt.seeds.empty()) {
+      const int seed = opt.seeds.front();
+      for (const char* arm : {"post", "pre"}) {
+        const json* o = g.get(c8_key(arm, z.c8_layers, seed), jobs);
+        if (!o) continue;
+        json e = run_entry(arm, seed, *o);
+        if (o->contains("removal")) e["removal"] = o->at("removal");
+        deep.push_back(e);
+      }
+    }
+    c.data = {{"removal", removal}, {"deep", deep}};
+    finish(c, opt, g, rule_claim8(seeds));
+    claims.push_back(std::move(c));
+  }
+
+  if (opt.wants(9)) {
+    ClaimResult c = make(9, "layer-utilization", "Token representations become similar late in training",
+                         "Late in training, token representations can become similar (collapse); measured as the "
+                         "mean pairwise cosine similarity of tokens per layer.");
+    c.measured = true;
+    c.config = c6_config();
+    c.note = quick_note(opt.quick) +
+             "Cosine over the tokens of the training batch at the first and the last logged update (Model::token_cosine, "
+             "the training log's token_cosine), for claim 6's runs.";
+    std::vector<Claim9Seed> seeds;
+    json cos = json::array();
+    for (int seed : opt.seeds) {
+      Claim9Seed s{seed, {}};
+      SeedValues sv{seed, json::object()};
+      for (const Arm& a : c6_arms(z)) {
+        const json* o = c6[{a.name, seed}];
+        if (!o) continue;
+        const double f = o->at("diverged").get<bool>() ? kNaN : num(o->at("final_val"));
+        const double u = num(o->at("unigram_val"));
+        Claim9Arm arm{a.name, std::isfinite(f) && f <= u - kThresholds.trained_margin, nums(o->at("cos_init")),
+                      nums(o->at("cos_final"))};
+        cos.push_back({{"arm", a.name}, {"seed", seed}, {"trained", arm.trained}, {"cos_init", o->at("cos_init")},
+                       {"cos_final", o->at("cos_final")}});
+        if (!arm.cos_final.empty())
+          sv.values[a.name + "_last_layer_final"] = finite_or_null(arm.cos_final.back());
+        s.arms.push_back(std::move(arm));
+      }
+      c.per_seed.push_back(sv);
+      seeds.push_back(std::move(s));
+    }
+    c.data = {{"cosine", cos}};
+    // Informational: arms that did not train are outside the rule, but their similarity is reported.
+    std::string untrained;
+    for (const Claim9Seed& s : seeds)
+      for (const Claim9Arm& a : s.arms)
+        if (!a.trained && !a.cos_final.empty())
+          untrained += fmt::format("{}{} seed {}: {:.3g}", untrained.empty() ? "" : ", ", a.arm, s.seed,
+                                   *std::max_element(a.cos_final.begin(), a.cos_final.end()));
+    if (!untrained.empty())
+      c.note += " Arms that did not train (outside the rule), max final token cosine: " + untrained + ".";
+    Gather g = g6;
+    finish(c, opt, g, rule_claim9(seeds));
+    c.run_commands.erase(std::remove_if(c.run_commands.begin(), c.run_commands.end(),
+                                        [](const std::string& s) { return s.starts_with("normlab eval"); }),
+                         c.run_commands.end());
+    claims.push_back(std::move(c));
+  }
+
+  std::sort(claims.begin(), claims.end(), [](const ClaimResult& a, const ClaimResult& b) { return a.id < b.id; });
+  return claims;
+}
+
+}  // namespace normlab::lab

@@ -148,6 +148,29 @@ def plot_claim2(c, out_dir):
     return [save(fig, out_dir, "claim2_ln_vs_bn.png")]
 
 
+C3_PLOTTED = ["f-ln", "t-cmvn", "t-then-f", "f-then-t"]  # unit-variance front ends: one scale
+
+
+def plot_claim3(c, out_dir):
+    res = c.get("data", {}).get("residuals")
+    if not res:
+        return []
+    mean = res["mean"]
+    kinds = [k for k in res["corruptions"] if k != "clean"]
+    fes = [f for f in C3_PLOTTED if f in res["front_ends"]]
+    colors = {"f-ln": "#0969da", "t-cmvn": "#cf222e", "t-then-f": "#8250df", "f-then-t": "#1a7f37"}
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    w = 0.8 / max(len(fes), 1)
+    for i, fe in enumerate(fes):
+        xs = [j + (i - (len(fes) - 1) / 2) * w for j in range(len(kinds))]
+        ax.bar(xs, [num(mean.get(k, {}).get(fe)) for k in kinds], width=w, color=colors.get(fe), label=fe)
+    ax.set_xticks(range(len(kinds)), kinds, fontsize=8)
+    ax.set_ylabel("mean RMS residual (unit-variance features)")
+    ax.set_title(f"N(clean) vs N(corrupted), {res.get('utterances', '?')} test utterances")
+    ax.legend(fontsize=8)
+    return [save(fig, out_dir, "claim3_residuals.png")]
+
+
 def grad_profiles(c):
     return c["data"].get("profiles", [])
 
@@ -327,7 +350,7 @@ def plot_claim9(c, out_dir):
     return [save(fig, out_dir, "claim9_token_cosine.png")]
 
 
-PLOTTERS = {1: plot_claim1, 2: plot_claim2, 4: plot_claim4, 5: plot_claim5, 6: plot_claim6, 7: plot_claim7, 8: plot_claim8,
+PLOTTERS = {1: plot_claim1, 2: plot_claim2, 3: plot_claim3, 4: plot_claim4, 5: plot_claim5, 6: plot_claim6, 7: plot_claim7, 8: plot_claim8,
             9: plot_claim9}
 
 
@@ -367,6 +390,30 @@ def run_table(c):
     return table(rows, ["arm", "seed", "final val loss", "unigram U", "diverged", "seconds"]) if rows else ""
 
 
+def claim3_table(c):
+    res = c.get("data", {}).get("residuals")
+    if not res:
+        return ""
+    fes = res["front_ends"]
+    rows = [[k] + [res["mean"].get(k, {}).get(fe) for fe in fes] for k in res["corruptions"]]
+    rows.append(["scale (RMS of N(clean))"] + [res.get("scale", {}).get(fe) for fe in fes])
+    return ("<h4>Mean residual per corruption (rows) and front end (columns)</h4>" +
+            table(rows, ["corruption"] + fes) +
+            "<p>none and the means-only columns (t-cmn, f-mean, *-mean) are in log-mel units; the others are "
+            "on the scale of unit-variance features (see the scale row).</p>")
+
+
+def claim3_rerun(c):
+    ds = c.get("data", {}).get("dataset", {})
+    lim = f" --limit {ds['limit']}" if ds.get("limit") else ""
+    seed = ds.get("seed", 0)
+    return ("<p><b>Outside the lab:</b> <code class=\"command\">normlab speech-data --out DIR --seed "
+            f"{seed}{lim} &amp;&amp; normlab speech-study --data DIR --no-classifier</code> (these residuals); "
+            "without <code>--no-classifier</code> it also trains the keyword classifier behind each front end "
+            "(part b, not run by the lab: about 8 minutes). Measured numbers and discussion: "
+            "docs/SPEECH_STUDY.md.</p>")
+
+
 def removal_table(c):
     rows = []
     for r in c["data"].get("removal", []):
@@ -404,12 +451,16 @@ def claim_html(c, out_dir):
         parts.append(run_table(c))
     if c["id"] == 8:
         parts.append(removal_table(c))
+    if c["id"] == 3 and c.get("measured"):
+        parts.append(claim3_table(c))
     if c.get("per_seed") and c["id"] != 1:
         parts.append("<h4>Per-seed values read by the rule</h4>" + per_seed_table(c))
     if c.get("config"):
         parts.append("<details><summary>config</summary><pre>" + html.escape(json.dumps(c["config"], indent=1)) +
                      "</pre></details>")
     parts.append(f'<p><b>Rerun alone:</b> <code class="command">{html.escape(c["command"])}</code></p>')
+    if c["id"] == 3 and c.get("measured"):
+        parts.append(claim3_rerun(c))
     if c.get("run_commands"):
         parts.append("<details><summary>the runs as CLI commands</summary><pre>" +
                      html.escape("\n".join(c["run_commands"])) + "</pre></details>")

@@ -21,6 +21,8 @@
 #include "nn/checkpoint.h"
 #include "nn/data.h"
 #include "nn/train.h"
+#include "speech/dataset.h"
+#include "speech/study.h"
 
 namespace normlab::lab {
 
@@ -121,6 +123,12 @@ Job train_job(const std::string& key, const nn::TrainConfig& c, bool removal) {
   return j;
 }
 
+// Claim 3: one run builds the spoken-digit data (speech/dataset.h) into its run directory and computes part (a)
+// of the speech study (speech/study.h): feature residuals per corruption and front end. --quick: --limit 2.
+constexpr const char* kC3Key = "c3-speech";
+constexpr int kC3Seed = 0;
+int c3_limit(bool quick) { return quick ? 2 : 0; }
+
 std::string c6_key(const std::string& arm, int seed) { return fmt::format("c6-{}-s{}", arm, seed); }
 std::string c7_key(const std::string& arm, int seed) { return fmt::format("c7-{}-s{}", arm, seed); }
 std::string c8_key(const std::string& arm, int layers, int seed) {
@@ -166,6 +174,20 @@ std::string lab_command(const LabOptions& opt, int claim) {
 std::vector<Job> plan_jobs(const LabOptions& opt) {
   const Sizes z = sizes(opt.quick);
   std::vector<Job> jobs;
+  if (opt.wants(3)) {
+    Job j;
+    j.key = kC3Key;
+    const int limit = c3_limit(opt.quick);
+    j.spec = {{"kind", "speech"}, {"seed", kC3Seed}, {"limit", limit}, {"renditions", 5}};
+    const std::string lim = limit > 0 ? fmt::format(" --limit {}", limit) : "";
+    j.commands.push_back(fmt::format(
+        "normlab speech-data --out speech-data --seed {}{} && normlab speech-study --data speech-data "
+        "--no-classifier --out study.json",
+        kC3Seed, lim));
+    // Full data set: ~1 min for 3100 clips + 3600 corrupted copies with one espeak-ng/sox pipeline at a time.
+    j.cost = limit > 0 ? 0.5 : 20;
+    jobs.push_back(std::move(j));
+  }
   if (opt.wants(4) || opt.wants(5)) {
     for (int seed : opt.seeds)
       for (const char* p : {"post", "pre"})
@@ -333,6 +355,37 @@ json run_train(const json& s, const std::string& work_dir) {
   return out;
 }
 
+json run_speech(const json& s, const std::string& work_dir) {
+  namespace fs = std::filesystem;
+  const fs::path data_dir = fs::path(work_dir) / "speech-data";
+  speech::SpeechDataOptions d;
+  d.out_dir = data_dir.string();
+  d.seed = s.at("seed").get<std::uint64_t>();
+  d.limit = s.at("limit").get<int>();
+  d.renditions = s.value("renditions", 5);
+  d.jobs = 1;  // one espeak-ng/sox pipeline: the lab runs its jobs in parallel processes
+  const auto t0 = std::chrono::steady_clock::now();
+  const speech::SpeechDataSummary sum = speech::MakeSpeechData(d);
+  const double data_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  speech::StudyOptions st;
+  st.data_dir = d.out_dir;
+  st.classifier = false;  // part (a) only; the classifier is `normlab speech-study`
+  st.threads = 1;
+  st.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  const std::string text = speech::run_speech_study(st);
+  {
+    std::ofstream f(fs::path(work_dir) / "study.json", std::ios::binary | std::ios::trunc);
+    f << text << "\n";
+  }
+  const json study = json::parse(text);
+  return {{"dataset",
+           {{"dir", d.out_dir}, {"seed", d.seed}, {"limit", d.limit}, {"renditions", d.renditions},
+            {"clips", sum.clips}, {"corrupted", sum.corrupted}, {"voices", sum.voices},
+            {"seconds_of_audio", sum.seconds_of_audio}, {"seconds", data_s}}},
+          {"study_config", study.at("config")},
+          {"residuals", study.at("residuals")}};
+}
+
 }  // namespace
 
 json run_job(const json& spec, const std::string& work_dir) {
@@ -344,6 +397,8 @@ json run_job(const json& spec, const std::string& work_dir) {
     out = run_gradnorms(spec);
   else if (kind == "train")
     out = run_train(spec, work_dir);
+  else if (kind == "speech")
+    out = run_speech(spec, work_dir);
   else
     throw Error(fmt::format("lab: unknown job kind '{}'", kind));
   out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -593,12 +648,59 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
                          "T-normalization (CMVN) removes per-band bias and keeps each band's time course; F-norm is "
                          "causal and per-frame, T-norm needs the whole window; T statistics are noisy for short "
                          "utterances.");
-    c.note = "Planned design: shared/reference/speech.md (segment-wise gain separates the axes; a constant gain does "
-             "not).";
+    c.measured = true;
+    const int limit = c3_limit(opt.quick);
+    c.config = {{"data", {{"command", "normlab speech-data"}, {"seed", kC3Seed}, {"limit", limit}, {"renditions", 5},
+                          {"corruptions", std::vector<std::string>(std::begin(speech::kCorruptions), std::end(speech::kCorruptions))}}},
+                {"features", "40-bin Kaldi log-mel filterbanks, dither 0"},
+                {"front_ends", {"none", "f-ln", "t-cmvn", "t-then-f", "f-then-t", "t-cmn", "f-mean",
+                                "t-then-f-mean", "f-then-t-mean"}},
+                {"compared", {"f-ln", "t-cmvn"}},
+                {"residual", "mean over test utterances of sqrt(mean over cells of (N(clean) - N(corrupted))^2)"},
+                {"ln_eps", 1e-5},
+                {"classifier", "not run in the lab (too slow for its budget): normlab speech-study"}};
+    c.note = quick_note(opt.quick) +
+             "Part (a) of `normlab speech-study` (feature residuals) on the spoken-digit data built by `normlab "
+             "speech-data` into the run directory (DIR/runs/c3-speech/speech-data). The keyword classifier (part (b)) "
+             "is not run here: `normlab speech-study --data DIR` runs it (about 8 minutes); its numbers are in "
+             "docs/SPEECH_STUDY.md. Not measured: causality (F-norm per frame vs T-norm over the window) and the "
+             "noise of T statistics on short utterances.";
     Gather g(outputs);
-    finish(c, opt, g,
-           rule_not_measured("not yet measured: the speech F-vs-T experiment is not implemented in the lab yet"));
-    c.run_commands = {"normlab speech-data --out DIR", "normlab fbank IN.wav -o OUT.npy", "normlab norm cmvn --help"};
+    const json* o = g.get(kC3Key, jobs);
+    Claim3Input in{kNaN, kNaN, kNaN, kNaN, kNaN, kNaN};
+    if (o) {
+      const json& res = o->at("residuals");
+      const json& mean = res.at("mean");
+      auto at = [&](const std::string& k, const char* fe) {
+        return mean.contains(k) && mean.at(k).contains(fe) ? num(mean.at(k).at(fe)) : kNaN;
+      };
+      auto gain = [&](const char* fe) {
+        double m = 0;
+        for (const char* k : {"gain+20dB", "gain-20dB", "gain+40dB", "gain-40dB"}) {
+          const double v = at(k, fe);
+          m = std::isnan(v) || std::isnan(m) ? kNaN : std::max(m, v);
+        }
+        return m;
+      };
+      in = {gain("f-ln"), gain("t-cmvn"), at("segment-gain", "f-ln"), at("segment-gain", "t-cmvn"),
+            at("channel", "f-ln"), at("channel", "t-cmvn")};
+      c.data = {{"residuals",
+                 {{"front_ends", res.at("front_ends")}, {"corruptions", res.at("corruptions")},
+                  {"utterances", res.at("utterances")}, {"mean", mean}, {"sd", res.at("sd")}, {"max", res.at("max")},
+                  {"scale", res.at("scale")}}},
+                {"dataset", o->at("dataset")}};
+      c.config["test_utterances"] = res.at("utterances");
+    }
+    c.per_seed.push_back({kC3Seed, {{"gain_f_ln", finite_or_null(in.gain_fln)},
+                                    {"gain_t_cmvn", finite_or_null(in.gain_tcmvn)},
+                                    {"segment_gain_f_ln", finite_or_null(in.seg_fln)},
+                                    {"segment_gain_t_cmvn", finite_or_null(in.seg_tcmvn)},
+                                    {"channel_f_ln", finite_or_null(in.ch_fln)},
+                                    {"channel_t_cmvn", finite_or_null(in.ch_tcmvn)}}});
+    c.run_commands = {lab_command(opt, 3)};
+    finish(c, opt, g, rule_claim3(in));
+    c.run_commands.push_back("normlab speech-data --out speech-data --seed 0 && normlab speech-study --data "
+                             "speech-data --out study.json   # with the classifier (part b), ~8 min");
     claims.push_back(std::move(c));
   }
 

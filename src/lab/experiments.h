@@ -8,6 +8,9 @@
 //   {"kind": "train", "config": {TrainConfig as train_config_json}, "removal": bool} — nn::train, then (removal)
 //    the validation loss with the last k blocks dropped (k = 1..L−1) and with each block skipped alone, the
 //    computation of `normlab eval --drop-last K / --skip-block I` on the final checkpoint.
+//   {"kind": "speech", "seed", "limit", "renditions"} — claim 3: speech::MakeSpeechData into WORK/speech-data
+//    (`normlab speech-data`), then part (a) of speech::run_speech_study (`normlab speech-study --no-classifier`):
+//    feature residuals per corruption and front end.
 // Every arm of a claim uses the same seeds, and the training loop's batches and validation windows depend
 // on the seed only, so comparisons between arms are paired.
 #pragma once

@@ -329,6 +329,38 @@ RuleResult rule_claim9(const std::vector<Claim9Seed>& seeds) {
   return r;
 }
 
+RuleResult rule_claim3(const Claim3Input& in) {
+  RuleResult r;
+  r.rule = fmt::format(
+      "feature residuals (mean over test utterances of the per-cell RMS distance between N(clean) and "
+      "N(corrupted)) for N = F-LN and T-CMVN: constant gain (largest over ±20/±40 dB) ≤ {:g} for both, "
+      "segment-gain residual of F-LN ≤ {:g} × that of T-CMVN, and channel residual of T-CMVN ≤ {:g} × that of "
+      "F-LN → reproduced; segment-gain F-LN > T-CMVN or channel T-CMVN > F-LN (a direction reversed) → "
+      "not-reproduced; otherwise (or a value missing) → inconclusive",
+      T.c3_gain_max, T.c3_ratio, T.c3_ratio);
+  const double v[] = {in.gain_fln, in.gain_tcmvn, in.seg_fln, in.seg_tcmvn, in.ch_fln, in.ch_tcmvn};
+  r.reason = fmt::format(
+      "constant gain: F-LN {}, T-CMVN {}; segment-gain: F-LN {}, T-CMVN {} (ratio {}); channel: T-CMVN {}, F-LN {} "
+      "(ratio {})",
+      num(in.gain_fln), num(in.gain_tcmvn), num(in.seg_fln), num(in.seg_tcmvn), num(in.seg_fln / in.seg_tcmvn),
+      num(in.ch_tcmvn), num(in.ch_fln), num(in.ch_tcmvn / in.ch_fln));
+  if (!std::all_of(std::begin(v), std::end(v), [](double x) { return std::isfinite(x) && x >= 0; })) {
+    r.verdict = Verdict::kInconclusive;
+    r.reason = "a residual is missing or not finite; " + r.reason;
+    return r;
+  }
+  const bool gain = in.gain_fln <= T.c3_gain_max && in.gain_tcmvn <= T.c3_gain_max;
+  const bool seg = in.seg_fln <= T.c3_ratio * in.seg_tcmvn;
+  const bool ch = in.ch_tcmvn <= T.c3_ratio * in.ch_fln;
+  if (in.seg_fln > in.seg_tcmvn || in.ch_tcmvn > in.ch_fln)
+    r.verdict = Verdict::kNotReproduced;
+  else if (gain && seg && ch)
+    r.verdict = Verdict::kReproduced;
+  else
+    r.verdict = Verdict::kInconclusive;
+  return r;
+}
+
 RuleResult rule_not_measured(const std::string& why) {
   return {Verdict::kInconclusive, "not yet measured: no verdict until the experiment runs", why};
 }

@@ -33,6 +33,9 @@ struct Thresholds {
   double c2_invariant = 1e-6;  // LayerNorm: unchanged (fp32 rounding)
   double c2_depends = 1e-3;    // BatchNorm: changes by at least this
   double c2_coincide = 1e-5;   // batch 1, one channel over the features: BN = LN
+  // claim 3: feature residuals sqrt(mean_{t,f} (N(clean) − N(corrupted))²), mean over test utterances.
+  double c3_gain_max = 1e-3;  // a constant gain: removed by both F-LN and T-CMVN (residual ≤ this)
+  double c3_ratio = 0.5;      // segment gain: F-LN ≤ 0.5 × T-CMVN; channel: T-CMVN ≤ 0.5 × F-LN
   // claim 4: r = ‖∇θ(block 1)‖ / ‖∇θ(block L)‖ at the deepest depth (parameter gradients per block).
   double c4_pre_min_ratio = 0.5;   // Pre-LN: the input-side block keeps at least half the output side's
   double c4_post_max_ratio = 0.5;  // Post-LN: the input-side block gets less than half
@@ -71,6 +74,15 @@ struct Claim2Seed {
   double special = 0;                 // batch 1, layout [1, 1, C]: BatchNorm vs LayerNorm
 };
 RuleResult rule_claim2(const std::vector<Claim2Seed>& seeds);
+
+// ---- claim 3: F- vs T-normalization of speech features (speech-study part (a)) ----------------------------
+// Mean residuals over the test utterances; gain_* is the largest over the constant-gain corruptions.
+struct Claim3Input {
+  double gain_fln = 0, gain_tcmvn = 0;  // gain±20dB, gain±40dB
+  double seg_fln = 0, seg_tcmvn = 0;    // segment-gain
+  double ch_fln = 0, ch_tcmvn = 0;      // channel
+};
+RuleResult rule_claim3(const Claim3Input& in);
 
 // ---- claims 4 and 5: gradients at initialization -----------------------------------------------------
 // One seed of one placement at one depth: per-layer values from the input side.

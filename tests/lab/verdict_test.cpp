@@ -133,6 +133,28 @@ TEST(Claim7, Outcomes) {
   // This rule has no corrected form: a small effect either shows in every seed or it does not.
 }
 
+TEST(Claim3, Outcomes) {
+  // The full data set's numbers (docs/SPEECH_STUDY.md): gain 0, segment-gain F-LN 0.246 vs T-CMVN 1.017,
+  // channel T-CMVN 0.109 vs F-LN 0.555.
+  const Claim3Input measured{0, 0, 0.246, 1.017, 0.555, 0.109};
+  EXPECT_EQ(rule_claim3(measured).verdict, Verdict::kReproduced);
+  EXPECT_NE(rule_claim3(measured).rule.find("≤ 0.001"), std::string::npos);
+  EXPECT_NE(rule_claim3(measured).reason.find("0.246"), std::string::npos);
+  // Boundaries: exactly the thresholds still reproduce.
+  EXPECT_EQ(rule_claim3({T.c3_gain_max, T.c3_gain_max, 0.5, 1.0, 1.0, 0.5}).verdict, Verdict::kReproduced);
+  // Either direction reversed → not-reproduced.
+  EXPECT_EQ(rule_claim3({0, 0, 1.017, 0.246, 0.555, 0.109}).verdict, Verdict::kNotReproduced);
+  EXPECT_EQ(rule_claim3({0, 0, 0.246, 1.017, 0.109, 0.555}).verdict, Verdict::kNotReproduced);
+  // The right direction but not by the margin → inconclusive.
+  EXPECT_EQ(rule_claim3({0, 0, 0.8, 1.0, 0.555, 0.109}).verdict, Verdict::kInconclusive);
+  EXPECT_EQ(rule_claim3({0, 0, 0.246, 1.017, 0.555, 0.4}).verdict, Verdict::kInconclusive);
+  // A constant gain not removed → inconclusive (unless a direction is reversed).
+  EXPECT_EQ(rule_claim3({0.01, 0, 0.246, 1.017, 0.555, 0.109}).verdict, Verdict::kInconclusive);
+  EXPECT_EQ(rule_claim3({0, 0.01, 0.246, 1.017, 0.555, 0.109}).verdict, Verdict::kInconclusive);
+  // Missing values → inconclusive.
+  EXPECT_EQ(rule_claim3({0, 0, kNaN, 1.017, 0.555, 0.109}).verdict, Verdict::kInconclusive);
+}
+
 TEST(Claim8, Outcomes) {
   const std::vector<double> small{0.5, 0.2, 0.01, 0.01, 0.02, 0.03}, large{0.9, 0.8, 0.5, 0.4, 0.6, 0.5},
       medium{0.5, 0.4, 0.3, 0.35, 0.4, 0.45};

@@ -1,5 +1,5 @@
 // End-to-end tests of the normalization family on the command line: `normlab norm rms|batch|instance|
-// group|cmvn` and `normlab cmvn-stats`. As in cli_test.cpp (whose fixture this file repeats), each test
+// group|cmvn` and `normlab cmvn-stats`. As in cli_test.cpp (same fixture, tests/support/cli_runner.h), each test
 // runs the built binary (NORMLAB_CLI) in its own temporary directory and compares every output with the
 // direct library call bit for bit; the error cases check exit code 1, "normlab: error: <message>" and that
 // no output file was written.
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cli_runner.h"
 #include "support/random.h"
 #include "support/tolerance.h"
 
@@ -29,75 +30,26 @@ namespace fs = std::filesystem;
 using testing::bitwise_equal;
 using testing::random_tensor;
 
-struct RunResult {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-std::string describe(const RunResult& r) {
-  return "rc " + std::to_string(r.rc) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
-}
+using testing::contains;
+using testing::describe;
+using testing::read_file;
+using testing::RunResult;
 
 #define ASSERT_RUN_OK(r) ASSERT_EQ((r).rc, 0) << describe(r)
 
-class NormFamilyCliTest : public ::testing::Test {
+class NormFamilyCliTest : public testing::CliDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    for (char& c : name)
-      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-    dir_ = fs::temp_directory_path() / ("normlab_cli_nf_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (HasFailure())
-      std::printf("kept test directory %s\n", dir_.c_str());
-    else
-      fs::remove_all(dir_);
-  }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  bool exists(const std::string& name) const { return fs::exists(dir_ / name); }
-
-  RunResult run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_.string() + "' && '" NORMLAB_CLI "' " + args + " >'" +
-                            path("stdout.txt") + "' 2>'" + path("stderr.txt") + "'";
-    const int status = std::system(cmd.c_str());
-    RunResult r;
-    r.rc = (status != -1 && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
-    r.out = read_file(dir_ / "stdout.txt");
-    r.err = read_file(dir_ / "stderr.txt");
-    return r;
-  }
-
-  void save(const std::string& name, const Tensor& t) const { save_npy(path(name), t.cview()); }
   void save_lengths(const std::string& name, const std::vector<Index>& v) const {
     save_npy_index(path(name), v, Dims{static_cast<Index>(v.size())});
   }
   void save_all(const std::vector<std::pair<std::string, const Tensor*>>& files) const {
     for (const auto& [name, t] : files) save(name, *t);
   }
-  Tensor load(const std::string& name) const { return load_npy(path(name)); }
   // Loads `name` and compares it bitwise with `want`.
   ::testing::AssertionResult same(const std::string& name, const Tensor& want) const {
     if (!exists(name)) return ::testing::AssertionFailure() << name << " was not written";
     return bitwise_equal(load(name).cview(), want.cview(), name);
   }
-
-  fs::path dir_;
 };
 
 Tensor positive_tensor(Dims shape, std::mt19937_64& rng) {

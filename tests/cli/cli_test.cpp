@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cli_runner.h"
 #include "support/random.h"
 #include "support/tolerance.h"
 
@@ -33,65 +34,12 @@ namespace fs = std::filesystem;
 using testing::bitwise_equal;
 using testing::random_tensor;
 
-struct RunResult {
-  int rc = -1;  // exit code; -1 when the process did not exit normally
-  std::string out, err;
-};
+using testing::contains;
+using testing::describe;
+using testing::read_file;
+using testing::RunResult;
+using CliTest = testing::CliDirTest;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// A fresh directory per test; removed after a passing test, kept (and printed) after a failing one.
-class CliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    for (char& c : name)
-      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-    dir_ = fs::temp_directory_path() / ("normlab_cli_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (HasFailure())
-      std::printf("kept test directory %s\n", dir_.c_str());
-    else
-      fs::remove_all(dir_);
-  }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  bool exists(const std::string& name) const { return fs::exists(dir_ / name); }
-
-  // Runs `normlab ARGS` in the test directory, capturing stdout and stderr.
-  RunResult run(const std::string& args) const {
-    const std::string cmd = "cd '" + dir_.string() + "' && '" NORMLAB_CLI "' " + args + " >'" +
-                            path("stdout.txt") + "' 2>'" + path("stderr.txt") + "'";
-    const int status = std::system(cmd.c_str());
-    RunResult r;
-    r.rc = (status != -1 && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
-    r.out = read_file(dir_ / "stdout.txt");
-    r.err = read_file(dir_ / "stderr.txt");
-    return r;
-  }
-
-  void save(const std::string& name, const Tensor& t) const { save_npy(path(name), t.cview()); }
-  Tensor load(const std::string& name) const { return load_npy(path(name)); }
-
-  fs::path dir_;
-};
-
-std::string describe(const RunResult& r) {
-  return "rc " + std::to_string(r.rc) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
-}
 
 #define ASSERT_RUN_OK(r) ASSERT_EQ((r).rc, 0) << describe(r)
 

@@ -18,15 +18,11 @@ namespace {
 
 using testing::all_close;
 using testing::bitwise_equal;
+using testing::max_abs;
 using testing::Tol;
 using Lengths = std::vector<Index>;
 using ref::LayerNormGrads;
 
-double max_abs(const ref::DTensor& t) {
-  double m = 0;
-  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
-  return m;
-}
 // The magnitude of the terms that cancel in dx = rstd·(g − mean(g) − x̂·mean(g·x̂)): rstd·|dy|·|γ|. A group
 // of two elements has dx ≡ 0 exactly, so max|dx| alone is no scale.
 double dx_scale(const ref::DTensor& dx, const ref::DTensor& rstd, ConstView dy, ConstView w) {

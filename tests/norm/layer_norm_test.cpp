@@ -17,6 +17,7 @@ namespace {
 
 using testing::all_close;
 using testing::bitwise_equal;
+using testing::max_abs;
 using testing::Tol;
 
 // Runs the forward into fresh tensors and returns them.
@@ -36,12 +37,6 @@ Bwd run_backward(ConstView dy, ConstView x, ConstView w, const Axes& axes, doubl
   Bwd b{Tensor(x.shape()), Tensor(ns), Tensor(ns)};
   layer_norm_backward(b.dx.view(), b.dw.view(), b.db.view(), dy, x, w, axes, eps);
   return b;
-}
-
-double max_abs(const ref::DTensor& t) {
-  double m = 0;
-  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
-  return m;
 }
 
 // ---- the seed's worked examples, exactly ----------------------------------------------------------

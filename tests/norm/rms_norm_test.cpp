@@ -16,13 +16,8 @@ namespace {
 
 using testing::all_close;
 using testing::bitwise_equal;
+using testing::max_abs;
 using testing::Tol;
-
-double max_abs(const ref::DTensor& t) {
-  double m = 0;
-  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
-  return m;
-}
 
 TEST(RmsNorm, HandComputedRow) {
   // rms of (3, 4) = sqrt((9 + 16)/2) = sqrt(12.5); with eps 0: y = (3, 4)/sqrt(12.5).

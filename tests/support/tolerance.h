@@ -24,6 +24,14 @@ struct Tol {
   double bound(double ref) const { return k * FLT_EPSILON * std::max(std::fabs(ref), scale); }
 };
 
+// The largest |value| of a contiguous tensor: the magnitude scale of a quantity, for Tol::scale.
+template <typename T>
+double max_abs(const BasicTensor<T>& t) {
+  double m = 0;
+  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(t[i])));
+  return m;
+}
+
 // Compares every element of `actual` (any strided float view) with `ref` (contiguous double, same
 // shape), reporting the worst element. Returns the worst error in units of the bound.
 template <typename Ref>

@@ -27,6 +27,7 @@ namespace {
 
 using ref::LayerNormGrads;
 using testing::all_close;
+using testing::max_abs;
 using testing::Tol;
 using Lengths = std::vector<Index>;
 
@@ -43,11 +44,6 @@ ConstView view_of(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
   NL_CHECK(c.data_ptr() == t.data_ptr(), "view_of needs a contiguous tensor");
   return ConstView(t.data_ptr<float>(), Dims(std::vector<Index>(t.sizes().begin(), t.sizes().end())));
-}
-double max_abs(const ref::DTensor& t) {
-  double m = 0;
-  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
-  return m;
 }
 // normlab and LibTorch both within budget of the float64 reference, and of each other. normlab's
 // scale is max(max|ref|, floor) (floor: the magnitude of the terms that cancel, for dx). LibTorch forms

@@ -25,13 +25,8 @@ namespace normlab {
 namespace {
 
 using testing::all_close;
+using testing::max_abs;
 using testing::Tol;
-
-double max_abs(const ref::DTensor& t) {
-  double m = 0;
-  for (Index i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t[i]));
-  return m;
-}
 
 at::Tensor torch_copy(ConstView v) {
   Tensor c = Tensor::copy_of(v);

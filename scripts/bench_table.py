@@ -102,9 +102,10 @@ def print_run(run, wide, best):
     load = ", ".join(f"{v:.2f}" for v in ctx.get("load_avg", [])) or "?"
     reps = max((b.get("repetitions", 1) for b in run["benchmarks"]), default=1)
     print(f"### threads = {threads}\n")
+    reduced = " (best of them)" if best and reps > 1 else ""
     print(f"isa: {ctx.get('isa', '?')}, host: {ctx.get('host_name', '?')}, "
-          f"{ctx.get('num_cpus', '?')} CPUs @ {ctx.get('mhz_per_cpu', '?')} MHz, date: {ctx.get('date', '?')}, "
-          f"load average at start: {load}, repetitions: {reps}{' (best of them)' if best and reps > 1 else ''}\n")
+          f"{ctx.get('num_cpus', '?')} CPUs @ {ctx.get('mhz_per_cpu', '?')} MHz, "
+          f"date: {ctx.get('date', '?')}, load average at start: {load}, repetitions: {reps}{reduced}\n")
 
     shapes = sorted({s for (_, _, s) in res}, key=shape_order)
     copy_ref = {}
@@ -112,18 +113,24 @@ def print_run(run, wide, best):
     print("| shape | size | BM_Copy (stores) | BM_CopyStream (NT stores) | copy reference |")
     print("|---|---|---:|---:|---|")
     for s in shapes:
-        plain, stream = res.get(("Copy", "copy", s)), res.get(("CopyStream", "copy", s))
-        cands = [(v, n) for v, n in ((plain, "Copy"), (stream, "CopyStream")) if v is not None]
+        cells, cands = [], []
+        for name in ("Copy", "CopyStream"):
+            key = (name, "copy", s)
+            cells.append(fmt_gbs(res[key]) if key in res else "—")
+            if res.get(key) is not None:
+                cands.append((res[key], name))
         if not cands:
             continue
         best, which = max(cands)
         copy_ref[s] = best
-        print(f"| {s} | {size_class(s)} | {fmt_gbs(plain)} | {fmt_gbs(stream)} | {which} {best:.2f} |")
+        print(f"| {s} | {size_class(s)} | {cells[0]} | {cells[1]} | {which} {best:.2f} |")
     print()
 
     op_order = ["LayerNormFwd", "LayerNormBwd", "LayerNormFwdBFT"]
     ops = sorted({o for (o, i, _) in res if i in IMPLS},
                  key=lambda o: (op_order.index(o) if o in op_order else len(op_order), o))
+    if not ops:
+        return
     if wide:
         head = "| op | shape | size | copy GB/s | " + " | ".join(f"{i} GB/s (% copy)" for i in IMPLS)
         head += " | " + " | ".join(f"normlab/{p}" for p in PEERS) + " |"
@@ -140,9 +147,11 @@ def print_run(run, wide, best):
             ref = copy_ref.get(s)
             nl = vals.get("normlab")
             if wide:
-                cells = [f"{fmt_gbs(vals[i])} ({fmt_frac(vals[i], ref)})" if i in vals else "—" for i in IMPLS]
+                cells = [f"{fmt_gbs(vals[i])} ({fmt_frac(vals[i], ref)})" if i in vals else "—"
+                         for i in IMPLS]
                 ratios = [fmt_ratio(nl, vals.get(p)) or "—" for p in PEERS]
-                print(f"| {op} | {s} | {size_class(s)} | {fmt_gbs(ref)} | " + " | ".join(cells + ratios) + " |")
+                row = [op, s, size_class(s), fmt_gbs(ref)] + cells + ratios
+                print("| " + " | ".join(row) + " |")
             else:
                 for i in IMPLS:
                     if i not in vals:
@@ -158,10 +167,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("inputs", nargs="+", help="Google Benchmark JSON files or combined files")
     ap.add_argument("--combine", metavar="OUT", help="also write all runs into one combined JSON file")
-    ap.add_argument("--wide", action="store_true", help="one row per (op, shape), implementations side by side")
+    ap.add_argument("--wide", action="store_true",
+                    help="one row per (op, shape), implementations side by side")
     ap.add_argument("--best", action="store_true",
-                    help="with --benchmark_repetitions, take each benchmark's best repetition instead of the "
-                         "median (for a machine shared with other work, where slow outliers are interference)")
+                    help="with --benchmark_repetitions, take each benchmark's best repetition instead of "
+                         "the median (for a machine shared with other work, where slow outliers are "
+                         "interference)")
     args = ap.parse_args()
 
     runs = load_runs(args.inputs)

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "support/finite_diff.h"
 #include "support/random.h"
 #include "support/tolerance.h"
 
@@ -18,17 +19,11 @@ namespace {
 
 using testing::all_close;
 using testing::bitwise_equal;
+using testing::dx_scale;
 using testing::max_abs;
 using testing::Tol;
 using Lengths = std::vector<Index>;
 using ref::LayerNormGrads;
-
-// The magnitude of the terms that cancel in dx = rstd·(g − mean(g) − x̂·mean(g·x̂)): rstd·|dy|·|γ|. A group
-// of two elements has dx ≡ 0 exactly, so max|dx| alone is no scale.
-double dx_scale(const ref::DTensor& dx, const ref::DTensor& rstd, ConstView dy, ConstView w) {
-  const double wmax = w.defined() ? max_abs(ref::to_double(w)) : 1.0;
-  return std::max(max_abs(dx), max_abs(rstd) * max_abs(ref::to_double(dy)) * wmax);
-}
 
 struct Fwd {
   Tensor y, mean, rstd;
@@ -303,13 +298,7 @@ void expect_fd(Forward&& forward, ref::DTensor& x, ref::DTensor& w, ref::DTensor
   const double h = 1e-6;
   auto check = [&](ref::DTensor& p, const ref::DTensor& grad, const char* name) {
     for (Index i = 0; i < p.numel(); ++i) {
-      const double keep = p[i];
-      p[i] = keep + h;
-      const double lp = loss();
-      p[i] = keep - h;
-      const double lm = loss();
-      p[i] = keep;
-      const double fd = (lp - lm) / (2 * h);
+      const double fd = testing::central_difference(p[i], loss, h);
       EXPECT_NEAR(grad[i], fd, 1e-7 * std::max(1.0, std::fabs(fd))) << what << " " << name << "[" << i << "]";
     }
   };

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "support/finite_diff.h"
 #include "support/random.h"
 #include "support/tolerance.h"
 
@@ -229,13 +230,7 @@ TEST(LayerNormGradients, ReferenceBackwardMatchesFiniteDifferences) {
   ref::LayerNormGrads g = ref::layer_norm_backward(r.view(), x.view(), w.view(), axes, eps);
   auto check = [&](ref::DTensor& p, const ref::DTensor& grad, const char* what) {
     for (Index i = 0; i < p.numel(); ++i) {
-      const double keep = p[i];
-      p[i] = keep + h;
-      const double lp = loss();
-      p[i] = keep - h;
-      const double lm = loss();
-      p[i] = keep;
-      const double fd = (lp - lm) / (2 * h);
+      const double fd = testing::central_difference(p[i], loss, h);
       EXPECT_NEAR(grad[i], fd, 1e-7 * std::max(1.0, std::fabs(fd))) << what << "[" << i << "]";
     }
   };
@@ -264,13 +259,7 @@ TEST(LayerNormGradients, KernelBackwardMatchesFiniteDifferencesOfTheReference) {
     auto fd_of = [&](ref::DTensor& p) {
       ref::DTensor out(p.shape());
       for (Index i = 0; i < p.numel(); ++i) {
-        const double keep = p[i];
-        p[i] = keep + h;
-        const double lp = loss();
-        p[i] = keep - h;
-        const double lm = loss();
-        p[i] = keep;
-        out[i] = (lp - lm) / (2 * h);
+        out[i] = testing::central_difference(p[i], loss, h);
       }
       return out;
     };

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "support/finite_diff.h"
 #include "support/random.h"
 #include "support/tolerance.h"
 
@@ -81,13 +82,7 @@ TEST(RmsNorm, ReferenceBackwardMatchesFiniteDifferences) {
   for (ref::DTensor* p : {&x, &w}) {
     const ref::DTensor& grad = p == &x ? g.dx : g.dweight;
     for (Index i = 0; i < p->numel(); ++i) {
-      const double keep = (*p)[i];
-      (*p)[i] = keep + h;
-      const double lp = loss();
-      (*p)[i] = keep - h;
-      const double lm = loss();
-      (*p)[i] = keep;
-      const double fd = (lp - lm) / (2 * h);
+      const double fd = testing::central_difference((*p)[i], loss, h);
       EXPECT_NEAR(grad[i], fd, 1e-7 * std::max(1.0, std::fabs(fd))) << (p == &x ? "dx" : "dweight") << i;
     }
   }

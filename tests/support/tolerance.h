@@ -32,6 +32,21 @@ double max_abs(const BasicTensor<T>& t) {
   return m;
 }
 
+// The largest |value| of any strided float view.
+inline double max_abs(ConstView v) {
+  double m = 0;
+  for_each_offset(v.shape(), v.strides(), [&](Index off) { m = std::max(m, std::fabs(double{v.data()[off]})); });
+  return m;
+}
+
+// The scale for dx of a normalization, dx = rstd·(g − mean(g) − x̂·mean(g·x̂)): the magnitude of the terms
+// that cancel, rstd·|dy|·|γ| (w may be undefined: γ = 1). A group of two elements has dx ≡ 0 exactly, so
+// max|dx| alone is no scale.
+inline double dx_scale(const BasicTensor<double>& dx, const BasicTensor<double>& rstd, ConstView dy, ConstView w) {
+  const double wmax = w.defined() ? max_abs(w) : 1.0;
+  return std::max(max_abs(dx), max_abs(rstd) * max_abs(dy) * wmax);
+}
+
 // Compares every element of `actual` (any strided float view) with `ref` (contiguous double, same
 // shape), reporting the worst element. Returns the worst error in units of the bound.
 template <typename Ref>

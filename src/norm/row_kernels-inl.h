@@ -290,8 +290,101 @@ void rows_forward_impl(const RowsForward& a) {
   if (a.stream) stream_fence();
 }
 
+// The same arithmetic as rows_forward_impl for n a multiple of 64, software-pipelined over rows: step s
+// runs Σx of row s, the second pass of row s − 1 and the output of row s − 2 in one loop over the
+// columns. The output pass is bound by memory traffic and the two statistics passes by arithmetic;
+// interleaving them lets the two overlap. Every pass keeps its own accumulators and order, so the
+// results are those of rows_forward_impl bit for bit.
+template <bool Center>
+inline void mean_block64(VD& a0, VD& a1, VD& a2, VD& a3, const float* x) {
+  a0 = add(a0, load_cvt(x));
+  a1 = add(a1, load_cvt(x + 8));
+  a2 = add(a2, load_cvt(x + 16));
+  a3 = add(a3, load_cvt(x + 24));
+  a0 = add(a0, load_cvt(x + 32));
+  a1 = add(a1, load_cvt(x + 40));
+  a2 = add(a2, load_cvt(x + 48));
+  a3 = add(a3, load_cvt(x + 56));
+}
+
+template <bool Center>
+inline void second_block64(VD& q0, VD& q1, const float* x, VF mh) {
+  VF e[4];
+  for (int u = 0; u < 4; ++u) e[u] = Center ? sub(load(x + u * kF), mh) : load(x + u * kF);
+  const VF q = add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
+  q0 = add(q0, cvt_lo(q));
+  q1 = add(q1, cvt_hi(q));
+}
+
+template <bool Center, bool W, bool B>
+void rows_forward_pipelined(const RowsForward& a) {
+  const Index n = a.n, rows = a.rows;
+  const VF z = zerof();
+  RowStats st[3];  // by row index mod 3
+  for (Index s = 0; s < rows + 2; ++s) {
+    const bool do_mean = Center && s < rows;
+    const bool do_second = s >= 1 && s - 1 < rows;
+    const bool do_out = s >= 2;
+    const float* xa = a.x + s * a.ldx;
+    const float* xb = a.x + (s - 1) * a.ldx;
+    const float* xc = a.x + (s - 2) * a.ldx;
+    float* yc = a.y + (s - 2) * a.ldy;
+    RowStats& sb = st[(s + 2) % 3];  // row s − 1
+    RowStats& sc = st[(s + 1) % 3];  // row s − 2
+    const VF mhb = bcast(sb.mh);
+    const VF mhc = bcast(sc.mh), mlc = bcast(sc.ml), rc = bcast(sc.r);
+    const bool st_c = do_out && a.stream && aligned64(yc);
+    VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod(), q0 = zerod(), q1 = zerod();
+    // Scalar math: as rows_forward_impl (Σx in blocks of 32; Σe² in blocks of 64; y per element)
+    for (Index i = 0; i < n; i += 64) {
+      if (do_mean) mean_block64<Center>(a0, a1, a2, a3, xa + i);
+      if (do_second) second_block64<Center>(q0, q1, xb + i, mhb);
+      if (do_out) {
+        for (int u = 0; u < 4; ++u) {
+          const Index k = i + u * kF;
+          VF v = mul(dev<Center>(load(xc + k), mhc, mlc), rc);
+          if constexpr (W) v = mul(v, load(a.w + k));
+          if constexpr (B) v = add(v, load(a.b + k));
+          if (st_c)
+            stream(yc + k, v);
+          else
+            store(yc + k, v);
+        }
+      }
+    }
+    (void)z;
+    if (do_second) {
+      finish_rstd(sb, hsum(add(q0, q1)), n, a.eps);
+      if (a.mean) a.mean[(s - 1) * a.ld_stats] = sb.mh;
+      if (a.rstd) a.rstd[(s - 1) * a.ld_stats] = sb.r;
+    }
+    if (s < rows) {
+      RowStats& sa = st[s % 3];
+      sa = RowStats{};
+      if (Center) {
+        sa.mean = hsum(add(add(a0, a1), add(a2, a3))) / static_cast<double>(n);
+        sa.mh = static_cast<float>(sa.mean);
+        sa.ml = static_cast<float>(sa.mean - static_cast<double>(sa.mh));
+      }
+    }
+  }
+  if (a.stream) stream_fence();
+}
+
 void rows_forward(const RowsForward& a) {
   const bool w = a.w != nullptr, b = a.b != nullptr;
+  if (a.n % 64 == 0 && a.n >= 256) {
+    if (a.center) {
+      if (w && b) return rows_forward_pipelined<true, true, true>(a);
+      if (w) return rows_forward_pipelined<true, true, false>(a);
+      if (b) return rows_forward_pipelined<true, false, true>(a);
+      return rows_forward_pipelined<true, false, false>(a);
+    }
+    if (w && b) return rows_forward_pipelined<false, true, true>(a);
+    if (w) return rows_forward_pipelined<false, true, false>(a);
+    if (b) return rows_forward_pipelined<false, false, true>(a);
+    return rows_forward_pipelined<false, false, false>(a);
+  }
   if (a.center) {
     if (w && b) return rows_forward_impl<true, true, true>(a);
     if (w) return rows_forward_impl<true, true, false>(a);

@@ -362,7 +362,7 @@ TEST(LayerNormDeterminism, SameBitsOnEverySimdTarget) {
   for (std::size_t i = 1; i < out.size(); ++i) expect_same_bits(out[0], out[i], isa_name(isas[i]));
   // Short rows (the small-D paths: blocks of rows, tails of the 16-lane vectors and 64-element blocks),
   // with γ and β, on every target.
-  for (Index d : {1, 7, 64, 80, 100}) {
+  for (Index d : {1, 7, 64, 80, 100, 256}) {
     Tensor xs = testing::random_tensor({29, d}, rng, 2.0, 1.0), dys = testing::random_tensor({29, d}, rng, 1.0, 0.0);
     Tensor ws = testing::random_tensor({d}, rng, 1.0, 1.0);
     std::vector<AllOutputs> o;

@@ -117,7 +117,7 @@ TEST(RmsNorm, SameBitsForOneTwoAndThreeThreads) {
 // vector width and the 64-element block of the second pass, and row counts that leave partial blocks.
 TEST(RmsNorm, SameBitsOnEverySimdTarget) {
   std::mt19937_64 rng(24);
-  for (Index d : {1, 7, 16, 33, 64, 80, 129, 1029}) {
+  for (Index d : {1, 7, 16, 33, 64, 80, 129, 256, 1029}) {
     const Index rows = 37;
     Tensor x = testing::random_tensor({rows, d}, rng, 1.0, 0.3), dy = testing::random_tensor({rows, d}, rng, 1.0, 0.0);
     Tensor w = testing::random_tensor({d}, rng, 1.0, 1.0);

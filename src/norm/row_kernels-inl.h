@@ -319,7 +319,6 @@ inline void second_block64(VD& q0, VD& q1, const float* x, VF mh) {
 template <bool Center, bool W, bool B>
 void rows_forward_pipelined(const RowsForward& a) {
   const Index n = a.n, rows = a.rows;
-  const VF z = zerof();
   RowStats st[3];  // by row index mod 3
   for (Index s = 0; s < rows + 2; ++s) {
     const bool do_mean = Center && s < rows;
@@ -352,7 +351,6 @@ void rows_forward_pipelined(const RowsForward& a) {
         }
       }
     }
-    (void)z;
     if (do_second) {
       finish_rstd(sb, hsum(add(q0, q1)), n, a.eps);
       if (a.mean) a.mean[(s - 1) * a.ld_stats] = sb.mh;

@@ -9,11 +9,10 @@
 #error "define NL_TARGET before including column_kernels-inl.h"
 #endif
 
-#include <cstring>
-
-#if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
+
+#include <cstdint>
+#include <cstring>
 
 #include "norm/column_kernels.h"
 
@@ -261,6 +260,21 @@ void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dy
   }
 }
 
+void copy_stream(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = src[i];
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#elif defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+#else
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+void store_fence() { _mm_sfence(); }
+
 #undef NL_DISPATCH_BLOCKS
 #undef NL_LOAD8F
 #undef NL_LOAD8D
@@ -271,6 +285,7 @@ void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dy
 
 extern const ColumnKernels kColumnTable;
 const ColumnKernels kColumnTable = {column_impl::stats, column_impl::forward,
-                                    column_impl::backward_sums, column_impl::backward_dx};
+                                    column_impl::backward_sums, column_impl::backward_dx,
+                                    column_impl::copy_stream,   column_impl::store_fence};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -37,6 +37,11 @@ struct ColumnKernels {
   void (*backward_dx)(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,
                       const Index* xoff, Index n, Index w, const double* mean, const double* rstd,
                       const float* wt, const double* mg, const double* mgx);
+  // dst[i] = src[i] with non-temporal stores where dst is 64-byte aligned (ordinary stores at the
+  // unaligned ends); for outputs that do not fit in cache (also used by the channel-norm engine). Call
+  // store_fence() before another thread may read dst.
+  void (*copy_stream)(float* dst, const float* src, Index n);
+  void (*store_fence)();
 };
 
 // The table for the active instruction set (see normlab/simd.h).

@@ -13,8 +13,10 @@
 //   BM_BatchNormBwd/{normlab,aten,onednn}/64x256x400       training backward: dx, dγ, dβ. ATen and oneDNN
 //                        take the saved mean and rstd (variance) of one forward made outside the loop;
 //                        normlab recomputes them from x, as its contract says
-//   BM_Copy/copy/64x256x400, BM_CopyStream/copy/64x256x400 the copy roofline at the BatchNorm shape (the
-//                        BFT shape's copies are in bench_norm.cpp)
+//   BM_LayerNorm{Fwd,Bwd}/normlab/32000x80                the BFT problem's bytes as contiguous rows over
+//                        the last axis: what the strided path is measured against (normlab only)
+//   BM_Copy/copy/{64x256x400,32000x80}, BM_CopyStream/...  the copy roofline at those shapes (the BFT
+//                        shape's copies are in bench_norm.cpp)
 // Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).
 // Threads: whatever main set (NORMLAB_BENCH_THREADS) for normlab, ATen, oneDNN and the copies.
 // Before timing, each peer's output is compared once with normlab's on the benchmark's own shape; a peer
@@ -105,6 +107,7 @@ Data& GetData(const Shape& s) {
 }
 
 const Shape kBft{"32x80x1000", {32, 80, 1000}};
+const Shape kRows{"32000x80", {32000, 80}};  // the BFT problem's bytes as contiguous rows over the last axis
 const Shape kBn{"64x256x400", {64, 256, 400}};
 
 // ---- implementations: Run() is timed; Result() gives the main output and (backward) dγ, dβ ----------
@@ -167,13 +170,35 @@ memory::desc BftDesc(const Shape& s) {
   return memory::desc({B, T, F}, memory::data_type::f32, memory::dims{F * T, 1, T});
 }
 
-enum class Bench { kLnBwdBft, kRmsFwdBft, kBnFwd, kBnBwd };
+enum class Bench { kLnBwdBft, kRmsFwdBft, kBnFwd, kBnBwd, kLnFwdRows, kLnBwdRows };
 
 std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
   Data& d = GetData(s);
   auto st = std::make_shared<State>();
   const Index C = s.channels();
   const std::vector<Index> cs{C};
+  if (b == Bench::kLnFwdRows || b == Bench::kLnBwdRows) {  // normlab only: the reference for the BFT path
+    const Index Dn = s.dims[1], R = s.dims[0];
+    st->a.resize(static_cast<std::size_t>(std::max(R, Dn)));
+    st->b.resize(static_cast<std::size_t>(std::max(R, Dn)));
+    if (b == Bench::kLnFwdRows)
+      return std::make_unique<Lambda>(
+          [&d, st, s, R, Dn] {
+            normlab::layer_norm_forward(normlab::View(d.y.get(), D(s.dims)), normlab::View(st->a.data(), D({R})),
+                                        normlab::View(st->b.data(), D({R})), normlab::ConstView(d.x.get(), D(s.dims)),
+                                        normlab::ConstView(d.gamma.get(), D({Dn})), normlab::ConstView(d.beta.get(), D({Dn})),
+                                        {1}, kEps);
+          },
+          [&d] { return Result{d.y.get()}; });
+    return std::make_unique<Lambda>(
+        [&d, st, s, Dn] {
+          normlab::layer_norm_backward(normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({Dn})),
+                                       normlab::View(st->b.data(), D({Dn})), normlab::ConstView(d.dy.get(), D(s.dims)),
+                                       normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({Dn})),
+                                       {1}, kEps);
+        },
+        [&d, st] { return Result{d.dx.get(), st->a.data(), st->b.data()}; });
+  }
   if (b == Bench::kLnBwdBft) {
     const Index B = s.dims[0], T = s.dims[2];
     if (impl == "normlab") {
@@ -383,7 +408,7 @@ Copy3 Snapshot(Impl& impl, const Shape& s, bool grads) {
 }
 
 bool IsBackward(Bench b) {
-  return b == Bench::kLnBwdBft || b == Bench::kBnBwd;
+  return b == Bench::kLnBwdBft || b == Bench::kBnBwd || b == Bench::kLnBwdRows;
 }
 
 // The bytes the ideal kernel moves: forward x, y; backward x, dy, dx.
@@ -496,6 +521,12 @@ const bool kRegistered = [] {
   for (const char* impl : {"normlab", "aten", "onednn"})
     Register(std::string("BM_LayerNormBwdBFT/") + impl + "/" + kBft.name,
              [impl](benchmark::State& st) { Run(st, Bench::kLnBwdBft, impl, kBft); });
+  Register("BM_Copy/copy/" + kRows.name, [](benchmark::State& st) { RunCopy(st, false, kRows); });
+  Register("BM_CopyStream/copy/" + kRows.name, [](benchmark::State& st) { RunCopy(st, true, kRows); });
+  Register("BM_LayerNormFwd/normlab/" + kRows.name,
+           [](benchmark::State& st) { Run(st, Bench::kLnFwdRows, "normlab", kRows); });
+  Register("BM_LayerNormBwd/normlab/" + kRows.name,
+           [](benchmark::State& st) { Run(st, Bench::kLnBwdRows, "normlab", kRows); });
   for (const char* impl : {"normlab", "aten"})
     Register(std::string("BM_RMSNormFwdBFT/") + impl + "/" + kBft.name,
              [impl](benchmark::State& st) { Run(st, Bench::kRmsFwdBft, impl, kBft); });

@@ -202,20 +202,25 @@ void backward_sums(double* sg, double* sgx, double* dw, double* db, const float*
   NL_DISPATCH_BLOCKS(backward_sums_blocks, sg, sgx, dw, db, dy, dyoff, x, xoff, n, w, mean, rstd, wt)
 }
 
-void forward(float* y, const Index* yoff, const float* x, const Index* xoff, Index n, Index w, const double* mean,
-             const double* rstd, const float* wt, const float* b) {
-  const Index nb = w / 8, c0 = 8 * nb;
+template <int NB>
+void forward_blocks(float* y, const Index* yoff, const float* x, const Index* xoff, Index n, Index w,
+                    const double* mean, const double* rstd, const float* wt, const float* b) {
+  constexpr Index c0 = 8 * NB;
+  constexpr int nb = NB > 0 ? NB : 1;
+  v8d mu[nb], rs[nb];
+  for (int k = 0; k < NB; ++k) {
+    NL_LOAD8D(mu[k], mean + 8 * k);
+    NL_LOAD8D(rs[k], rstd + 8 * k);
+  }
   // Scalar math: y[yoff[r] + j] = float((x[xoff[r] + j] − mean[j])·rstd[j]·wt[r] + b[r])
   for (Index r = 0; r < n; ++r) {
     const float* px = x + xoff[r];
     float* py = y + yoff[r];
     const double wr = wt ? static_cast<double>(wt[r]) : 1.0, br = b ? static_cast<double>(b[r]) : 0.0;
-    for (Index k = 0; k < nb; ++k) {
-      v8d xv, mu, rs;
+    for (int k = 0; k < NB; ++k) {
+      v8d xv;
       NL_LOAD8F(xv, px + 8 * k);
-      NL_LOAD8D(mu, mean + 8 * k);
-      NL_LOAD8D(rs, rstd + 8 * k);
-      v8d v = (xv - mu) * rs;
+      v8d v = (xv - mu[k]) * rs[k];
       if (wt) v = v * wr;
       if (b) v = v + br;
       NL_STORE8F(py + 8 * k, v);
@@ -227,6 +232,11 @@ void forward(float* y, const Index* yoff, const float* x, const Index* xoff, Ind
       py[j] = static_cast<float>(v);
     }
   }
+}
+
+void forward(float* y, const Index* yoff, const float* x, const Index* xoff, Index n, Index w, const double* mean,
+             const double* rstd, const float* wt, const float* b) {
+  NL_DISPATCH_BLOCKS(forward_blocks, y, yoff, x, xoff, n, w, mean, rstd, wt, b)
 }
 
 void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,

@@ -55,7 +55,8 @@ struct AlignedFree {
 using Buffer = std::unique_ptr<float, AlignedFree>;
 
 Buffer Allocate(Index n) {
-  return Buffer(static_cast<float*>(::operator new(static_cast<std::size_t>(n) * sizeof(float), std::align_val_t(64))));
+  return Buffer(
+      static_cast<float*>(::operator new(static_cast<std::size_t>(n) * sizeof(float), std::align_val_t(64))));
 }
 
 void Fill(float* p, Index n, std::uint64_t seed, float lo, float hi) {
@@ -136,7 +137,8 @@ normlab::Dims D(const std::vector<Index>& v) {
 // Generic holder: a lambda to run and one to read the result.
 class Lambda : public Impl {
  public:
-  Lambda(std::function<void()> run, std::function<Result()> get) : run_(std::move(run)), get_(std::move(get)) {}
+  Lambda(std::function<void()> run, std::function<Result()> get)
+      : run_(std::move(run)), get_(std::move(get)) {}
   void Run() override { run_(); }
   Result Get() override { return get_(); }
 
@@ -162,7 +164,8 @@ dnnl::stream& Stream() {
   return s;
 }
 using dnnl::memory;
-const dnnl::normalization_flags kScaleShift = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+const dnnl::normalization_flags kScaleShift =
+    dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
 
 // [B, F, T] over F as oneDNN sees it: logical [B, T, F] with F's stride T.
 memory::desc BftDesc(const Shape& s) {
@@ -184,20 +187,24 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
     if (b == Bench::kLnFwdRows)
       return std::make_unique<Lambda>(
           [&d, st, s, R, Dn] {
-            normlab::layer_norm_forward(normlab::View(d.y.get(), D(s.dims)), normlab::View(st->a.data(), D({R})),
-                                        normlab::View(st->b.data(), D({R})), normlab::ConstView(d.x.get(), D(s.dims)),
-                                        normlab::ConstView(d.gamma.get(), D({Dn})), normlab::ConstView(d.beta.get(), D({Dn})),
-                                        {1}, kEps);
+            normlab::layer_norm_forward(
+                normlab::View(d.y.get(), D(s.dims)), normlab::View(st->a.data(), D({R})),
+                normlab::View(st->b.data(), D({R})), normlab::ConstView(d.x.get(), D(s.dims)),
+                normlab::ConstView(d.gamma.get(), D({Dn})), normlab::ConstView(d.beta.get(), D({Dn})), {1},
+                kEps);
           },
           [&d] { return Result{d.y.get()}; });
     return std::make_unique<Lambda>(
         [&d, st, s, Dn] {
-          normlab::layer_norm_backward(normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({Dn})),
-                                       normlab::View(st->b.data(), D({Dn})), normlab::ConstView(d.dy.get(), D(s.dims)),
-                                       normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({Dn})),
-                                       {1}, kEps);
+          normlab::layer_norm_backward(
+              normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({Dn})),
+              normlab::View(st->b.data(), D({Dn})), normlab::ConstView(d.dy.get(), D(s.dims)),
+              normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({Dn})), {1},
+              kEps);
         },
-        [&d, st] { return Result{d.dx.get(), st->a.data(), st->b.data()}; });
+        [&d, st] {
+          return Result{d.dx.get(), st->a.data(), st->b.data()};
+        });
   }
   if (b == Bench::kLnBwdBft) {
     const Index B = s.dims[0], T = s.dims[2];
@@ -206,12 +213,15 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
       st->b.resize(static_cast<std::size_t>(C));
       return std::make_unique<Lambda>(
           [&d, st, s, C] {
-            normlab::layer_norm_backward(normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
-                                         normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
-                                         normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})),
-                                         {1}, kEps);
+            normlab::layer_norm_backward(
+                normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+                normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+                normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), {1},
+                kEps);
           },
-          [&d, st] { return Result{d.dx.get(), st->a.data(), st->b.data()}; });
+          [&d, st] {
+            return Result{d.dx.get(), st->a.data(), st->b.data()};
+          });
     }
     if (impl == "aten") {
       st->t0 = Wrap(d.x.get(), s.dims);
@@ -224,8 +234,8 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
       return std::make_unique<Lambda>(
           [st, C] {
             auto r = at::native_layer_norm_backward(st->t1.permute({0, 2, 1}).contiguous(),
-                                                    st->t0.permute({0, 2, 1}).contiguous(), {C}, st->t4, st->t5,
-                                                    st->t2, st->t3, {true, true, true});
+                                                    st->t0.permute({0, 2, 1}).contiguous(), {C}, st->t4,
+                                                    st->t5, st->t2, st->t3, {true, true, true});
             std::get<0>(r) = std::get<0>(r).permute({0, 2, 1}).contiguous();
             benchmark::DoNotOptimize(std::get<0>(r).data_ptr());
             st->out = std::move(r);
@@ -246,26 +256,39 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
     const memory x(data, e, d.x.get()), mean(stat, e, st->a.data()), var(stat, e, st->b.data());
     const memory g(param, e, d.gamma.get()), be(param, e, d.beta.get());
     const dnnl::layer_normalization_forward::primitive_desc fpd(
-        dnnl::layer_normalization_forward::desc(dnnl::prop_kind::forward_training, data, stat, static_cast<float>(kEps), kScaleShift), e);
-    dnnl::layer_normalization_forward(fpd).execute(Stream(), {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, memory(data, e, d.y.get())},
-                                                              {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, var},
-                                                              {DNNL_ARG_SCALE, g}, {DNNL_ARG_SHIFT, be}});
+        dnnl::layer_normalization_forward::desc(dnnl::prop_kind::forward_training, data, stat,
+                                                static_cast<float>(kEps), kScaleShift),
+        e);
+    dnnl::layer_normalization_forward(fpd).execute(Stream(), {{DNNL_ARG_SRC, x},
+                                                              {DNNL_ARG_DST, memory(data, e, d.y.get())},
+                                                              {DNNL_ARG_MEAN, mean},
+                                                              {DNNL_ARG_VARIANCE, var},
+                                                              {DNNL_ARG_SCALE, g},
+                                                              {DNNL_ARG_SHIFT, be}});
     Stream().wait();
     const dnnl::layer_normalization_backward::primitive_desc bpd(
-        dnnl::layer_normalization_backward::desc(dnnl::prop_kind::backward, data, data, stat, static_cast<float>(kEps), kScaleShift),
+        dnnl::layer_normalization_backward::desc(dnnl::prop_kind::backward, data, data, stat,
+                                                 static_cast<float>(kEps), kScaleShift),
         e, fpd);
     st->prim = dnnl::layer_normalization_backward(bpd);
     std::string label = bpd.impl_info_str();
-    st->args = {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())}, {DNNL_ARG_MEAN, mean},
-                {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_SCALE, g}, {DNNL_ARG_SHIFT, be},
-                {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())}, {DNNL_ARG_DIFF_SCALE, memory(param, e, st->c.data())},
+    st->args = {{DNNL_ARG_SRC, x},
+                {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())},
+                {DNNL_ARG_MEAN, mean},
+                {DNNL_ARG_VARIANCE, var},
+                {DNNL_ARG_SCALE, g},
+                {DNNL_ARG_SHIFT, be},
+                {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())},
+                {DNNL_ARG_DIFF_SCALE, memory(param, e, st->c.data())},
                 {DNNL_ARG_DIFF_SHIFT, memory(param, e, st->d.data())}};
     auto out = std::make_unique<Lambda>(
         [st] {
           st->prim.execute(Stream(), st->args);
           Stream().wait();
         },
-        [&d, st] { return Result{d.dx.get(), st->c.data(), st->d.data()}; });
+        [&d, st] {
+          return Result{d.dx.get(), st->c.data(), st->d.data()};
+        });
     out->label = label;
     return out;
   }
@@ -273,7 +296,8 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
     if (impl == "normlab")
       return std::make_unique<Lambda>(
           [&d, s, C] {
-            normlab::rms_norm_forward(normlab::View(d.y.get(), D(s.dims)), {}, normlab::ConstView(d.x.get(), D(s.dims)),
+            normlab::rms_norm_forward(normlab::View(d.y.get(), D(s.dims)), {},
+                                      normlab::ConstView(d.x.get(), D(s.dims)),
                                       normlab::ConstView(d.gamma.get(), D({C})), {1}, kEps);
           },
           [&d] { return Result{d.y.get()}; });
@@ -295,21 +319,25 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
       return std::make_unique<Lambda>(
           [&d, st, s, C] {
             // save_mean, save_rstd, running_mean, running_var
-            normlab::batch_norm_forward(normlab::View(d.y.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
-                                        normlab::View(st->b.data(), D({C})), normlab::View(st->c.data(), D({C})),
-                                        normlab::View(st->d.data(), D({C})), nullptr,
-                                        normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})),
-                                        normlab::ConstView(d.beta.get(), D({C})), {}, normlab::BatchNormOptions{});
+            normlab::batch_norm_forward(
+                normlab::View(d.y.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+                normlab::View(st->b.data(), D({C})), normlab::View(st->c.data(), D({C})),
+                normlab::View(st->d.data(), D({C})), nullptr, normlab::ConstView(d.x.get(), D(s.dims)),
+                normlab::ConstView(d.gamma.get(), D({C})), normlab::ConstView(d.beta.get(), D({C})), {},
+                normlab::BatchNormOptions{});
           },
           [&d] { return Result{d.y.get()}; });
     return std::make_unique<Lambda>(
         [&d, st, s, C] {
-          normlab::batch_norm_backward(normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
-                                       normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
-                                       normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})),
-                                       {}, {}, {}, normlab::BatchNormOptions{});
+          normlab::batch_norm_backward(
+              normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+              normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+              normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), {}, {}, {},
+              normlab::BatchNormOptions{});
         },
-        [&d, st] { return Result{d.dx.get(), st->a.data(), st->b.data()}; });
+        [&d, st] {
+          return Result{d.dx.get(), st->a.data(), st->b.data()};
+        });
   }
   if (impl == "aten") {
     st->t0 = Wrap(d.x.get(), s.dims);
@@ -330,8 +358,8 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
           [st] { return Result{std::get<0>(st->out).data_ptr<float>()}; });
     return std::make_unique<Lambda>(
         [st] {
-          st->out = at::native_batch_norm_backward(st->t1, st->t0, st->t2, st->t4, st->t5, st->t6, st->t7, true, kEps,
-                                                   {true, true, true});
+          st->out = at::native_batch_norm_backward(st->t1, st->t0, st->t2, st->t4, st->t5, st->t6, st->t7,
+                                                   true, kEps, {true, true, true});
           benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
         },
         [st] {
@@ -347,10 +375,12 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
   const memory x(data, e, d.x.get()), mean(stat, e, st->a.data()), var(stat, e, st->b.data());
   const memory g(stat, e, d.gamma.get()), be(stat, e, d.beta.get());
   const dnnl::batch_normalization_forward::primitive_desc fpd(
-      dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, static_cast<float>(kEps), kScaleShift), e);
-  std::unordered_map<int, memory> fargs = {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, memory(data, e, d.y.get())},
+      dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data,
+                                              static_cast<float>(kEps), kScaleShift),
+      e);
+  std::unordered_map<int, memory> fargs = {{DNNL_ARG_SRC, x},     {DNNL_ARG_DST, memory(data, e, d.y.get())},
                                            {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, var},
-                                           {DNNL_ARG_SCALE, g}, {DNNL_ARG_SHIFT, be}};
+                                           {DNNL_ARG_SCALE, g},   {DNNL_ARG_SHIFT, be}};
   if (fwd) {
     st->prim = dnnl::batch_normalization_forward(fpd);
     st->args = fargs;
@@ -366,18 +396,27 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
   dnnl::batch_normalization_forward(fpd).execute(Stream(), fargs);
   Stream().wait();
   const dnnl::batch_normalization_backward::primitive_desc bpd(
-      dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, data, data, static_cast<float>(kEps), kScaleShift), e, fpd);
+      dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, data, data,
+                                               static_cast<float>(kEps), kScaleShift),
+      e, fpd);
   st->prim = dnnl::batch_normalization_backward(bpd);
-  st->args = {{DNNL_ARG_SRC, x}, {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())}, {DNNL_ARG_MEAN, mean},
-              {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_SCALE, g}, {DNNL_ARG_SHIFT, be},
-              {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())}, {DNNL_ARG_DIFF_SCALE, memory(stat, e, st->c.data())},
+  st->args = {{DNNL_ARG_SRC, x},
+              {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())},
+              {DNNL_ARG_MEAN, mean},
+              {DNNL_ARG_VARIANCE, var},
+              {DNNL_ARG_SCALE, g},
+              {DNNL_ARG_SHIFT, be},
+              {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())},
+              {DNNL_ARG_DIFF_SCALE, memory(stat, e, st->c.data())},
               {DNNL_ARG_DIFF_SHIFT, memory(stat, e, st->d.data())}};
   auto out = std::make_unique<Lambda>(
       [st] {
         st->prim.execute(Stream(), st->args);
         Stream().wait();
       },
-      [&d, st] { return Result{d.dx.get(), st->c.data(), st->d.data()}; });
+      [&d, st] {
+        return Result{d.dx.get(), st->c.data(), st->d.data()};
+      });
   out->label = bpd.impl_info_str();
   return out;
 }
@@ -486,7 +525,8 @@ void CopyPart(void* arg) {
   const auto* job = static_cast<const CopyJob*>(arg);
   const Index t = omp_get_thread_num(), nt = omp_get_num_threads();
   const Index blocks = (job->n + 15) / 16;
-  const Index begin = std::min(job->n, blocks * t / nt * 16), end = std::min(job->n, blocks * (t + 1) / nt * 16);
+  const Index begin = std::min(job->n, blocks * t / nt * 16),
+              end = std::min(job->n, blocks * (t + 1) / nt * 16);
   job->fn(job->dst + begin, job->src + begin, end - begin);
 }
 
@@ -514,7 +554,9 @@ void RunCopy(benchmark::State& state, bool stream, const Shape& s) {
 
 template <typename F>
 void Register(const std::string& name, F&& fn) {
-  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(fn))->UseRealTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(fn))
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
 }
 
 const bool kRegistered = [] {

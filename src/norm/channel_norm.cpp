@@ -216,7 +216,8 @@ Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std
     const double ns = static_cast<double>(p.valid(b));
     if (ns == 0) continue;
     for (Index c = 0; c < p.C; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c), g = static_cast<std::size_t>(p.group_of(b, c));
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
+                        g = static_cast<std::size_t>(p.group_of(b, c));
       const double d = sum[s] / ns - m.mean[g];
       m.var[g] += m2[s] + ns * d * d;
     }
@@ -250,20 +251,21 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
   GradStats r;
   r.sdy.assign(nseg, 0.0);
   r.sdyxh.assign(nseg, 0.0);
-  for_segments(p, 2, needs_gather(xo, p) || needs_gather(dyo, p), [&](Index b, Index c, Index s, float* scratch) {
-    const Index n = p.valid(b);
-    if (!n) return;
-    const std::size_t si = static_cast<std::size_t>(s);
-    const float* xs = seg_in(xo, p, b, c, scratch);
-    const float* dys = seg_in(dyo, p, b, c, scratch + p.S);
-    const double sx = k.sum(xs, n), ms = sx / static_cast<double>(n);
-    sum[si] = sx;
-    m2[si] = k.sum_sq_dev(xs, n, ms);
-    double sums[2];  // Σ dy and Σ dy·(x − mean_s)·1
-    k.backward_sums(sums, nullptr, nullptr, dys, xs, n, ms, 1.0, nullptr);
-    r.sdy[si] = sums[0];
-    sdyxc[si] = sums[1];
-  });
+  for_segments(p, 2, needs_gather(xo, p) || needs_gather(dyo, p),
+               [&](Index b, Index c, Index s, float* scratch) {
+                 const Index n = p.valid(b);
+                 if (!n) return;
+                 const std::size_t si = static_cast<std::size_t>(s);
+                 const float* xs = seg_in(xo, p, b, c, scratch);
+                 const float* dys = seg_in(dyo, p, b, c, scratch + p.S);
+                 const double sx = k.sum(xs, n), ms = sx / static_cast<double>(n);
+                 sum[si] = sx;
+                 m2[si] = k.sum_sq_dev(xs, n, ms);
+                 double sums[2];  // Σ dy and Σ dy·(x − mean_s)·1
+                 k.backward_sums(sums, nullptr, nullptr, dys, xs, n, ms, 1.0, nullptr);
+                 r.sdy[si] = sums[0];
+                 sdyxc[si] = sums[1];
+               });
   r.m = combine_moments(p, sum, m2);
   r.rstd.resize(r.m.var.size());
   for (std::size_t g = 0; g < r.rstd.size(); ++g)
@@ -272,7 +274,8 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
     const double ns = static_cast<double>(p.valid(b));
     if (ns == 0) continue;
     for (Index c = 0; c < p.C; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c), g = static_cast<std::size_t>(p.group_of(b, c));
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
+                        g = static_cast<std::size_t>(p.group_of(b, c));
       r.sdyxh[s] = r.rstd[g] * (sdyxc[s] + (sum[s] / ns - r.m.mean[g]) * r.sdy[s]);
     }
   }
@@ -285,7 +288,8 @@ void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& me
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool stream = stream_output(p);
   for_segments(
-      p, 2, needs_gather(xo, p) || needs_gather(yo, p), [&](Index bi, Index c, Index, float* scratch) {
+      p, 2, needs_gather(xo, p) || needs_gather(yo, p),
+      [&](Index bi, Index c, Index, float* scratch) {
         const Index n = p.valid(bi);
         const std::size_t g = static_cast<std::size_t>(p.group_of(bi, c));
         float* out = seg_out(yo, p, bi, c, scratch + p.S, stream);
@@ -324,36 +328,40 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
   const bool stream = stream_output(p);
-  for_segments(p, 3, gather, [&](Index b, Index c, Index, float* scratch) {
-    const Index n = p.valid(b);
-    const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
-    float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S, stream);
-    if (n) {
-      const double wc = w ? static_cast<double>(w[c]) : 1.0;
-      k.backward_dx_scalar(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n, mean[g],
-                           rstd[g], wc, mean_g[g], mean_gx[g]);
-    }
-    seg_finish(dxo, p, b, c, out);
-  }, stream);
+  for_segments(
+      p, 3, gather,
+      [&](Index b, Index c, Index, float* scratch) {
+        const Index n = p.valid(b);
+        const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
+        float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S, stream);
+        if (n) {
+          const double wc = w ? static_cast<double>(w[c]) : 1.0;
+          k.backward_dx_scalar(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n,
+                               mean[g], rstd[g], wc, mean_g[g], mean_gx[g]);
+        }
+        seg_finish(dxo, p, b, c, out);
+      },
+      stream);
 }
 
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w) {
   const Operand dyo = operand(dy, p), dxo = operand(dx, p);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool stream = stream_output(p);
-  for_segments(p, 2, needs_gather(dyo, p) || needs_gather(dxo, p),
-               [&](Index b, Index c, Index, float* scratch) {
-                 const Index n = p.valid(b);
-                 float* out = seg_out(dxo, p, b, c, scratch + p.S, stream);
-                 if (n) {
-                   const double wc = w ? static_cast<double>(w[c]) : 1.0;
-                   // dx = (dy − 0)·rstd·γ + 0
-                   k.forward_scalar(out, seg_in(dyo, p, b, c, scratch), n, 0.0,
-                                    rstd[static_cast<std::size_t>(p.group_of(b, c))], wc, 0.0);
-                 }
-                 seg_finish(dxo, p, b, c, out);
-               },
-               stream);
+  for_segments(
+      p, 2, needs_gather(dyo, p) || needs_gather(dxo, p),
+      [&](Index b, Index c, Index, float* scratch) {
+        const Index n = p.valid(b);
+        float* out = seg_out(dxo, p, b, c, scratch + p.S, stream);
+        if (n) {
+          const double wc = w ? static_cast<double>(w[c]) : 1.0;
+          // dx = (dy − 0)·rstd·γ + 0
+          k.forward_scalar(out, seg_in(dyo, p, b, c, scratch), n, 0.0,
+                           rstd[static_cast<std::size_t>(p.group_of(b, c))], wc, 0.0);
+        }
+        seg_finish(dxo, p, b, c, out);
+      },
+      stream);
 }
 
 void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,

@@ -31,16 +31,16 @@ typedef float v8f __attribute__((vector_size(32)));
 #define NL_LOAD8F(dst, p) (dst) = (v8d)_mm512_mask_cvtps_pd(_mm512_setzero_pd(), 0xFF, _mm256_loadu_ps(p))
 #define NL_STORE8F(p, v) _mm256_storeu_ps((p), _mm512_mask_cvtpd_ps(_mm256_setzero_ps(), 0xFF, (__m512d)(v)))
 #else
-#define NL_LOAD8F(dst, p)                                   \
-  do {                                                      \
-    v8f f_;                                                 \
-    std::memcpy(&f_, (p), sizeof f_);                       \
-    (dst) = __builtin_convertvector(f_, v8d);               \
+#define NL_LOAD8F(dst, p)                     \
+  do {                                        \
+    v8f f_;                                   \
+    std::memcpy(&f_, (p), sizeof f_);         \
+    (dst) = __builtin_convertvector(f_, v8d); \
   } while (0)
-#define NL_STORE8F(p, v)                                    \
-  do {                                                      \
-    const v8f f_ = __builtin_convertvector((v), v8f);       \
-    std::memcpy((p), &f_, sizeof f_);                       \
+#define NL_STORE8F(p, v)                              \
+  do {                                                \
+    const v8f f_ = __builtin_convertvector((v), v8f); \
+    std::memcpy((p), &f_, sizeof f_);                 \
   } while (0)
 #endif
 #define NL_LOAD8D(dst, p) std::memcpy(&(dst), (p), sizeof(v8d))
@@ -113,9 +113,9 @@ inline double lane_tree8(double* l) {
 }
 
 template <int NB>
-void backward_sums_blocks(double* sg, double* sgx, double* dw, double* db, const float* dy, const Index* dyoff,
-                          const float* x, const Index* xoff, Index n, Index w, const double* mean,
-                          const double* rstd, const float* wt) {
+void backward_sums_blocks(double* sg, double* sgx, double* dw, double* db, const float* dy,
+                          const Index* dyoff, const float* x, const Index* xoff, Index n, Index w,
+                          const double* mean, const double* rstd, const float* wt) {
   constexpr Index c0 = 8 * NB;
   v8d ag[NB > 0 ? NB : 1], agx[NB > 0 ? NB : 1], mu[NB > 0 ? NB : 1], rs[NB > 0 ? NB : 1];
   double tg[8] = {}, tgx[8] = {};
@@ -177,17 +177,26 @@ void backward_sums_blocks(double* sg, double* sgx, double* dw, double* db, const
 }
 
 // Calls fn<NB>(...) with NB = ⌊w/8⌋ as a constant (w ≤ kColumnTile).
-#define NL_DISPATCH_BLOCKS(fn, ...)      \
-  switch (w / 8) {                       \
-    case 0: return fn<0>(__VA_ARGS__);   \
-    case 1: return fn<1>(__VA_ARGS__);   \
-    case 2: return fn<2>(__VA_ARGS__);   \
-    case 3: return fn<3>(__VA_ARGS__);   \
-    case 4: return fn<4>(__VA_ARGS__);   \
-    case 5: return fn<5>(__VA_ARGS__);   \
-    case 6: return fn<6>(__VA_ARGS__);   \
-    case 7: return fn<7>(__VA_ARGS__);   \
-    default: return fn<8>(__VA_ARGS__);  \
+#define NL_DISPATCH_BLOCKS(fn, ...) \
+  switch (w / 8) {                  \
+    case 0:                         \
+      return fn<0>(__VA_ARGS__);    \
+    case 1:                         \
+      return fn<1>(__VA_ARGS__);    \
+    case 2:                         \
+      return fn<2>(__VA_ARGS__);    \
+    case 3:                         \
+      return fn<3>(__VA_ARGS__);    \
+    case 4:                         \
+      return fn<4>(__VA_ARGS__);    \
+    case 5:                         \
+      return fn<5>(__VA_ARGS__);    \
+    case 6:                         \
+      return fn<6>(__VA_ARGS__);    \
+    case 7:                         \
+      return fn<7>(__VA_ARGS__);    \
+    default:                        \
+      return fn<8>(__VA_ARGS__);    \
   }
 static_assert(kMaxBlocks == 8, "NL_DISPATCH_BLOCKS covers 0..8 blocks");
 
@@ -197,8 +206,8 @@ void stats(double* mean, double* rstd, const float* x, const Index* xoff, Index 
 }
 
 void backward_sums(double* sg, double* sgx, double* dw, double* db, const float* dy, const Index* dyoff,
-                   const float* x, const Index* xoff, Index n, Index w, const double* mean, const double* rstd,
-                   const float* wt) {
+                   const float* x, const Index* xoff, Index n, Index w, const double* mean,
+                   const double* rstd, const float* wt) {
   NL_DISPATCH_BLOCKS(backward_sums_blocks, sg, sgx, dw, db, dy, dyoff, x, xoff, n, w, mean, rstd, wt)
 }
 
@@ -234,8 +243,8 @@ void forward_blocks(float* y, const Index* yoff, const float* x, const Index* xo
   }
 }
 
-void forward(float* y, const Index* yoff, const float* x, const Index* xoff, Index n, Index w, const double* mean,
-             const double* rstd, const float* wt, const float* b) {
+void forward(float* y, const Index* yoff, const float* x, const Index* xoff, Index n, Index w,
+             const double* mean, const double* rstd, const float* wt, const float* b) {
   NL_DISPATCH_BLOCKS(forward_blocks, y, yoff, x, xoff, n, w, mean, rstd, wt, b)
 }
 
@@ -272,6 +281,7 @@ void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dy
 
 void copy_stream(float* dst, const float* src, Index n) {
   Index i = 0;
+  // Scalar math: dst[i] = src[i] (ordinary stores up to the first 64-byte boundary, then non-temporal)
   for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = src[i];
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
@@ -283,7 +293,9 @@ void copy_stream(float* dst, const float* src, Index n) {
   for (; i < n; ++i) dst[i] = src[i];
 }
 
-void store_fence() { _mm_sfence(); }
+void store_fence() {
+  _mm_sfence();
+}
 
 #undef NL_DISPATCH_BLOCKS
 #undef NL_LOAD8F
@@ -294,7 +306,7 @@ void store_fence() { _mm_sfence(); }
 }  // namespace column_impl
 
 extern const ColumnKernels kColumnTable;
-const ColumnKernels kColumnTable = {column_impl::stats, column_impl::forward,
+const ColumnKernels kColumnTable = {column_impl::stats,         column_impl::forward,
                                     column_impl::backward_sums, column_impl::backward_dx,
                                     column_impl::copy_stream,   column_impl::store_fence};
 

@@ -12,11 +12,11 @@
 // own double row in unit order; the rows are summed in chunk order and rounded once.
 #include "norm/column_norm.h"
 
+#include <normlab/simd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
-
-#include <normlab/simd.h>
 
 #include "norm/column_kernels.h"
 #include "parallel/parallel.h"
@@ -24,15 +24,24 @@
 namespace normlab {
 
 namespace kernels {
-namespace scalar { extern const ColumnKernels kColumnTable; }
-namespace avx2 { extern const ColumnKernels kColumnTable; }
-namespace avx512 { extern const ColumnKernels kColumnTable; }
+namespace scalar {
+extern const ColumnKernels kColumnTable;
+}
+namespace avx2 {
+extern const ColumnKernels kColumnTable;
+}
+namespace avx512 {
+extern const ColumnKernels kColumnTable;
+}
 
 const ColumnKernels& column_kernels() {
   switch (active_isa()) {
-    case Isa::kAvx512: return avx512::kColumnTable;
-    case Isa::kAvx2: return avx2::kColumnTable;
-    case Isa::kScalar: break;
+    case Isa::kAvx512:
+      return avx512::kColumnTable;
+    case Isa::kAvx2:
+      return avx2::kColumnTable;
+    case Isa::kScalar:
+      break;
   }
   return scalar::kColumnTable;
 }
@@ -46,10 +55,10 @@ using kernels::kColumnTile;
 
 // The geometry of the units: outer kept indices × tiles of the innermost kept axis.
 struct Units {
-  Dims outer_shape;   // kept axes but the innermost
-  Index K = 1;        // size of the innermost kept axis (the columns)
-  Index tiles = 1;    // tiles per outer index
-  Index count = 1;    // units
+  Dims outer_shape;  // kept axes but the innermost
+  Index K = 1;       // size of the innermost kept axis (the columns)
+  Index tiles = 1;   // tiles per outer index
+  Index count = 1;   // units
 };
 
 Units units_of(const plan::AxisSplit& s) {

@@ -439,7 +439,8 @@ TEST(BatchNormDeterminism, SameBitsForOneTwoAndThreeThreads) {
 TEST(BatchNormDeterminism, StreamingStoresGiveTheSameBits) {
   std::mt19937_64 rng(7);
   const Index B = 4, C = 8, T = (Index{1} << 17) + 5;  // 16 MiB + 80 B; segments misaligned
-  Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, 3.0), dy = testing::random_tensor({B, C, T}, rng, 1, 0);
+  Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, 3.0),
+         dy = testing::random_tensor({B, C, T}, rng, 1, 0);
   Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 0.5, 0.0);
   Tensor py({B, C, 2 * T}), pdx({B, C, 2 * T}), sm({C}), sr({C}), dw({C}), db({C});
   View ys = py.view().slice(2, 0, 2 * T, 2), dxs = pdx.view().slice(2, 0, 2 * T, 2);

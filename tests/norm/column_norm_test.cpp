@@ -48,8 +48,10 @@ Out run(bool rms, ConstView x, ConstView w, ConstView b, ConstView dy, const Axe
 void expect_matches_reference(bool rms, ConstView x, ConstView w, ConstView b, ConstView dy, const Axes& axes,
                               double eps, const std::string& what) {
   const Out o = run(rms, x, w, b, dy, axes, eps);
-  const ref::LayerNormOut r = rms ? ref::rms_norm_forward(x, w, axes, eps) : ref::layer_norm_forward(x, w, b, axes, eps);
-  const ref::LayerNormGrads g = rms ? ref::rms_norm_backward(dy, x, w, axes, eps) : ref::layer_norm_backward(dy, x, w, axes, eps);
+  const ref::LayerNormOut r =
+      rms ? ref::rms_norm_forward(x, w, axes, eps) : ref::layer_norm_forward(x, w, b, axes, eps);
+  const ref::LayerNormGrads g =
+      rms ? ref::rms_norm_backward(dy, x, w, axes, eps) : ref::layer_norm_backward(dy, x, w, axes, eps);
   EXPECT_TRUE(all_close(o.y.cview(), r.y, Tol{4, 1}, what + " y"));
   if (!rms) {
     EXPECT_TRUE(all_close(o.mean.cview(), r.mean, Tol{2, max_abs(r.mean) + 1e-30}, what + " mean"));
@@ -77,11 +79,14 @@ TEST(ColumnNorm, MatchesFloat64OnOddSizesAndViews) {
       for (const Index T : {1, 7, 8, 9, 33, 71, 130}) {
         const Index B = 2;
         const std::string what = fmt::format("{} [{},{},{}] over F", rms ? "RMSNorm" : "LayerNorm", B, F, T);
-        Tensor x = testing::random_tensor({B, F, T}, rng, 2.0, 0.5), dy = testing::random_tensor({B, F, T}, rng, 1.0, 0.0);
+        Tensor x = testing::random_tensor({B, F, T}, rng, 2.0, 0.5),
+               dy = testing::random_tensor({B, F, T}, rng, 1.0, 0.0);
         Tensor w = testing::random_tensor({F}, rng, 0.5, 1.0), b = testing::random_tensor({F}, rng, 0.5, 0.0);
-        expect_matches_reference(rms, x.cview(), w.cview(), rms ? ConstView{} : b.cview(), dy.cview(), {1}, 1e-5, what);
+        expect_matches_reference(rms, x.cview(), w.cview(), rms ? ConstView{} : b.cview(), dy.cview(), {1},
+                                 1e-5, what);
         // Sliced (padded rows, misaligned) x and dy.
-        Tensor px = testing::random_tensor({B, F + 2, T + 5}, rng, 2.0, 0.5), pdy = testing::random_tensor({B, F + 2, T + 5}, rng, 1.0, 0.0);
+        Tensor px = testing::random_tensor({B, F + 2, T + 5}, rng, 2.0, 0.5),
+               pdy = testing::random_tensor({B, F + 2, T + 5}, rng, 1.0, 0.0);
         expect_matches_reference(rms, sliced_bft(px, F, T), w.cview(), rms ? ConstView{} : b.cview(),
                                  sliced_bft(pdy, F, T), {1}, 1e-5, what + " sliced");
       }
@@ -91,26 +96,33 @@ TEST(ColumnNorm, LongAxesAndOtherAxisSets) {
   std::mt19937_64 rng(62);
   for (const bool rms : {false, true}) {
     // F = 1025 rows, T = 1025 columns (16 full tiles and a tile of 1 column).
-    Tensor x = testing::random_tensor({1, 1025, 1025}, rng, 1.0, 3.0), dy = testing::random_tensor({1, 1025, 1025}, rng, 1.0, 0.0);
+    Tensor x = testing::random_tensor({1, 1025, 1025}, rng, 1.0, 3.0),
+           dy = testing::random_tensor({1, 1025, 1025}, rng, 1.0, 0.0);
     Tensor w = testing::random_tensor({1025}, rng, 0.5, 1.0);
     expect_matches_reference(rms, x.cview(), w.cview(), {}, dy.cview(), {1}, 1e-5, "[1,1025,1025] over 1");
     // [T, F] over T (the kept F is the contiguous axis), [B, F1, F2, T] over (F1, F2), [B, F, T] over
     // (B, F), and over F of a [B, T, F] parent permuted to [B, F, T] with T the padded axis.
-    Tensor tf = testing::random_tensor({257, 40}, rng, 1.0, -1.0), dtf = testing::random_tensor({257, 40}, rng, 1.0, 0.0);
+    Tensor tf = testing::random_tensor({257, 40}, rng, 1.0, -1.0),
+           dtf = testing::random_tensor({257, 40}, rng, 1.0, 0.0);
     expect_matches_reference(rms, tf.cview(), {}, {}, dtf.cview(), {0}, 1e-5, "[257,40] over 0");
-    Tensor x4 = testing::random_tensor({3, 5, 6, 21}, rng, 1.0, 0.0), d4 = testing::random_tensor({3, 5, 6, 21}, rng, 1.0, 0.0);
-    Tensor w4 = testing::random_tensor({5, 6}, rng, 0.5, 1.0), b4 = testing::random_tensor({5, 6}, rng, 0.5, 0.0);
-    expect_matches_reference(rms, x4.cview(), w4.cview(), rms ? ConstView{} : b4.cview(), d4.cview(), {1, 2}, 1e-5,
-                             "[3,5,6,21] over (1,2)");
-    Tensor x3 = testing::random_tensor({4, 9, 40}, rng, 1.0, 0.0), d3 = testing::random_tensor({4, 9, 40}, rng, 1.0, 0.0);
+    Tensor x4 = testing::random_tensor({3, 5, 6, 21}, rng, 1.0, 0.0),
+           d4 = testing::random_tensor({3, 5, 6, 21}, rng, 1.0, 0.0);
+    Tensor w4 = testing::random_tensor({5, 6}, rng, 0.5, 1.0),
+           b4 = testing::random_tensor({5, 6}, rng, 0.5, 0.0);
+    expect_matches_reference(rms, x4.cview(), w4.cview(), rms ? ConstView{} : b4.cview(), d4.cview(), {1, 2},
+                             1e-5, "[3,5,6,21] over (1,2)");
+    Tensor x3 = testing::random_tensor({4, 9, 40}, rng, 1.0, 0.0),
+           d3 = testing::random_tensor({4, 9, 40}, rng, 1.0, 0.0);
     expect_matches_reference(rms, x3.cview(), {}, {}, d3.cview(), {0, 1}, 1e-5, "[4,9,40] over (0,1)");
   }
 }
 
 TEST(ColumnNorm, EpsZero) {
   std::mt19937_64 rng(63);
-  Tensor x = testing::random_tensor({3, 11, 77}, rng, 1.0, 0.0), dy = testing::random_tensor({3, 11, 77}, rng, 1.0, 0.0);
-  for (const bool rms : {false, true}) expect_matches_reference(rms, x.cview(), {}, {}, dy.cview(), {1}, 0.0, "eps 0");
+  Tensor x = testing::random_tensor({3, 11, 77}, rng, 1.0, 0.0),
+         dy = testing::random_tensor({3, 11, 77}, rng, 1.0, 0.0);
+  for (const bool rms : {false, true})
+    expect_matches_reference(rms, x.cview(), {}, {}, dy.cview(), {1}, 0.0, "eps 0");
   // A constant column with eps 0 is NaN (rstd = +Inf), as on the row path and in PyTorch; its
   // neighbours are unaffected.
   for (Index f = 0; f < 11; ++f) x.view().data()[f * 77 + 5] = 2.5f;
@@ -140,7 +152,8 @@ TEST(ColumnNorm, BackwardMatchesFiniteDifferences) {
     const Dims shape{2, 5, 19};  // T = 19: two blocks of 8 and three tail columns
     Tensor x = testing::random_tensor(shape, rng, 1.0, 0.0), r = testing::random_tensor(shape, rng, 1.0, 0.0);
     Tensor w = testing::random_tensor({5}, rng, 0.5, 1.0), b = testing::random_tensor({5}, rng, 0.5, 0.0);
-    ref::DTensor xd = ref::to_double(x.cview()), wd = ref::to_double(w.cview()), bd = ref::to_double(b.cview());
+    ref::DTensor xd = ref::to_double(x.cview()), wd = ref::to_double(w.cview()),
+                 bd = ref::to_double(b.cview());
     ref::DTensor rd = ref::to_double(r.cview());
     auto loss = [&]() {
       const ref::LayerNormOut o = rms ? ref::rms_norm_forward(xd.view(), wd.view(), {1}, 1e-5)

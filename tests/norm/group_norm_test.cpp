@@ -375,7 +375,8 @@ TEST(ChannelNormDeterminism, InstanceAndGroupNormSameBitsForOneTwoAndThreeThread
 TEST(ChannelNormDeterminism, StreamingStoresGiveTheSameBits) {
   std::mt19937_64 rng(17);
   const Index B = 2, C = 8, T = (Index{1} << 18) + 3;
-  Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, -1.0), dy = testing::random_tensor({B, C, T}, rng, 1, 0);
+  Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, -1.0),
+         dy = testing::random_tensor({B, C, T}, rng, 1, 0);
   Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 0.5, 0.0);
   Tensor py({B, C, 2 * T}), pdx({B, C, 2 * T}), m({B, 4}), r({B, 4}), dw({C}), db({C});
   View ys = py.view().slice(2, 0, 2 * T, 2), dxs = pdx.view().slice(2, 0, 2 * T, 2);
@@ -391,9 +392,11 @@ TEST(ChannelNormDeterminism, StreamingStoresGiveTheSameBits) {
   for (Index i = 0; i < B * C; ++i)
     for (Index t = 0; t < T; ++t) xv.data()[i * (T + 2) + t] = x[i * T + t];
   const Lengths full{T, T};
-  const Fwd ia = in_forward(x.cview(), w.cview(), b.cview(), {}, {}), im = in_forward(xv, w.cview(), b.cview(), full, {});
+  const Fwd ia = in_forward(x.cview(), w.cview(), b.cview(), {}, {}),
+            im = in_forward(xv, w.cview(), b.cview(), full, {});
   EXPECT_TRUE(bitwise_equal(ia.y.cview(), im.y.cview(), "InstanceNorm y, masked full lengths"));
-  const Grads gi = in_backward(dy.cview(), x.cview(), w.cview(), {}, {}), gm = in_backward(dy.cview(), xv, w.cview(), full, {});
+  const Grads gi = in_backward(dy.cview(), x.cview(), w.cview(), {}, {}),
+              gm = in_backward(dy.cview(), xv, w.cview(), full, {});
   EXPECT_TRUE(bitwise_equal(gi.dx.cview(), gm.dx.cview(), "InstanceNorm dx, masked full lengths"));
   EXPECT_TRUE(all_close(ia.y.cview(), ref::instance_norm_forward(x.cview(), w.cview(), b.cview(), {}, {}).y,
                         Tol{4, 1}, "InstanceNorm y vs float64"));

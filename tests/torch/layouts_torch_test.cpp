@@ -39,15 +39,16 @@ ConstView view_of(const at::Tensor& t) {
   NL_CHECK(t.is_contiguous(), "view_of needs a contiguous tensor");
   return ConstView(t.data_ptr<float>(), Dims(std::vector<Index>(t.sizes().begin(), t.sizes().end())));
 }
-::testing::AssertionResult agree(ConstView ours, const at::Tensor& theirs, const ref::DTensor& r, double k_ours,
-                                 const std::string& what, double kappa, double floor = 0) {
+::testing::AssertionResult agree(ConstView ours, const at::Tensor& theirs, const ref::DTensor& r,
+                                 double k_ours, const std::string& what, double kappa, double floor = 0) {
   const double scale = std::max({max_abs(r), floor, 1e-6}), torch_scale = scale * (1 + kappa);
   auto a = all_close(ours, r, Tol{k_ours, scale}, what + " normlab vs float64");
   if (!a) return a;
   const at::Tensor t = theirs.contiguous();
   auto b = all_close(view_of(t), r, Tol{kTorchK, torch_scale}, what + " LibTorch vs float64");
   if (!b) return b;
-  return all_close(ours, ref::to_double(view_of(t)), Tol{kTorchK, torch_scale}, what + " normlab vs LibTorch");
+  return all_close(ours, ref::to_double(view_of(t)), Tol{kTorchK, torch_scale},
+                   what + " normlab vs LibTorch");
 }
 
 // A [B, F, T] view of a padded parent (rows of T + 3, F + 1 rows per item), starting at (·, 1, 2).
@@ -66,7 +67,8 @@ TEST(TorchLayouts, LayerNormAndRmsNormOverFOfBft) {
     View x = sliced(px, rng, B, F, T, 2.0, 1.0), dy = sliced(pdy, rng, B, F, T, 1.0, 0.0);
     Tensor w = testing::random_tensor({F}, rng, 0.5, 1.0), b = testing::random_tensor({F}, rng, 0.5, 0.0);
     const double eps = 1e-5;
-    at::Tensor tx = torch_copy(x), tdy = torch_copy(dy), tw = torch_copy(w.cview()), tb = torch_copy(b.cview());
+    at::Tensor tx = torch_copy(x), tdy = torch_copy(dy), tw = torch_copy(w.cview()),
+               tb = torch_copy(b.cview());
 
     // LayerNorm: the permute route.
     Tensor y(shape), mean({B, T}), rstd({B, T}), dx(shape), dw({F}), db({F});
@@ -76,7 +78,8 @@ TEST(TorchLayouts, LayerNormAndRmsNormOverFOfBft) {
     const ref::LayerNormGrads rg = ref::layer_norm_backward(dy, x, w.cview(), {1}, eps);
     const at::Tensor xt = tx.permute({0, 2, 1}).contiguous(), dyt = tdy.permute({0, 2, 1}).contiguous();
     auto [ty, tmean, trstd] = at::native_layer_norm(xt, {F}, tw, tb, eps);
-    auto [tdx, tdw, tdb] = at::native_layer_norm_backward(dyt, xt, {F}, tmean, trstd, tw, tb, {true, true, true});
+    auto [tdx, tdw, tdb] =
+        at::native_layer_norm_backward(dyt, xt, {F}, tmean, trstd, tw, tb, {true, true, true});
     const double kappa = max_abs(ref::to_double(x)) * max_abs(r.rstd) + 1;
     const double dxf = max_abs(r.rstd) * max_abs(ref::to_double(dy)) * max_abs(w.cview());
     ASSERT_TRUE(agree(y.cview(), ty.permute({0, 2, 1}), r.y, 4, "LayerNorm y", kappa));
@@ -109,18 +112,21 @@ TEST(TorchLayouts, BatchNormTrainingOnNct) {
   for (const Dims& shape : {Dims{16, 64, 400}, Dims{4, 8, (Index{1} << 17) + 5}}) {
     SCOPED_TRACE(shape.str());
     const Index C = shape[1];
-    Tensor x = testing::random_tensor(shape, rng, 1.5, 0.5), dy = testing::random_tensor(shape, rng, 1.0, 0.0);
+    Tensor x = testing::random_tensor(shape, rng, 1.5, 0.5),
+           dy = testing::random_tensor(shape, rng, 1.0, 0.0);
     Tensor w = testing::random_tensor({C}, rng, 0.5, 1.0), b = testing::random_tensor({C}, rng, 1.0, 0.0);
     BatchNormOptions opt;
     Tensor y(shape), sm({C}), sr({C}), dx(shape), dw({C}), db({C});
-    batch_norm_forward(y.view(), sm.view(), sr.view(), {}, {}, nullptr, x.cview(), w.cview(), b.cview(), {}, opt);
+    batch_norm_forward(y.view(), sm.view(), sr.view(), {}, {}, nullptr, x.cview(), w.cview(), b.cview(), {},
+                       opt);
     batch_norm_backward(dx.view(), dw.view(), db.view(), dy.cview(), x.cview(), w.cview(), {}, {}, {}, opt);
     const ref::BatchNormOut r = ref::batch_norm_forward(x.cview(), w.cview(), b.cview(), {}, {}, 0, {}, opt);
-    const ref::LayerNormGrads rg = ref::batch_norm_backward(dy.cview(), x.cview(), w.cview(), {}, {}, {}, opt);
+    const ref::LayerNormGrads rg =
+        ref::batch_norm_backward(dy.cview(), x.cview(), w.cview(), {}, {}, {}, opt);
     at::Tensor tx = torch_copy(x.cview()), tw = torch_copy(w.cview()), tb = torch_copy(b.cview());
     auto [ty, tsm, tsr] = at::native_batch_norm(tx, tw, tb, {}, {}, true, 0.1, opt.eps);
-    auto [tdx, tdw, tdb] = at::native_batch_norm_backward(torch_copy(dy.cview()), tx, tw, {}, {}, tsm, tsr, true,
-                                                          opt.eps, {true, true, true});
+    auto [tdx, tdw, tdb] = at::native_batch_norm_backward(torch_copy(dy.cview()), tx, tw, {}, {}, tsm, tsr,
+                                                          true, opt.eps, {true, true, true});
     const double kappa = max_abs(ref::to_double(x.cview())) * max_abs(r.rstd);
     const double dxf = max_abs(r.rstd) * max_abs(ref::to_double(dy.cview())) * max_abs(w.cview());
     ASSERT_TRUE(agree(y.cview(), ty, r.y, 4, "y", kappa));

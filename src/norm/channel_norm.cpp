@@ -228,26 +228,44 @@ Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std
 
 }  // namespace
 
+namespace {
+
+// One segment's sums around its first value c (column_kernels.h, segment_sums): Σx = n·c + Σ(x − c)
+// (n·c is exact in double), M2_s = Σ(x − c)² − (Σ(x − c))²/n. Since c is one of the segment's own
+// values, the subtraction loses at most the digits of ((mean_s − c)/σ_s)², a few in 16.
+struct SegmentMoments {
+  double sum, m2, c;
+};
+SegmentMoments segment_moments(const double* s, Index n, double c) {
+  const double nn = static_cast<double>(n);
+  const double m2 = s[1] - s[0] * s[0] / nn;
+  return {nn * c + s[0], m2 < 0 ? 0.0 : m2, c};  // rounding can leave −0.x ulp; a NaN stays NaN
+}
+
+}  // namespace
+
 Moments moments(const Plan& p, ConstView x) {
   const Operand xo = operand(x, p);
-  const kernels::RowKernels& k = kernels::row_kernels();
+  const kernels::ColumnKernels& k = kernels::column_kernels();
   std::vector<double> sum(static_cast<std::size_t>(p.segments()), 0.0), m2(sum.size(), 0.0);
   for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
     const Index n = p.valid(b);
     if (!n) return;
     const float* xs = seg_in(xo, p, b, c, scratch);
-    const double sx = k.sum(xs, n);
-    sum[static_cast<std::size_t>(s)] = sx;
-    m2[static_cast<std::size_t>(s)] = k.sum_sq_dev(xs, n, sx / static_cast<double>(n));
+    double sums[2];
+    k.segment_sums(sums, xs, nullptr, n, static_cast<double>(xs[0]));
+    const SegmentMoments sm = segment_moments(sums, n, static_cast<double>(xs[0]));
+    sum[static_cast<std::size_t>(s)] = sm.sum;
+    m2[static_cast<std::size_t>(s)] = sm.m2;
   });
   return combine_moments(p, sum, m2);
 }
 
 GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
   const Operand xo = operand(x, p), dyo = operand(dy, p);
-  const kernels::RowKernels& k = kernels::row_kernels();
+  const kernels::ColumnKernels& k = kernels::column_kernels();
   const std::size_t nseg = static_cast<std::size_t>(p.segments());
-  std::vector<double> sum(nseg, 0.0), m2(nseg, 0.0), sdyxc(nseg, 0.0);
+  std::vector<double> sum(nseg, 0.0), m2(nseg, 0.0), shift(nseg, 0.0), sdyd(nseg, 0.0);
   GradStats r;
   r.sdy.assign(nseg, 0.0);
   r.sdyxh.assign(nseg, 0.0);
@@ -258,25 +276,25 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
                  const std::size_t si = static_cast<std::size_t>(s);
                  const float* xs = seg_in(xo, p, b, c, scratch);
                  const float* dys = seg_in(dyo, p, b, c, scratch + p.S);
-                 const double sx = k.sum(xs, n), ms = sx / static_cast<double>(n);
-                 sum[si] = sx;
-                 m2[si] = k.sum_sq_dev(xs, n, ms);
-                 double sums[2];  // Σ dy and Σ dy·(x − mean_s)·1
-                 k.backward_sums(sums, nullptr, nullptr, dys, xs, n, ms, 1.0, nullptr);
-                 r.sdy[si] = sums[0];
-                 sdyxc[si] = sums[1];
+                 double sums[4];  // Σ(x − c), Σ(x − c)², Σdy, Σdy·(x − c)
+                 k.segment_sums(sums, xs, dys, n, static_cast<double>(xs[0]));
+                 const SegmentMoments sm = segment_moments(sums, n, static_cast<double>(xs[0]));
+                 sum[si] = sm.sum;
+                 m2[si] = sm.m2;
+                 shift[si] = sm.c;
+                 r.sdy[si] = sums[2];
+                 sdyd[si] = sums[3];
                });
   r.m = combine_moments(p, sum, m2);
   r.rstd.resize(r.m.var.size());
   for (std::size_t g = 0; g < r.rstd.size(); ++g)
     r.rstd[g] = r.m.count[g] > 0 ? 1.0 / std::sqrt(r.m.var[g] + eps) : 0.0;
+  // Σdy·x̂ = rstd·Σdy·(x − mean) = rstd·(Σdy·(x − c) + (c − mean)·Σdy).
   for (Index b = 0; b < p.B; ++b) {
-    const double ns = static_cast<double>(p.valid(b));
-    if (ns == 0) continue;
+    if (p.valid(b) == 0) continue;
     for (Index c = 0; c < p.C; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
-                        g = static_cast<std::size_t>(p.group_of(b, c));
-      r.sdyxh[s] = r.rstd[g] * (sdyxc[s] + (sum[s] / ns - r.m.mean[g]) * r.sdy[s]);
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c), g = static_cast<std::size_t>(p.group_of(b, c));
+      r.sdyxh[s] = r.rstd[g] * (sdyd[s] + (shift[s] - r.m.mean[g]) * r.sdy[s]);
     }
   }
   return r;

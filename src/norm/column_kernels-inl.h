@@ -279,6 +279,77 @@ void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dy
   }
 }
 
+// Fixed tree over 16 lanes held as two blocks of 8 (lanes 0-7 and 8-15).
+inline double lane_tree16(const double* lo, const double* hi) {
+  double l[16];
+  for (int i = 0; i < 8; ++i) {
+    l[i] = lo[i];
+    l[i + 8] = hi[i];
+  }
+  for (int k = 8; k >= 1; k /= 2)
+    for (int i = 0; i < k; ++i) l[i] += l[i + k];
+  return l[0];
+}
+
+void segment_sums(double* s, const float* x, const float* dy, Index n, double c) {
+  v8d a0 = v8d{}, a1 = v8d{}, q0 = v8d{}, q1 = v8d{}, g0 = v8d{}, g1 = v8d{}, h0 = v8d{}, h1 = v8d{};
+  Index i = 0;
+  if (dy) {
+    // Scalar math: d = x[i] − c; Σd += d; Σd² += d·d; Σdy += dy[i]; Σdy·d += dy[i]·d (lane i mod 16)
+    for (; i + 16 <= n; i += 16) {
+      v8d x0, x1, y0, y1;
+      NL_LOAD8F(x0, x + i);
+      NL_LOAD8F(x1, x + i + 8);
+      NL_LOAD8F(y0, dy + i);
+      NL_LOAD8F(y1, dy + i + 8);
+      const v8d d0 = x0 - c, d1 = x1 - c;
+      a0 += d0;
+      a1 += d1;
+      q0 += d0 * d0;
+      q1 += d1 * d1;
+      g0 += y0;
+      g1 += y1;
+      h0 += y0 * d0;
+      h1 += y1 * d1;
+    }
+  } else {
+    // Scalar math: d = x[i] − c; Σd += d; Σd² += d·d (lane i mod 16)
+    for (; i + 16 <= n; i += 16) {
+      v8d x0, x1;
+      NL_LOAD8F(x0, x + i);
+      NL_LOAD8F(x1, x + i + 8);
+      const v8d d0 = x0 - c, d1 = x1 - c;
+      a0 += d0;
+      a1 += d1;
+      q0 += d0 * d0;
+      q1 += d1 * d1;
+    }
+  }
+  double lo[8], hi[8];
+  auto tree = [&](const v8d& u, const v8d& v) {
+    std::memcpy(lo, &u, sizeof lo);
+    std::memcpy(hi, &v, sizeof hi);
+    return lane_tree16(lo, hi);
+  };
+  double sd = tree(a0, a1), sq = tree(q0, q1), sg = dy ? tree(g0, g1) : 0.0, sh = dy ? tree(h0, h1) : 0.0;
+  for (; i < n; ++i) {
+    const double d = static_cast<double>(x[i]) - c;
+    sd += d;
+    sq += d * d;
+    if (dy) {
+      const double g = static_cast<double>(dy[i]);
+      sg += g;
+      sh += g * d;
+    }
+  }
+  s[0] = sd;
+  s[1] = sq;
+  if (dy) {
+    s[2] = sg;
+    s[3] = sh;
+  }
+}
+
 void copy_stream(float* dst, const float* src, Index n) {
   Index i = 0;
   // Scalar math: dst[i] = src[i] (ordinary stores up to the first 64-byte boundary, then non-temporal)
@@ -308,6 +379,7 @@ void store_fence() {
 extern const ColumnKernels kColumnTable;
 const ColumnKernels kColumnTable = {column_impl::stats,         column_impl::forward,
                                     column_impl::backward_sums, column_impl::backward_dx,
-                                    column_impl::copy_stream,   column_impl::store_fence};
+                                    column_impl::segment_sums,  column_impl::copy_stream,
+                                    column_impl::store_fence};
 
 }  // namespace normlab::kernels::NL_TARGET

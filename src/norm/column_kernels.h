@@ -37,6 +37,11 @@ struct ColumnKernels {
   void (*backward_dx)(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,
                       const Index* xoff, Index n, Index w, const double* mean, const double* rstd,
                       const float* wt, const double* mg, const double* mgx);
+  // Over one contiguous segment of n floats, with d = x[i] − c: s[0] = Σ d, s[1] = Σ d², and when dy is
+  // not null s[2] = Σ dy, s[3] = Σ dy·d (also used by the channel-norm engine: moments of a segment
+  // around one of its own values, in one pass). Element i < 16·⌊n/16⌋ goes to lane i mod 16, the 16
+  // lanes are combined by the fixed tree (l += l+8, +4, +2, +1), then the rest is added in order.
+  void (*segment_sums)(double* s, const float* x, const float* dy, Index n, double c);
   // dst[i] = src[i] with non-temporal stores where dst is 64-byte aligned (ordinary stores at the
   // unaligned ends); for outputs that do not fit in cache (also used by the channel-norm engine). Call
   // store_fence() before another thread may read dst.

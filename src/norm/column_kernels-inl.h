@@ -248,27 +248,32 @@ void forward(float* y, const Index* yoff, const float* x, const Index* xoff, Ind
   NL_DISPATCH_BLOCKS(forward_blocks, y, yoff, x, xoff, n, w, mean, rstd, wt, b)
 }
 
-void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,
-                 const Index* xoff, Index n, Index w, const double* mean, const double* rstd, const float* wt,
-                 const double* mg, const double* mgx) {
-  const Index nb = w / 8, c0 = 8 * nb;
+template <int NB>
+void backward_dx_blocks(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,
+                        const Index* xoff, Index n, Index w, const double* mean, const double* rstd,
+                        const float* wt, const double* mg, const double* mgx) {
+  constexpr Index c0 = 8 * NB;
+  constexpr int nb = NB > 0 ? NB : 1;
+  v8d mu[nb], rs[nb];
+  for (int k = 0; k < NB; ++k) {
+    NL_LOAD8D(mu[k], mean + 8 * k);
+    NL_LOAD8D(rs[k], rstd + 8 * k);
+  }
   // Scalar math: dx = float(rstd[j]·(dy·wt[r] − mg[j] − x̂·mgx[j])), x̂ = (x − mean[j])·rstd[j]
   for (Index r = 0; r < n; ++r) {
     const float* px = x + xoff[r];
     const float* pd = dy + dyoff[r];
     float* po = dx + dxoff[r];
     const double wr = wt ? static_cast<double>(wt[r]) : 1.0;
-    for (Index k = 0; k < nb; ++k) {
-      v8d xv, dv, mu, rs, a, ax;
+    for (int k = 0; k < NB; ++k) {
+      v8d xv, dv, a, ax;
       NL_LOAD8F(xv, px + 8 * k);
       NL_LOAD8F(dv, pd + 8 * k);
-      NL_LOAD8D(mu, mean + 8 * k);
-      NL_LOAD8D(rs, rstd + 8 * k);
       NL_LOAD8D(a, mg + 8 * k);
       NL_LOAD8D(ax, mgx + 8 * k);
-      const v8d xh = (xv - mu) * rs;
+      const v8d xh = (xv - mu[k]) * rs[k];
       const v8d g = wt ? dv * wr : dv;
-      NL_STORE8F(po + 8 * k, rs * (g - a - xh * ax));
+      NL_STORE8F(po + 8 * k, rs[k] * (g - a - xh * ax));
     }
     for (Index j = c0; j < w; ++j) {
       const double xh = (static_cast<double>(px[j]) - mean[j]) * rstd[j];
@@ -277,6 +282,12 @@ void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dy
       po[j] = static_cast<float>(rstd[j] * (g - mg[j] - xh * mgx[j]));
     }
   }
+}
+
+void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,
+                 const Index* xoff, Index n, Index w, const double* mean, const double* rstd, const float* wt,
+                 const double* mg, const double* mgx) {
+  NL_DISPATCH_BLOCKS(backward_dx_blocks, dx, dxoff, dy, dyoff, x, xoff, n, w, mean, rstd, wt, mg, mgx)
 }
 
 // Fixed tree over 16 lanes held as two blocks of 8 (lanes 0-7 and 8-15).
@@ -377,9 +388,8 @@ void store_fence() {
 }  // namespace column_impl
 
 extern const ColumnKernels kColumnTable;
-const ColumnKernels kColumnTable = {column_impl::stats,         column_impl::forward,
-                                    column_impl::backward_sums, column_impl::backward_dx,
-                                    column_impl::segment_sums,  column_impl::copy_stream,
-                                    column_impl::store_fence};
+const ColumnKernels kColumnTable = {
+    column_impl::stats,        column_impl::forward,     column_impl::backward_sums, column_impl::backward_dx,
+    column_impl::segment_sums, column_impl::copy_stream, column_impl::store_fence};
 
 }  // namespace normlab::kernels::NL_TARGET

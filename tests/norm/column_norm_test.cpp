@@ -218,6 +218,21 @@ TEST(ColumnNorm, SameBitsForEveryThreadCountAndSimdTarget) {
   set_num_threads(saved_threads);
 }
 
+// A column's result does not depend on which tile it falls in: normalizing [F, T] over F in chunks of
+// frames (each ≥ 8 frames, so each chunk also takes the column path) gives the bits of one call.
+TEST(ColumnNorm, ColumnsDoNotDependOnTheTiling) {
+  std::mt19937_64 rng(68);
+  const Index F = 40, T = 300;
+  Tensor x = testing::random_tensor({F, T}, rng, 2.0, 3.0), w = testing::random_tensor({F}, rng, 0.5, 1.0);
+  Tensor whole({F, T}), chunked({F, T});
+  layer_norm_forward(whole.view(), {}, {}, x.cview(), w.cview(), {}, {0}, 1e-5);
+  const std::vector<Index> cuts = {0, 8, 17, 81, 100, 163, 240, 300};  // chunks of 8 to 77 frames
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i)
+    layer_norm_forward(chunked.view().slice(1, cuts[i], cuts[i + 1]), {}, {},
+                       x.cview().slice(1, cuts[i], cuts[i + 1]), w.cview(), {}, {0}, 1e-5);
+  EXPECT_TRUE(bitwise_equal(chunked.cview(), whole.cview(), "chunks of frames vs one call"));
+}
+
 TEST(ColumnNorm, InPlaceAccumulateAndStridedStatistics) {
   std::mt19937_64 rng(67);
   const Dims shape{3, 12, 50};

@@ -20,6 +20,7 @@
 
 #include "norm/row_norm.h"
 
+#include "norm/column_norm.h"
 #include "norm/norm_plan.h"
 #include "norm/row_kernels.h"
 #include "parallel/parallel.h"
@@ -120,6 +121,8 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   const std::vector<float> bv = b.defined ? plan::gather_part(b, s.n_shape) : std::vector<float>{};
   const float* wp = w.defined ? wv.data() : nullptr;
   const float* bp = b.defined ? bv.data() : nullptr;
+  // Strided normalized axes next to a contiguous kept axis ([B,F,T] over F): the column path.
+  if (column::applies(s, {&xo, &yo})) return column::forward(kind, s, yo, xo, wp, bp, pm, pr, eps);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !yo.n_contiguous;
 
@@ -213,6 +216,8 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   const plan::FullOperand dxo = plan::full_operand(dx, s, "dx");
   const std::vector<float> wv = w.defined ? plan::gather_part(w, s.n_shape) : std::vector<float>{};
   const float* wp = w.defined ? wv.data() : nullptr;
+  if (column::applies(s, {&xo, &dyo, &dxo}))  // see row_norm_forward
+    return column::backward(kind, s, dxo, dw, db, dyo, xo, wp, eps, mode);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !dyo.n_contiguous || !dxo.n_contiguous;
   const bool param_grads = dw.defined || db.defined;

@@ -10,6 +10,8 @@
 #include <complex>
 #include <kissfft/kissfft.hh>
 
+#include "speech/real_fft.h"
+
 namespace normlab::speech {
 
 void FbankOptions::Validate() const {
@@ -36,19 +38,24 @@ const FbankOptions& validated(const FbankOptions& o) {
 }
 }  // namespace
 
-// The power spectrum |X_k|², k = 0..N/2, of a real frame of N samples, with kissfft's C++ template
-// (kissfft.hh) in double precision (why double: feature_window.h, "Precision"). Even N uses the real-input
-// transform (a complex FFT of N/2 points); odd N a complex FFT of N points.
+// The power spectrum |X_k|², k = 0..N/2, of a real frame of N samples, in double (why double:
+// feature_window.h, "Precision"). A power-of-two N (the default, --round-to-power-of-two) uses
+// src/speech/real_fft.h; any other N kissfft's C++ template (kissfft.hh): the real-input transform (a
+// complex FFT of N/2 points) for even N, a complex FFT of N points for odd N.
 struct FbankComputer::Fft {
   using Cpx = std::complex<double>;
   explicit Fft(int length)
       : n(length),
-        plan(static_cast<std::size_t>(length % 2 == 0 ? length / 2 : length), false),
-        in(static_cast<std::size_t>(length % 2 == 0 ? length : 2 * length)),
-        out(static_cast<std::size_t>(length)) {}
+        pow2(detail::RealFftPow2::Supports(length)),
+        plan(pow2 ? 1 : static_cast<std::size_t>(length % 2 == 0 ? length / 2 : length), false),
+        fast(pow2 ? length : 2),
+        in(pow2 ? 0 : static_cast<std::size_t>(length % 2 == 0 ? length : 2 * length)),
+        out(pow2 ? 0 : static_cast<std::size_t>(length)) {}
 
   void PowerSpectrum(const double* x, double* power) {
-    if (n % 2 == 0) {
+    if (pow2) {
+      fast.PowerSpectrum(x, power);
+    } else if (n % 2 == 0) {
       for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = x[i];
       plan.transform_real(in.data(), out.data());  // out[0] = (X_0, X_{N/2}); out[k] = X_k, 0 < k < N/2
       const double dc = out[0].real(), nyq = out[0].imag();
@@ -66,8 +73,10 @@ struct FbankComputer::Fft {
   }
 
   int n;
-  kissfft<double> plan;
-  std::vector<double> in;  // N reals (even N) or N interleaved complex values (odd N)
+  bool pow2;
+  kissfft<double> plan;      // not a power of two
+  detail::RealFftPow2 fast;  // a power of two
+  std::vector<double> in;    // N reals (even N) or N interleaved complex values (odd N)
   std::vector<Cpx> out;
 };
 
@@ -124,6 +133,15 @@ void OnlineFbank::AcceptWaveform(float samp_freq, std::span<const float> samples
   ComputeFeatures();
 }
 
+void OnlineFbank::Reset() {
+  dither_ = DitherState(opts_.frame_opts.dither_seed);
+  remainder_.clear();
+  waveform_offset_ = 0;
+  num_frames_ = 0;
+  finished_ = false;
+  features_.clear();
+}
+
 void OnlineFbank::InputFinished() {
   if (finished_) return;
   finished_ = true;
@@ -168,25 +186,32 @@ void OnlineFbank::ComputeFeatures() {
 Tensor OnlineFbank::Features(FeatureLayout layout) const {
   const Index t = num_frames_, d = Dim();
   Tensor out(layout == FeatureLayout::kTF ? Dims{t, d} : Dims{d, t});
-  for (Index f = 0; f < t; ++f)
-    for (Index j = 0; j < d; ++j)
-      out[layout == FeatureLayout::kTF ? f * d + j : j * t + f] =
-          features_[static_cast<std::size_t>(f * d + j)];
+  float* o = out.data();
+  if (layout == FeatureLayout::kTF) {
+    std::copy_n(features_.data(), t * d, o);
+  } else {
+    for (Index f = 0; f < t; ++f)
+      for (Index j = 0; j < d; ++j) o[j * t + f] = features_[static_cast<std::size_t>(f * d + j)];
+  }
   return out;
 }
 
-Tensor ComputeFbank(const FbankOptions& opts, std::span<const float> samples, float samp_freq,
-                    FeatureLayout layout) {
-  OnlineFbank fbank(opts);
-  fbank.AcceptWaveform(samp_freq, samples);
-  fbank.InputFinished();
-  const FrameExtractionOptions& fo = opts.frame_opts;
-  NL_CHECK(fbank.NumFramesReady() > 0,
+Tensor FbankExtractor::Compute(std::span<const float> samples, float samp_freq, FeatureLayout layout) {
+  fbank_.Reset();
+  fbank_.AcceptWaveform(samp_freq, samples);
+  fbank_.InputFinished();
+  const FrameExtractionOptions& fo = opts_.frame_opts;
+  NL_CHECK(fbank_.NumFramesReady() > 0,
            "the waveform has {} samples ({:.1f} ms), too short for one {}-sample frame ({} ms at {} Hz{}); "
            "Kaldi would output 0 frames, normlab refuses",
            samples.size(), 1000.0 * static_cast<double>(samples.size()) / fo.samp_freq, fo.WindowSize(),
            fo.frame_length_ms, fo.samp_freq, fo.snip_edges ? ", snip-edges true" : ", snip-edges false");
-  return fbank.Features(layout);
+  return fbank_.Features(layout);
+}
+
+Tensor ComputeFbank(const FbankOptions& opts, std::span<const float> samples, float samp_freq,
+                    FeatureLayout layout) {
+  return FbankExtractor(opts).Compute(samples, samp_freq, layout);
 }
 
 }  // namespace normlab::speech

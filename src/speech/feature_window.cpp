@@ -108,6 +108,34 @@ FeatureWindowFunction::FeatureWindowFunction(const FrameExtractionOptions& opts)
   }
 }
 
+// Σ x[i] and Σ (x[i] − mean)², i < n, with eight partial sums (lane j takes i ≡ j mod 8) added pairwise
+// at the end: a fixed order, so the same bits everywhere, without a serial chain of n dependent adds.
+namespace {
+double CombineLanes(const double (&acc)[8]) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+}  // namespace
+
+double SumOf(const double* x, std::size_t n) {
+  double acc[8] = {};
+  std::size_t i = 0;
+  // Scalar math: acc[j] += x[i + j], eight independent lanes.
+  for (; i + 8 <= n; i += 8)
+    for (std::size_t j = 0; j < 8; ++j) acc[j] += x[i + j];
+  for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += x[i];
+  return CombineLanes(acc);
+}
+
+double SumOfSquaresAbout(const double* x, std::size_t n, double mean) {
+  double acc[8] = {};
+  std::size_t i = 0;
+  // Scalar math: acc[j] += (x[i + j] − mean)², eight independent lanes.
+  for (; i + 8 <= n; i += 8)
+    for (std::size_t j = 0; j < 8; ++j) acc[j] += (x[i + j] - mean) * (x[i + j] - mean);
+  for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += (x[i] - mean) * (x[i] - mean);
+  return CombineLanes(acc);
+}
+
 void DitherState::Apply(std::span<double> samples, float dither) {
   for (double& s : samples) s += static_cast<double>(dither * normal_(rng_));
 }
@@ -121,23 +149,29 @@ void Preemphasize(std::span<double> x, float coeff) {
 void ProcessWindow(const FrameExtractionOptions& opts, const FeatureWindowFunction& window_function,
                    DitherState& dither, std::span<double> window, float* log_energy_pre_window) {
   const std::size_t n = static_cast<std::size_t>(opts.WindowSize());
-  NL_DCHECK(window.size() >= n && window_function.window().size() == n);
-  std::span<double> frame = window.first(n);
-  if (opts.dither != 0.0f) dither.Apply(frame, opts.dither);
-  if (opts.remove_dc_offset) {
-    double sum = 0;
-    for (double s : frame) sum += s;
-    const double mean = sum / static_cast<double>(n);
-    for (double& s : frame) s -= mean;
-  }
+  NL_DCHECK(window.size() >= n && window_function.window().size() == n && n >= 2);
+  double* x = window.data();
+  if (opts.dither != 0.0f) dither.Apply(window.first(n), opts.dither);
+  double mean = 0;
+  if (opts.remove_dc_offset) mean = SumOf(x, n) / static_cast<double>(n);
   if (log_energy_pre_window != nullptr) {
-    double energy = 0;
-    for (double s : frame) energy += s * s;
+    const double energy = SumOfSquaresAbout(x, n, mean);
     *log_energy_pre_window = static_cast<float>(std::log(std::max(energy, static_cast<double>(FLT_EPSILON))));
   }
-  Preemphasize(frame, opts.preemph_coeff);
-  const std::span<const double> w = window_function.window();
-  for (std::size_t i = 0; i < n; ++i) frame[i] *= w[i];
+  // DC removal, pre-emphasis (backwards: each step reads the previous sample before it is changed) and
+  // the window function in one pass: x[i] ← w[i]·((x[i] − mean) − c·(x[i−1] − mean)) for i = n−1..1,
+  // x[0] ← w[0]·((x[0] − mean) − c·(x[0] − mean)). The same operations, in the same order, as the DC
+  // removal followed by Preemphasize() and the window.
+  const double* w = window_function.window().data();
+  const double c = opts.preemph_coeff;
+  if (c == 0.0) {
+    // Scalar math: x[i] = w[i]·(x[i] − mean).
+    for (std::size_t i = 0; i < n; ++i) x[i] = w[i] * (x[i] - mean);
+    return;
+  }
+  // Scalar math: x[i] = w[i]·((x[i] − mean) − c·(x[i−1] − mean)), i descending (x[i−1] is still unchanged).
+  for (std::size_t i = n - 1; i > 0; --i) x[i] = w[i] * ((x[i] - mean) - c * (x[i - 1] - mean));
+  x[0] = w[0] * ((x[0] - mean) - c * (x[0] - mean));
 }
 
 void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std::int64_t frame,
@@ -148,9 +182,12 @@ void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std:
   const std::int64_t start = FirstSampleOfFrame(frame, opts) - sample_offset;  // in `wave` coordinates
   const std::int64_t n = static_cast<std::int64_t>(wave.size());
   NL_CHECK(n > 0, "cannot extract frame {} from an empty waveform buffer", frame);
-  window.assign(static_cast<std::size_t>(padded), 0.0);
+  if (window.size() != static_cast<std::size_t>(padded)) window.assign(static_cast<std::size_t>(padded), 0.0);
+  std::fill(window.begin() + length, window.end(), 0.0);  // the zero padding up to the FFT length
   if (start >= 0 && start + length <= n) {
-    std::copy_n(wave.begin() + start, length, window.begin());
+    // Scalar math: float → double.
+    for (std::int64_t s = 0; s < length; ++s)
+      window[static_cast<std::size_t>(s)] = wave[static_cast<std::size_t>(start + s)];
   } else {
     // Mirror at the stream's edges, in stream coordinates: −1 → 0, total → total−1 (repeated for very
     // short streams). The buffer's end is the stream's end whenever a frame reaches past it.

@@ -71,9 +71,16 @@ void MelBanks::Compute(std::span<const double> power_spectrum, std::span<double>
     const auto& [first, w] = bins_[b];
     const double* p = power_spectrum.data() + first;
     NL_DCHECK(static_cast<std::size_t>(first) + w.size() <= power_spectrum.size());
-    double acc = 0;
-    for (std::size_t i = 0; i < w.size(); ++i) acc += static_cast<double>(w[i]) * p[i];
-    mel_energies[b] = acc;
+    // Four interleaved partial sums (lane j takes i ≡ j mod 4), added pairwise: a fixed order without a
+    // serial chain of dependent adds.
+    double acc[4] = {0, 0, 0, 0};
+    const std::size_t n = w.size();
+    std::size_t i = 0;
+    // Scalar math: acc[j] += w[i + j]·p[i + j].
+    for (; i + 4 <= n; i += 4)
+      for (std::size_t j = 0; j < 4; ++j) acc[j] += static_cast<double>(w[i + j]) * p[i + j];
+    for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += static_cast<double>(w[i]) * p[i];
+    mel_energies[b] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   }
 }
 

@@ -11,7 +11,8 @@
 // skipped; relative paths are relative to the current directory); DIR/<basename without .wav>.npy is
 // written for each, in parallel over files on --jobs threads (default: all cores). Each file uses the
 // same options and seed, so a file's features do not depend on the list or the thread count. Every file
-// is attempted; failures are reported together at the end (exit 1), the other outputs are kept.
+// is attempted; failures are reported together at the end (exit 1), the other outputs are kept. Each
+// thread builds the mel banks, window and FFT plan once (speech::FbankExtractor) and reuses them.
 #include <normlab/error.h>
 #include <normlab/npy.h>
 #include <normlab/speech/fbank.h>
@@ -50,13 +51,14 @@ struct FileResult {
   double audio_seconds = 0, compute_seconds = 0;
 };
 
-FileResult run_one(const std::string& in, const std::string& out, const FbankCliOptions& o) {
+// `extractor` holds the options' mel banks, window and FFT plan, built once per thread.
+FileResult run_one(const std::string& in, const std::string& out, const FbankCliOptions& o,
+                   speech::FbankExtractor& extractor) {
   const speech::Waveform w = speech::read_wav(in, {.expected_samp_freq = o.fbank.frame_opts.samp_freq});
   const auto t0 = std::chrono::steady_clock::now();
   Tensor feats;
   try {
-    feats = speech::ComputeFbank(o.fbank, w.samples, w.samp_freq,
-                                 o.layout == "ft" ? FeatureLayout::kFT : FeatureLayout::kTF);
+    feats = extractor.Compute(w.samples, w.samp_freq, o.layout == "ft" ? FeatureLayout::kFT : FeatureLayout::kTF);
   } catch (const Error& e) {
     throw Error(in + ": " + e.what());
   }
@@ -90,7 +92,8 @@ void run_fbank(const FbankCliOptions& o) {
   if (single) {
     NL_CHECK(!o.output.empty(), "-o OUT.npy is required with IN.wav");
     NL_CHECK(o.out_dir.empty() && o.jobs == 0, "--out-dir and --jobs go with --list");
-    const FileResult r = run_one(o.input, o.output, o);
+    speech::FbankExtractor extractor(o.fbank);
+    const FileResult r = run_one(o.input, o.output, o, extractor);
     if (o.stats)
       std::printf("fbank: 1 file, %.3f s of audio, %.4f s computing (real-time factor %.5f)\n",
                   r.audio_seconds, r.compute_seconds, r.compute_seconds / r.audio_seconds);
@@ -119,9 +122,10 @@ void run_fbank(const FbankCliOptions& o) {
   std::vector<std::string> errors(files.size());
   std::vector<FileResult> results(files.size());
   auto worker = [&] {
+    speech::FbankExtractor extractor(o.fbank);
     for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
       try {
-        results[i] = run_one(files[i], outs[i], o);
+        results[i] = run_one(files[i], outs[i], o, extractor);
       } catch (const std::exception& e) {
         errors[i] = e.what();
       }

@@ -78,10 +78,16 @@ class OnlineFbank {
   // No more input: with snip_edges = false the final frames (mirrored at the end) become ready.
   void InputFinished();
 
+  // Starts a new waveform with the same options, keeping the mel banks, window and FFT plan: afterwards
+  // the object behaves exactly like a newly constructed one (the dither generator restarts from
+  // dither_seed).
+  void Reset();
+
   std::int32_t Dim() const { return computer_.Dim(); }
   std::int64_t NumFramesReady() const { return num_frames_; }
   bool IsLastFrame(std::int64_t frame) const { return finished_ && frame == num_frames_ - 1; }
   std::span<const float> GetFrame(std::int64_t frame) const;
+  const FbankOptions& GetOptions() const { return opts_; }
   // All frames ready so far as a [T, Dim()] or [Dim(), T] tensor.
   Tensor Features(FeatureLayout layout = FeatureLayout::kTF) const;
 
@@ -98,6 +104,20 @@ class OnlineFbank {
   bool finished_ = false;
   std::vector<float> features_;  // num_frames_ × Dim()
   std::vector<double> window_;   // scratch
+};
+
+// Whole waveforms one after another with the same options: the set-up (mel banks, window function, FFT
+// plan) is done once, which matters for short clips. Compute() returns exactly what ComputeFbank() does.
+// Not thread-safe: one per thread.
+class FbankExtractor {
+ public:
+  explicit FbankExtractor(const FbankOptions& opts) : fbank_(opts) {}
+  Tensor Compute(std::span<const float> samples, float samp_freq, FeatureLayout layout = FeatureLayout::kTF);
+  const FbankOptions& GetOptions() const { return opts_; }
+
+ private:
+  OnlineFbank fbank_;
+  FbankOptions opts_ = fbank_.GetOptions();
 };
 
 // The features of a whole waveform (int16 scale, rate samp_freq). Throws normlab::Error when samp_freq

@@ -97,6 +97,10 @@ void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std:
 void ProcessWindow(const FrameExtractionOptions& opts, const FeatureWindowFunction& window_function,
                    DitherState& dither, std::span<double> window, float* log_energy_pre_window);
 
+// Σ x[i] and Σ (x[i] − mean)² over i < n, summed in a fixed order (eight interleaved partial sums).
+double SumOf(const double* x, std::size_t n);
+double SumOfSquaresAbout(const double* x, std::size_t n, double mean);
+
 // x[i] −= coeff·x[i−1] for i = n−1..1; x[0] −= coeff·x[0].
 void Preemphasize(std::span<double> x, float coeff);
 

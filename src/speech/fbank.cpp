@@ -18,13 +18,15 @@ void FbankOptions::Validate() const {
   frame_opts.Validate();
   NL_CHECK(std::isfinite(energy_floor) && energy_floor >= 0, "energy-floor must be ≥ 0, got {}",
            energy_floor);
+  NL_CHECK(std::isfinite(vtln_warp) && vtln_warp > 0, "vtln-warp must be > 0, got {}", vtln_warp);
 }
 
 std::string FbankOptions::ToString() const {
   return fmt::format(
-      "{} {} use_energy={} energy_floor={} raw_energy={} htk_compat={} use_log_fbank={} use_power={}",
+      "{} {} use_energy={} energy_floor={} raw_energy={} htk_compat={} use_log_fbank={} use_power={} "
+      "vtln_warp={}",
       frame_opts.ToString(), mel_opts.ToString(), use_energy, energy_floor, raw_energy, htk_compat,
-      use_log_fbank, use_power);
+      use_log_fbank, use_power, vtln_warp);
 }
 
 namespace {
@@ -82,7 +84,7 @@ struct FbankComputer::Fft {
 
 FbankComputer::FbankComputer(const FbankOptions& opts)
     : opts_(validated(opts)),
-      mel_banks_(with_htk_mode(opts.mel_opts, opts.htk_compat), opts.frame_opts),
+      mel_banks_(with_htk_mode(opts.mel_opts, opts.htk_compat), opts.frame_opts, opts.vtln_warp),
       fft_(std::make_unique<Fft>(opts.frame_opts.PaddedWindowSize())),
       power_(static_cast<std::size_t>(opts.frame_opts.PaddedWindowSize() / 2 + 1)),
       mel_(static_cast<std::size_t>(opts.mel_opts.num_bins)) {}

@@ -205,6 +205,12 @@ void add_fbank_command(CLI::App& app) {
   cmd->add_option("--low-freq", fb.mel_opts.low_freq, "Lowest mel-bin edge (Hz)")->capture_default_str();
   cmd->add_option("--high-freq", fb.mel_opts.high_freq, "Highest mel-bin edge (Hz); ≤ 0: offset from Nyquist")
       ->capture_default_str();
+  cmd->add_option("--vtln-warp", fb.vtln_warp, "VTLN warp factor of the mel banks (1 = none)")
+      ->capture_default_str();
+  cmd->add_option("--vtln-low", fb.mel_opts.vtln_low, "Lower VTLN inflection point (Hz)")->capture_default_str();
+  cmd->add_option("--vtln-high", fb.mel_opts.vtln_high,
+                  "Upper VTLN inflection point (Hz); < 0: offset from Nyquist")
+      ->capture_default_str();
   cmd->add_flag("--use-energy{true}", fb.use_energy, "Add the log-energy as feature 0 [default: false]")
       ->capture_default_str();
   cmd->add_option("--energy-floor", fb.energy_floor, "Floor on the energy (0 = none)")->capture_default_str();

@@ -36,6 +36,9 @@ struct FbankOptions {
   bool htk_compat = false;    // --htk-compat: energy last instead of first; HTK first-bin quirk
   bool use_log_fbank = true;  // --use-log-fbank
   bool use_power = true;      // --use-power: power (true) or magnitude (false) spectrum
+  // --vtln-warp: the VTLN warp factor of the mel banks (mel_banks.h; 1 = none). A compute-fbank-feats flag
+  // that Kaldi passes to FbankComputer::Compute per utterance; here it is one option for the whole run.
+  float vtln_warp = 1.0f;
 
   void Validate() const;  // throws normlab::Error naming the bad option and its valid range
   std::string ToString() const;

@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 
+#include "speech/real_fft.h"
 #include "support/tolerance.h"
 
 namespace normlab::speech {
@@ -172,6 +173,44 @@ TEST(Fbank, BadFrequencyRangeNamesTheValues) {
   o.mel_opts.num_bins = 23;
   o.frame_opts.window_type = "kaiser";
   EXPECT_NL_ERROR(FbankComputer c(o), "unknown window-type \"kaiser\"");
+}
+
+// The power-of-two real FFT (src/speech/real_fft.h) against a float64 direct DFT (long double accumulation,
+// exact twiddles), for every length 2..4096: radix-4 passes only (4^k·2 and 4^k lengths both occur).
+TEST(RealFft, PowerSpectrumMatchesADirectDft) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> nd(0.0, 1000.0);
+  for (std::int32_t n = 2; n <= 4096; n *= 2) {
+    SCOPED_TRACE(n);
+    std::vector<double> x(static_cast<std::size_t>(n));
+    for (double& v : x) v = nd(rng);
+    x[0] += 5000;  // a DC component
+    detail::RealFftPow2 fft(n);
+    std::vector<double> power(static_cast<std::size_t>(n / 2 + 1), -1.0);
+    fft.PowerSpectrum(x.data(), power.data());
+    double energy = 0;
+    for (double v : x) energy += v * v;
+    std::vector<long double> c(static_cast<std::size_t>(n)), sn(static_cast<std::size_t>(n));
+    for (std::int32_t m = 0; m < n; ++m) {
+      const long double a = -2.0L * 3.14159265358979323846264338327950288L * m / n;
+      c[static_cast<std::size_t>(m)] = std::cos(a);
+      sn[static_cast<std::size_t>(m)] = std::sin(a);
+    }
+    for (std::int32_t k = 0; k <= n / 2; ++k) {
+      long double re = 0, im = 0;
+      for (std::int32_t j = 0; j < n; ++j) {
+        const std::size_t m = static_cast<std::size_t>((static_cast<std::int64_t>(j) * k) % n);
+        re += x[static_cast<std::size_t>(j)] * c[m];
+        im += x[static_cast<std::size_t>(j)] * sn[m];
+      }
+      const double ref = static_cast<double>(re * re + im * im);
+      // Rounding error of an FFT: ~ε·log2(n) relative to the frame's energy (Parseval: Σ|X|² = n·Σx²).
+      ASSERT_NEAR(power[static_cast<std::size_t>(k)], ref, 64 * DBL_EPSILON * n * energy) << "k " << k;
+    }
+  }
+  EXPECT_FALSE(detail::RealFftPow2::Supports(400));
+  EXPECT_FALSE(detail::RealFftPow2::Supports(0));
+  EXPECT_TRUE(detail::RealFftPow2::Supports(512));
 }
 
 // Kaldi's VTLN warp by hand: low_freq 20, high_freq 8000, vtln_low 100, vtln_high 7500, α = 0.8:

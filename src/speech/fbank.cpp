@@ -2,6 +2,7 @@
 // and src/feat/online-feature.cc (OnlineGenericBaseFeature::ComputeFeatures), restated; the contract is
 // in include/normlab/speech/fbank.h.
 #include <normlab/error.h>
+#include <normlab/simd.h>
 #include <normlab/speech/fbank.h>
 
 #include <algorithm>
@@ -54,10 +55,9 @@ struct FbankComputer::Fft {
         in(pow2 ? 0 : static_cast<std::size_t>(length % 2 == 0 ? length : 2 * length)),
         out(pow2 ? 0 : static_cast<std::size_t>(length)) {}
 
-  void PowerSpectrum(const double* x, double* power) {
-    if (pow2) {
-      fast.PowerSpectrum(x, power);
-    } else if (n % 2 == 0) {
+  // Not a power of two (kissfft).
+  void PowerSpectrumOther(const double* x, double* power) {
+    if (n % 2 == 0) {
       for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = x[i];
       plan.transform_real(in.data(), out.data());  // out[0] = (X_0, X_{N/2}); out[k] = X_k, 0 < k < N/2
       const double dc = out[0].real(), nyq = out[0].imag();
@@ -82,6 +82,26 @@ struct FbankComputer::Fft {
   std::vector<Cpx> out;
 };
 
+namespace {
+// |FFT|² then the mel sums of one frame, compiled twice from one inline source: for the baseline x86-64
+// instruction set and with AVX2 enabled (GCC target attribute; no FMA, and -ffp-contract=off), chosen by
+// normlab::active_isa() (NORMLAB_ISA). The loops are elementwise (lanes never combine differently), so
+// both give the same bits; tests/speech/fbank_test.cpp checks it.
+[[gnu::always_inline]] inline void PowerAndMel(detail::RealFftPow2& fft, const MelBanks& mel_banks,
+                                               const double* x, double* power, double* mel) {
+  fft.PowerSpectrum(x, power);
+  mel_banks.Compute(power, mel);
+}
+void PowerAndMelBaseline(detail::RealFftPow2& fft, const MelBanks& mel_banks, const double* x, double* power,
+                         double* mel) {
+  PowerAndMel(fft, mel_banks, x, power, mel);
+}
+[[gnu::target("avx2")]] void PowerAndMelAvx2(detail::RealFftPow2& fft, const MelBanks& mel_banks,
+                                             const double* x, double* power, double* mel) {
+  PowerAndMel(fft, mel_banks, x, power, mel);
+}
+}  // namespace
+
 FbankComputer::FbankComputer(const FbankOptions& opts)
     : opts_(validated(opts)),
       mel_banks_(with_htk_mode(opts.mel_opts, opts.htk_compat), opts.frame_opts, opts.vtln_warp),
@@ -103,11 +123,18 @@ void FbankComputer::Compute(float signal_raw_log_energy, std::span<double> windo
     for (double s : window) e += s * s;
     signal_raw_log_energy = static_cast<float>(std::log(std::max(e, static_cast<double>(FLT_MIN))));
   }
-  fft_->PowerSpectrum(window.data(), power_.data());
-  if (!opts_.use_power)
-    for (double& p : power_) p = std::sqrt(p);
-
-  mel_banks_.Compute(power_, mel_);
+  if (fft_->pow2 && opts_.use_power) {
+    (active_isa() == Isa::kScalar ? PowerAndMelBaseline : PowerAndMelAvx2)(fft_->fast, mel_banks_, window.data(),
+                                                                          power_.data(), mel_.data());
+  } else {
+    if (fft_->pow2)
+      fft_->fast.PowerSpectrum(window.data(), power_.data());
+    else
+      fft_->PowerSpectrumOther(window.data(), power_.data());
+    if (!opts_.use_power)
+      for (double& p : power_) p = std::sqrt(p);
+    mel_banks_.Compute(power_, mel_);
+  }
   const std::size_t mel_offset = (opts_.use_energy && !opts_.htk_compat) ? 1 : 0;
   for (std::size_t b = 0; b < mel_.size(); ++b) {
     const double m =

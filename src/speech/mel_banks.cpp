@@ -101,29 +101,9 @@ MelBanks::MelBanks(const MelBanksOptions& opts, const FrameExtractionOptions& fr
              "{}-point FFT at {} Hz); you may have set --num-mel-bins too large (Kaldi rejects this too)",
              b, opts.num_bins, InverseMelScale(left), InverseMelScale(right), fft_bin_width, padded,
              samp_freq);
-    auto& bin = bins_[static_cast<std::size_t>(b)];
-    bin.first = first;
-    bin.second.assign(weights.begin() + first, weights.begin() + last + 1);
-    if (opts.htk_mode && b == 0 && mel_low != 0.0) bin.second[0] = 0.0;
-  }
-}
-
-void MelBanks::Compute(std::span<const double> power_spectrum, std::span<double> mel_energies) const {
-  NL_DCHECK(mel_energies.size() == bins_.size());
-  for (std::size_t b = 0; b < bins_.size(); ++b) {
-    const auto& [first, w] = bins_[b];
-    const double* p = power_spectrum.data() + first;
-    NL_DCHECK(static_cast<std::size_t>(first) + w.size() <= power_spectrum.size());
-    // Four interleaved partial sums (lane j takes i ≡ j mod 4), added pairwise: a fixed order without a
-    // serial chain of dependent adds.
-    double acc[4] = {0, 0, 0, 0};
-    const std::size_t n = w.size();
-    std::size_t i = 0;
-    // Scalar math: acc[j] += w[i + j]·p[i + j].
-    for (; i + 4 <= n; i += 4)
-      for (std::size_t j = 0; j < 4; ++j) acc[j] += w[i + j] * p[i + j];
-    for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += w[i] * p[i];
-    mel_energies[b] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    if (opts.htk_mode && b == 0 && mel_low != 0.0) weights[static_cast<std::size_t>(first)] = 0.0;
+    bins_[static_cast<std::size_t>(b)] = {first, static_cast<std::int32_t>(weights_.size()), last - first + 1};
+    weights_.insert(weights_.end(), weights.begin() + first, weights.begin() + last + 1);
   }
 }
 

@@ -24,6 +24,7 @@
 // overrides it with 23; this struct holds the fbank value directly.
 #pragma once
 
+#include <normlab/error.h>
 #include <normlab/speech/feature_window.h>
 
 #include <cmath>
@@ -64,7 +65,28 @@ class MelBanks {
                                 double high_freq, double vtln_warp_factor, double mel_freq);
 
   // mel_energies[b] = Σ_i weight_b[i]·power_spectrum[first_b + i]; power_spectrum holds ≥ N/2 values.
-  void Compute(std::span<const double> power_spectrum, std::span<double> mel_energies) const;
+  // Each sum is taken as four interleaved partial sums (term i goes to lane i mod 4), added pairwise: a
+  // fixed order without a serial chain of dependent adds. Inline so that src/speech/fbank.cpp compiles it
+  // into its per-instruction-set frame kernels (elementwise lanes: the same bits on every set).
+  [[gnu::always_inline]] inline void Compute(const double* power_spectrum, double* mel_energies) const {
+    const double* w = weights_.data();
+    for (std::size_t b = 0; b < bins_.size(); ++b) {
+      const double* p = power_spectrum + bins_[b].first;
+      const std::size_t n = static_cast<std::size_t>(bins_[b].size);
+      double acc[4] = {0, 0, 0, 0};
+      std::size_t i = 0;
+      // Scalar math: acc[j] += w[i + j]·p[i + j].
+      for (; i + 4 <= n; i += 4)
+        for (std::size_t j = 0; j < 4; ++j) acc[j] += w[i + j] * p[i + j];
+      for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += w[i] * p[i];
+      mel_energies[b] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+      w += n;
+    }
+  }
+  void Compute(std::span<const double> power_spectrum, std::span<double> mel_energies) const {
+    NL_DCHECK(mel_energies.size() == bins_.size());
+    Compute(power_spectrum.data(), mel_energies.data());
+  }
 
   std::int32_t NumBins() const { return static_cast<std::int32_t>(bins_.size()); }
   // Centre frequency of each bin (Hz).
@@ -72,12 +94,18 @@ class MelBanks {
   // Bin b's first FFT index and its weights.
   std::int32_t BinOffset(std::int32_t b) const { return bins_[static_cast<std::size_t>(b)].first; }
   std::span<const double> BinWeights(std::int32_t b) const {
-    return bins_[static_cast<std::size_t>(b)].second;
+    const Bin& bin = bins_[static_cast<std::size_t>(b)];
+    return std::span<const double>(weights_).subspan(static_cast<std::size_t>(bin.start),
+                                                      static_cast<std::size_t>(bin.size));
   }
 
  private:
+  struct Bin {
+    std::int32_t first, start, size;  // first FFT index; where its weights start in weights_; count
+  };
   std::vector<double> center_freqs_;
-  std::vector<std::pair<std::int32_t, std::vector<double>>> bins_;
+  std::vector<Bin> bins_;
+  std::vector<double> weights_;  // every bin's nonzero band, bin after bin
 };
 
 }  // namespace normlab::speech

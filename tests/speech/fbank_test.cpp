@@ -2,6 +2,7 @@
 // streaming == whole waveform bitwise, Kaldi's defaults, errors.
 #include <gtest/gtest.h>
 #include <normlab/npy.h>
+#include <normlab/simd.h>
 #include <normlab/speech/fbank.h>
 #include <normlab/speech/wav.h>
 
@@ -140,6 +141,24 @@ TEST(FbankTorchaudio, MatchesGoldenFiles) {
     EXPECT_LE(err32, 2e-4);
     EXPECT_LE(err64, 1e-4);
   }
+}
+
+// The per-frame FFT and mel sums run in a baseline and an AVX2 build (src/speech/fbank.cpp); every
+// instruction set must give the same bits, for every golden option set.
+TEST(FbankTorchaudio, SameBitsOnEveryInstructionSet) {
+  const Isa saved = active_isa();
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const FbankOptions o = options_of(c);
+    const Waveform w = read_wav(kDir + c.wav + ".wav", {.expected_samp_freq = o.frame_opts.samp_freq});
+    set_isa(Isa::kScalar);
+    const Tensor ref = ComputeFbank(o, w.samples, w.samp_freq);
+    for (Isa isa : supported_isas()) {
+      set_isa(isa);
+      EXPECT_TRUE(bitwise_equal(ComputeFbank(o, w.samples, w.samp_freq).cview(), ref.cview())) << isa_name(isa);
+    }
+  }
+  set_isa(saved);
 }
 
 TEST(FbankTorchaudio, FtLayoutIsTheTranspose) {

@@ -73,6 +73,7 @@ MelBanks::MelBanks(const MelBanksOptions& opts, const FrameExtractionOptions& fr
   const double mel_low = MelScale(low_freq), mel_high = MelScale(high_freq);
   const double mel_delta = (mel_high - mel_low) / static_cast<double>(opts.num_bins + 1);
 
+  num_fft_bins_ = static_cast<std::size_t>(num_fft_bins);
   center_freqs_.resize(static_cast<std::size_t>(opts.num_bins));
   bins_.resize(static_cast<std::size_t>(opts.num_bins));
   for (std::int32_t b = 0; b < opts.num_bins; ++b) {
@@ -102,8 +103,11 @@ MelBanks::MelBanks(const MelBanksOptions& opts, const FrameExtractionOptions& fr
              b, opts.num_bins, InverseMelScale(left), InverseMelScale(right), fft_bin_width, padded,
              samp_freq);
     if (opts.htk_mode && b == 0 && mel_low != 0.0) weights[static_cast<std::size_t>(first)] = 0.0;
-    bins_[static_cast<std::size_t>(b)] = {first, static_cast<std::int32_t>(weights_.size()), last - first + 1};
+    const std::int32_t size = last - first + 1, padded_size = (size + 3) / 4 * 4;
+    bins_[static_cast<std::size_t>(b)] = {first, static_cast<std::int32_t>(weights_.size()), size, padded_size};
     weights_.insert(weights_.end(), weights.begin() + first, weights.begin() + last + 1);
+    weights_.resize(weights_.size() + static_cast<std::size_t>(padded_size - size), 0.0);
+    padded_spectrum_size_ = std::max(padded_spectrum_size_, static_cast<std::size_t>(first + padded_size));
   }
 }
 

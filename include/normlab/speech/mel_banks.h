@@ -66,26 +66,34 @@ class MelBanks {
 
   // mel_energies[b] = Σ_i weight_b[i]·power_spectrum[first_b + i]; power_spectrum holds ≥ N/2 values.
   // Each sum is taken as four interleaved partial sums (term i goes to lane i mod 4), added pairwise: a
-  // fixed order without a serial chain of dependent adds. Inline so that src/speech/fbank.cpp compiles it
-  // into its per-instruction-set frame kernels (elementwise lanes: the same bits on every set).
-  [[gnu::always_inline]] inline void Compute(const double* power_spectrum, double* mel_energies) const {
-    const double* w = weights_.data();
+  // fixed order without a serial chain of dependent adds.
+  void Compute(std::span<const double> power_spectrum, std::span<double> mel_energies) const {
+    NL_CHECK(mel_energies.size() == bins_.size() && power_spectrum.size() >= num_fft_bins_,
+             "MelBanks::Compute: {} mel outputs for {} bins, {} spectrum values for {} FFT bins",
+             mel_energies.size(), bins_.size(), power_spectrum.size(), num_fft_bins_);
     for (std::size_t b = 0; b < bins_.size(); ++b) {
-      const double* p = power_spectrum + bins_[b].first;
-      const std::size_t n = static_cast<std::size_t>(bins_[b].size);
+      const double* w = weights_.data() + bins_[b].start;
+      const double* p = power_spectrum.data() + bins_[b].first;
       double acc[4] = {0, 0, 0, 0};
-      std::size_t i = 0;
-      // Scalar math: acc[j] += w[i + j]·p[i + j].
-      for (; i + 4 <= n; i += 4)
-        for (std::size_t j = 0; j < 4; ++j) acc[j] += w[i + j] * p[i + j];
-      for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += w[i] * p[i];
+      for (std::size_t i = 0; i < static_cast<std::size_t>(bins_[b].size); ++i) acc[i % 4] += w[i] * p[i];
       mel_energies[b] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-      w += n;
     }
   }
-  void Compute(std::span<const double> power_spectrum, std::span<double> mel_energies) const {
-    NL_DCHECK(mel_energies.size() == bins_.size());
-    Compute(power_spectrum.data(), mel_energies.data());
+  // The same sums (the same bits) with every band padded with zero weights to a multiple of 4, so that
+  // each bin is whole vectors: power_spectrum must hold PaddedSpectrumSize() values, finite (a padded term
+  // adds 0·p = +0 to a lane). Inline so that src/speech/fbank.cpp compiles it into its per-instruction-set
+  // frame kernels (elementwise lanes: the same bits on every set).
+  std::size_t PaddedSpectrumSize() const { return padded_spectrum_size_; }
+  [[gnu::always_inline]] inline void ComputePadded(const double* power_spectrum, double* mel_energies) const {
+    for (std::size_t b = 0; b < bins_.size(); ++b) {
+      const double* w = weights_.data() + bins_[b].start;
+      const double* p = power_spectrum + bins_[b].first;
+      double acc[4] = {0, 0, 0, 0};
+      // Scalar math: acc[j] += w[i + j]·p[i + j].
+      for (std::size_t i = 0; i < static_cast<std::size_t>(bins_[b].padded); i += 4)
+        for (std::size_t j = 0; j < 4; ++j) acc[j] += w[i + j] * p[i + j];
+      mel_energies[b] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
   }
 
   std::int32_t NumBins() const { return static_cast<std::int32_t>(bins_.size()); }
@@ -101,11 +109,14 @@ class MelBanks {
 
  private:
   struct Bin {
-    std::int32_t first, start, size;  // first FFT index; where its weights start in weights_; count
+    // First FFT index; where its weights start in weights_; their count; the count padded to a multiple
+    // of 4 (zeros follow the weights in weights_).
+    std::int32_t first, start, size, padded;
   };
   std::vector<double> center_freqs_;
   std::vector<Bin> bins_;
-  std::vector<double> weights_;  // every bin's nonzero band, bin after bin
+  std::vector<double> weights_;  // every bin's nonzero band and its zero padding, bin after bin
+  std::size_t num_fft_bins_ = 0, padded_spectrum_size_ = 0;
 };
 
 }  // namespace normlab::speech

@@ -5,8 +5,11 @@
 // defaults mirror Kaldi's flags (--use-energy false --energy-floor 0 --raw-energy true --htk-compat false
 // --use-log-fbank true --use-power true, plus FrameExtractionOptions and MelBanksOptions); a test pins them.
 //
-// Per frame (after feature_window.h's ProcessWindow): |FFT|² of the zero-padded window (kissfft, double)
-// → mel banks (mel_banks.h) → log, floored at FLT_EPSILON (ln ε = −15.94), rounded to float. Input samples
+// Per frame (after feature_window.h's ProcessWindow): |FFT|² of the zero-padded window in double (a
+// power-of-two length, the default, with src/speech/real_fft.h; any other length with kissfft) → mel banks
+// (mel_banks.h, double) → the mel energy rounded to float, floored at FLT_EPSILON, log in float as Kaldi
+// does (ln ε = −15.94). The FFT, mel sums and window kernel are compiled for the baseline instruction set
+// and for AVX2 and chosen by NORMLAB_ISA (normlab/simd.h); both give the same bits. Input samples
 // are on Kaldi's int16 scale (±32768). With use_energy the raw log-energy is feature 0 (htk_compat: the last
 // feature); Dim() = num_bins + use_energy.
 //

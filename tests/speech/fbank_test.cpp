@@ -360,6 +360,33 @@ TEST(OnlineFbank, RandomChunksEqualWholeWaveformBitwise) {
           }
 }
 
+// One extractor reused across waveforms (what `normlab fbank --list` does per thread) gives for each
+// exactly what a fresh ComputeFbank does, dither included (the generator restarts from the seed), in any
+// order; OnlineFbank::Reset likewise.
+TEST(FbankExtractor, ReuseEqualsAFreshComputationBitwise) {
+  for (bool snip : {true, false}) {
+    FbankOptions o;  // dither 1.0
+    o.frame_opts.snip_edges = snip;
+    o.frame_opts.dither_seed = 11;
+    o.use_energy = true;
+    const std::vector<std::vector<float>> waves = {synthetic(4000, 1), synthetic(401, 2), synthetic(16000, 3)};
+    FbankExtractor ex(o);
+    for (int pass = 0; pass < 2; ++pass)
+      for (std::size_t k = 0; k < waves.size(); ++k) {
+        const std::vector<float>& x = waves[pass == 0 ? k : waves.size() - 1 - k];
+        ASSERT_TRUE(bitwise_equal(ex.Compute(x, 16000).cview(), ComputeFbank(o, x, 16000).cview()))
+            << "snip " << snip << " pass " << pass << " k " << k;
+      }
+    OnlineFbank online(o);
+    online.AcceptWaveform(16000, waves[0]);
+    online.Reset();
+    online.AcceptWaveform(16000, waves[2]);
+    online.InputFinished();
+    EXPECT_TRUE(bitwise_equal(online.Features().cview(), ComputeFbank(o, waves[2], 16000).cview()));
+    EXPECT_NL_ERROR(ex.Compute(std::vector<float>(10, 1.0f), 16000), "too short");
+  }
+}
+
 TEST(OnlineFbank, FramesBecomeReadyAsSoonAsTheyFit) {
   FbankOptions o;
   o.frame_opts.dither = 0;

@@ -11,7 +11,8 @@
 // one frame followed by zeros up to PaddedWindowSize() (the FFT length).
 //
 // Precision: Kaldi processes a frame in float. normlab processes it in double (window function, DC
-// removal, pre-emphasis, FFT, mel) and rounds each feature to float once. A float pipeline's rounding acts
+// removal, pre-emphasis, FFT, mel weights and sums), rounds each mel energy to float once and takes its
+// log in float (within 2 float ulps of the double log, as fbank.h says). A float pipeline's rounding acts
 // like white noise at ~1e-7 of the frame's energy, which in weak bands (the lowest of 80 mel bins after
 // pre-emphasis, or a narrow-band dip) reaches 1e-3 in log-mel; in double the features are the algorithm's
 // values, and Kaldi's and torchaudio's float results each scatter around them (docs/PERFORMANCE.md and

@@ -140,10 +140,14 @@ void FbankComputer::Compute(float signal_raw_log_energy, std::span<double> windo
   const std::size_t mel_offset = (opts_.use_energy && !opts_.htk_compat) ? 1 : 0;
   // The log is taken in float, as Kaldi and torchaudio do (logf is about twice as fast as log): the mel
   // energy rounded to float moves the log by ≤ 6e-8 and logf is within an ulp of it, so a feature is
-  // within ~2 float ulps (≤ 4e-6 for |feature| < 32) of the double log rounded to float.
+  // within ~2 float ulps (≤ 4e-6 for |feature| < 32) of the double log rounded to float. An energy beyond
+  // float's range (only from absurd float WAVs) keeps the double log rather than becoming +inf.
   if (opts_.use_log_fbank) {
-    for (std::size_t b = 0; b < mel_.size(); ++b)
-      feature[mel_offset + b] = std::log(std::max(static_cast<float>(mel_[b]), FLT_EPSILON));
+    for (std::size_t b = 0; b < mel_.size(); ++b) {
+      const double m = std::max(mel_[b], static_cast<double>(FLT_EPSILON));
+      feature[mel_offset + b] =
+          m <= static_cast<double>(FLT_MAX) ? std::log(static_cast<float>(m)) : static_cast<float>(std::log(m));
+    }
   } else {
     for (std::size_t b = 0; b < mel_.size(); ++b) feature[mel_offset + b] = static_cast<float>(mel_[b]);
   }

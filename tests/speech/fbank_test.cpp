@@ -426,6 +426,20 @@ TEST(Fbank, SilenceIsFlooredAtLogFltEpsilon) {
   EXPECT_NEAR(std::log(FLT_EPSILON), -15.942385, 1e-5);
 }
 
+// Mel energies beyond float's range (samples of 1e18 from a float WAV) give finite logs, as in double.
+TEST(Fbank, EnergiesBeyondFloatRangeStayFinite) {
+  FbankOptions o;
+  o.frame_opts.dither = 0;
+  std::vector<float> x = synthetic(1600, 4);
+  for (float& v : x) v *= 1e15f;
+  const Tensor t = ComputeFbank(o, x, 16000);
+  const Tensor ref = ComputeFbank(o, synthetic(1600, 4), 16000);
+  for (Index i = 0; i < t.numel(); ++i) {
+    ASSERT_TRUE(std::isfinite(t[i])) << i;
+    ASSERT_NEAR(t[i], ref[i] + 2 * std::log(1e15), 1e-4 * std::fabs(t[i])) << i;  // gain g: + 2 ln g
+  }
+}
+
 TEST(Fbank, ShorterThanOneFrameIsAnError) {
   FbankOptions o;
   const std::vector<float> x(399, 1.0f);

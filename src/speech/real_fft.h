@@ -6,8 +6,8 @@
 // front end"). This is the textbook algorithm in a form the compiler vectorizes: a Stockham autosort FFT
 // (radix 4, one radix-2 pass when log2 is odd) on split real/imaginary arrays, of the N/2-point complex
 // sequence z_j = x_{2j} + i·x_{2j+1}, then the usual real-input post-processing. Lengths that are not a
-// power of two (--round-to-power-of-two=false) still go through kissfft (src/speech/fbank.cpp), which
-// also serves as this transform's reference in tests/speech/fbank_test.cpp (RealFft.*).
+// power of two (--round-to-power-of-two=false) still go through kissfft (src/speech/fbank.cpp).
+// tests/speech/fbank_test.cpp (RealFft.*) checks this transform against a long-double direct DFT.
 //
 // All arithmetic is double; twiddles are cos/sin of exact multiples of 2π/n, evaluated once per plan.
 // The operations and their order are fixed by the code (no reassociation, -ffp-contract=off), so the

@@ -7,11 +7,17 @@
 // For each thread count: both implementations run `warmup` untimed steps, then `steps` timed steps on
 // the same random batches; reported: the median step time and tokens/s = B·T / median.
 //
+// Threads: normlab::set_num_threads, OpenMP and at::set_num_threads get the count; so does OpenBLAS
+// (openblas_set_num_threads, looked up at run time), which LibTorch's matrix products run on and which
+// at::set_num_threads leaves alone: without it the "1 thread" LibTorch run used OpenBLAS's own pool of
+// one thread per core.
+//
 //   normlab_bench_train [--threads 1,2] [--steps 10] [--warmup 2] [--layers 6] [--d-model 256]
-//                       [--heads 4] [--ffn 1024] [--seq 128] [--batch 16] [--json]
+//                       [--heads 4] [--ffn 1024] [--seq 128] [--batch 16] [--only normlab|libtorch] [--json]
 #include <normlab/nn/model.h>
 #include <normlab/nn/optim.h>
 #include <normlab/parallel.h>
+#include <dlfcn.h>
 #include <omp.h>
 #include <torch/torch.h>
 
@@ -71,7 +77,17 @@ struct Args {
   std::vector<int> threads = {1, 2};
   int steps = 10, warmup = 2, layers = 6, d_model = 256, heads = 4, ffn = 1024, seq = 128, batch = 16;
   bool json = false;
+  bool run_ours = true, run_torch = true;  // --only normlab | --only libtorch (profiling one side)
 };
+
+// OpenBLAS's thread count, when an OpenBLAS is loaded (LibTorch's BLAS here); false when none is.
+bool set_openblas_threads(int n) {
+  using Fn = void (*)(int);
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!fn) return false;
+  fn(n);
+  return true;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -101,6 +117,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--seq") a.seq = std::stoi(next());
     else if (k == "--batch") a.batch = std::stoi(next());
     else if (k == "--json") a.json = true;
+    else if (k == "--only") {
+      const std::string w = next();
+      if (w != "normlab" && w != "libtorch") {
+        std::fprintf(stderr, "normlab_bench_train: --only takes normlab or libtorch, got %s\n", w.c_str());
+        std::exit(2);
+      }
+      a.run_ours = w == "normlab";
+      a.run_torch = w == "libtorch";
+    }
     else {
       std::fprintf(stderr, "normlab_bench_train: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -140,6 +165,9 @@ int main(int argc, char** argv) {
     normlab::set_num_threads(th);
     omp_set_num_threads(th);
     at::set_num_threads(th);
+    const bool openblas = set_openblas_threads(th);
+    if (!a.json && th == a.threads.front())
+      std::printf("OpenBLAS thread control: %s\n", openblas ? "openblas_set_num_threads" : "no OpenBLAS loaded");
 
     // normlab
     normlab::nn::Model model(c);
@@ -147,7 +175,7 @@ int main(int argc, char** argv) {
     normlab::nn::AdamW opt(params, normlab::nn::AdamWOptions{0.9, 0.98, 1e-9, 0.01, true});
     std::vector<double> t_ours;
     double loss_ours = 0;
-    for (int s = 0; s < total; ++s) {
+    for (int s = 0; s < (a.run_ours ? total : 0); ++s) {
       const auto t0 = Clock::now();
       loss_ours = model.forward(tok[static_cast<std::size_t>(s)].data(), tgt[static_cast<std::size_t>(s)].data(), B, T);
       model.backward();
@@ -180,7 +208,7 @@ int main(int argc, char** argv) {
     const torch::Tensor mask = torch::ones({T, T}, torch::kBool).triu(1);
     std::vector<double> t_torch;
     double loss_torch = 0;
-    for (int s = 0; s < total; ++s) {
+    for (int s = 0; s < (a.run_torch ? total : 0); ++s) {
       torch::Tensor ids = torch::tensor(std::vector<int64_t>(tok[static_cast<std::size_t>(s)].begin(), tok[static_cast<std::size_t>(s)].end())).view({B, T});
       torch::Tensor tg = torch::tensor(std::vector<int64_t>(tgt[static_cast<std::size_t>(s)].begin(), tgt[static_cast<std::size_t>(s)].end())).view({B, T});
       const auto t0 = Clock::now();
@@ -192,13 +220,16 @@ int main(int argc, char** argv) {
       if (s >= a.warmup) t_torch.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
 
+    if (t_ours.empty()) t_ours.push_back(NAN);
+    if (t_torch.empty()) t_torch.push_back(NAN);
     const double mo = median(t_ours), mt = median(t_torch);
     const double tok_s = static_cast<double>(B * T);
+    auto num = [](double x) { return std::isfinite(x) ? std::to_string(x) : std::string("null"); };
     if (a.json) {
       json += std::string(json.size() > 1 ? "," : "") +
-              "{\"threads\":" + std::to_string(th) + ",\"normlab_step_s\":" + std::to_string(mo) +
-              ",\"libtorch_step_s\":" + std::to_string(mt) + ",\"normlab_tokens_per_s\":" + std::to_string(tok_s / mo) +
-              ",\"libtorch_tokens_per_s\":" + std::to_string(tok_s / mt) + "}";
+              "{\"threads\":" + std::to_string(th) + ",\"normlab_step_s\":" + num(mo) + ",\"libtorch_step_s\":" +
+              num(mt) + ",\"normlab_tokens_per_s\":" + num(tok_s / mo) + ",\"libtorch_tokens_per_s\":" +
+              num(tok_s / mt) + "}";
     } else {
       std::printf("threads %d: normlab %.1f ms/step, %.0f tokens/s | LibTorch %.1f ms/step, %.0f tokens/s | "
                   "normlab/LibTorch speed %.2fx (last losses %.4f / %.4f)\n",

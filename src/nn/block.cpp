@@ -3,6 +3,7 @@
 // Every activation is (N,C) with N = B·T unless stated. Each Block::backward below reads bottom-up the
 // lines of its Block::forward, one to one. Formulas and citations: docs/placements.md.
 #include "nn/block.h"
+#include "nn/scratch.h"
 
 #include <normlab/error.h>
 
@@ -69,11 +70,10 @@ void Norm<Real>::forward(Real* out, const Real* inp, const std::vector<ParamEntr
 template <typename Real>
 void Norm<Real>::backward(Real* dinp, const Real* dout, const Real* inp, const std::vector<ParamEntry<Real>>& p,
                           Index N, Index C) const {
-  std::vector<Real> scaled;
   if (scale != 1.0) {  // out = scale·norm(inp): d norm = scale·dout
-    scaled.resize(static_cast<std::size_t>(N * C));
-    for (Index i = 0; i < N * C; ++i) scaled[static_cast<std::size_t>(i)] = static_cast<Real>(scale * dout[i]);
-    dout = scaled.data();
+    Real* scaled = detail::scratch<Real>(detail::kNormScaled, N * C);
+    for (Index i = 0; i < N * C; ++i) scaled[i] = static_cast<Real>(scale * dout[i]);
+    dout = scaled;
   }
   switch (kind) {
     case NormKind::kLayerNorm:
@@ -228,47 +228,61 @@ void Block<Real>::backward(Real* dx, const Real* dy, const Real* x, const std::v
                            const Shape& s, std::span<const Index> lengths) {
   const Index N = s.N(), C = s.C, NC = N * C;
   BlockActs<Real>& A = acts_;
-  auto zeros = [NC]() { return std::vector<Real>(static_cast<std::size_t>(NC), Real(0)); };
+  // (N,C) gradient temporaries, scratch slots shared by all blocks (src/nn/scratch.h): buffer(i) is
+  // temporary i (contents unspecified), zeros(i) the same set to 0, copy(i, src) a copy of src.
+  auto buffer = [&](int i) {
+    return detail::scratch<Real>(static_cast<detail::ScratchSlot>(detail::kBlockGrad0 + i), NC);
+  };
+  auto zeros = [&](int i) {
+    Real* b = buffer(i);
+    std::fill_n(b, NC, Real(0));
+    return b;
+  };
+  auto copy = [&](int i, const Real* src) {
+    Real* b = buffer(i);
+    std::copy_n(src, NC, b);
+    return b;
+  };
   switch (style) {
     case BlockStyle::kPost: {
-      std::vector<Real> ds2 = zeros(), dm = zeros(), ds1 = zeros();
-      norms[1].backward(ds2.data(), dy, A.s2.data(), p, N, C);           // y = LN2(s2)
-      ffn_backward_(dm.data(), ds2.data(), A.m.data(), p, s);            // s2 = a·m + FFN(m)
-      add_scaled(dm.data(), alpha, ds2.data(), NC);
-      norms[0].backward(ds1.data(), dm.data(), A.s1.data(), p, N, C);    // m = LN1(s1)
-      attn_backward(dx, ds1.data(), x, p, s, lengths);                   // s1 = a·x + Attn(x)
-      add_scaled(dx, alpha, ds1.data(), NC);
+      Real *ds2 = zeros(0), *dm = zeros(1), *ds1 = zeros(2);
+      norms[1].backward(ds2, dy, A.s2.data(), p, N, C);           // y = LN2(s2)
+      ffn_backward_(dm, ds2, A.m.data(), p, s);                   // s2 = a·m + FFN(m)
+      add_scaled(dm, alpha, ds2, NC);
+      norms[0].backward(ds1, dm, A.s1.data(), p, N, C);           // m = LN1(s1)
+      attn_backward(dx, ds1, x, p, s, lengths);                   // s1 = a·x + Attn(x)
+      add_scaled(dx, alpha, ds1, NC);
       break;
     }
     case BlockStyle::kPre: {
-      std::vector<Real> dm(dy, dy + NC), du2 = zeros(), du1 = zeros();
-      ffn_backward_(du2.data(), dy, A.u2.data(), p, s);                  // y = m + FFN(u2)  (dm = dy above)
-      norms[1].backward(dm.data(), du2.data(), A.m.data(), p, N, C);     // u2 = LN2(m)
-      residual_backward(dx, static_cast<Real*>(nullptr), dm.data(), NC); // m = x + Attn(u1)
-      attn_backward(du1.data(), dm.data(), A.u1.data(), p, s, lengths);
-      norms[0].backward(dx, du1.data(), x, p, N, C);                     // u1 = LN1(x)
+      Real *dm = copy(0, dy), *du2 = zeros(1), *du1 = zeros(2);
+      ffn_backward_(du2, dy, A.u2.data(), p, s);                  // y = m + FFN(u2)  (dm = dy above)
+      norms[1].backward(dm, du2, A.m.data(), p, N, C);            // u2 = LN2(m)
+      residual_backward(dx, static_cast<Real*>(nullptr), dm, NC); // m = x + Attn(u1)
+      attn_backward(du1, dm, A.u1.data(), p, s, lengths);
+      norms[0].backward(dx, du1, x, p, N, C);                     // u1 = LN1(x)
       break;
     }
     case BlockStyle::kSandwich: {
-      std::vector<Real> dm(dy, dy + NC), df2 = zeros(), du2 = zeros(), df1 = zeros(), du1 = zeros();
-      norms[3].backward(df2.data(), dy, A.f2.data(), p, N, C);           // y = m + LN2o(f2)
-      ffn_backward_(du2.data(), df2.data(), A.u2.data(), p, s);          // f2 = FFN(u2)
-      norms[2].backward(dm.data(), du2.data(), A.m.data(), p, N, C);     // u2 = LN2(m)
-      residual_backward(dx, static_cast<Real*>(nullptr), dm.data(), NC); // m = x + LN1o(f1)
-      norms[1].backward(df1.data(), dm.data(), A.f1.data(), p, N, C);
-      attn_backward(du1.data(), df1.data(), A.u1.data(), p, s, lengths); // f1 = Attn(u1)
-      norms[0].backward(dx, du1.data(), x, p, N, C);                     // u1 = LN1(x)
+      Real *dm = copy(0, dy), *df2 = zeros(1), *du2 = zeros(2), *df1 = zeros(3), *du1 = zeros(4);
+      norms[3].backward(df2, dy, A.f2.data(), p, N, C);           // y = m + LN2o(f2)
+      ffn_backward_(du2, df2, A.u2.data(), p, s);                 // f2 = FFN(u2)
+      norms[2].backward(dm, du2, A.m.data(), p, N, C);            // u2 = LN2(m)
+      residual_backward(dx, static_cast<Real*>(nullptr), dm, NC); // m = x + LN1o(f1)
+      norms[1].backward(df1, dm, A.f1.data(), p, N, C);
+      attn_backward(du1, df1, A.u1.data(), p, s, lengths);        // f1 = Attn(u1)
+      norms[0].backward(dx, du1, x, p, N, C);                     // u1 = LN1(x)
       break;
     }
     case BlockStyle::kB2T: {
-      std::vector<Real> ds2 = zeros(), ds1 = zeros();
-      norms[1].backward(ds2.data(), dy, A.s2.data(), p, N, C);           // y = LN2(s2)
-      residual_backward(dx, static_cast<Real*>(nullptr), ds2.data(), NC); // s2 = m + FFN(m) + x
-      std::vector<Real> dm(ds2);
-      ffn_backward_(dm.data(), ds2.data(), A.m.data(), p, s);
-      norms[0].backward(ds1.data(), dm.data(), A.s1.data(), p, N, C);    // m = LN1(s1)
-      residual_backward(dx, static_cast<Real*>(nullptr), ds1.data(), NC); // s1 = x + Attn(x)
-      attn_backward(dx, ds1.data(), x, p, s, lengths);
+      Real *ds2 = zeros(0), *ds1 = zeros(1);
+      norms[1].backward(ds2, dy, A.s2.data(), p, N, C);           // y = LN2(s2)
+      residual_backward(dx, static_cast<Real*>(nullptr), ds2, NC); // s2 = m + FFN(m) + x
+      Real* dm = copy(2, ds2);
+      ffn_backward_(dm, ds2, A.m.data(), p, s);
+      norms[0].backward(ds1, dm, A.s1.data(), p, N, C);           // m = LN1(s1)
+      residual_backward(dx, static_cast<Real*>(nullptr), ds1, NC); // s1 = x + Attn(x)
+      attn_backward(dx, ds1, x, p, s, lengths);
       break;
     }
     case BlockStyle::kSiamese: {
@@ -277,30 +291,30 @@ void Block<Real>::backward(Real* dx, const Real* dy, const Real* x, const std::v
       const Real* dX = dy;
       const Real* dY = dy + NC;
       const double c = siamese_c;
-      std::vector<Real> df2 = zeros(), du2 = zeros(), ds2 = zeros(), dm = zeros(), df1 = zeros(), du1 = zeros(),
-                        ds1 = zeros();
-      axpby(df2.data(), 1.0 / c, dX, 1.0, dY, NC);                        // X = g2 + z2/c; Y = ym + z2
+      Real *df2 = buffer(0), *du2 = zeros(1), *ds2 = zeros(2), *dm = zeros(3), *df1 = buffer(4), *du1 = zeros(5),
+           *ds1 = zeros(6);
+      axpby(df2, 1.0 / c, dX, 1.0, dY, NC);                        // X = g2 + z2/c; Y = ym + z2
       std::vector<Real> dg2(dX, dX + NC), dym(dY, dY + NC);
-      ffn_backward_(du2.data(), df2.data(), A.u2.data(), p, s);          // z2 = FFN(u2)
-      norms[5].backward(ds2.data(), du2.data(), A.s2.data(), p, N, C);   // u2 = InN2(s2)
-      residual_backward(dg2.data(), static_cast<Real*>(nullptr), ds2.data(), NC);  // s2 = g2 + PreN2(ym)
-      norms[4].backward(dym.data(), ds2.data(), A.ym.data(), p, N, C);
-      norms[3].backward(dm.data(), dg2.data(), A.m.data(), p, N, C);     // g2 = PostN2(m)
-      axpby(df1.data(), 1.0 / c, dm.data(), 1.0, dym.data(), NC);        // m = g1 + z1/c; ym = y + z1
-      std::vector<Real> dg1(dm);
+      ffn_backward_(du2, df2, A.u2.data(), p, s);                  // z2 = FFN(u2)
+      norms[5].backward(ds2, du2, A.s2.data(), p, N, C);           // u2 = InN2(s2)
+      residual_backward(dg2.data(), static_cast<Real*>(nullptr), ds2, NC);  // s2 = g2 + PreN2(ym)
+      norms[4].backward(dym.data(), ds2, A.ym.data(), p, N, C);
+      norms[3].backward(dm, dg2.data(), A.m.data(), p, N, C);      // g2 = PostN2(m)
+      axpby(df1, 1.0 / c, dm, 1.0, dym.data(), NC);                // m = g1 + z1/c; ym = y + z1
+      std::vector<Real> dg1(dm, dm + NC);
       residual_backward(dx + NC, static_cast<Real*>(nullptr), dym.data(), NC);
-      attn_backward(du1.data(), df1.data(), A.u1.data(), p, s, lengths); // z1 = Attn(u1)
-      norms[2].backward(ds1.data(), du1.data(), A.s1.data(), p, N, C);   // u1 = InN1(s1)
-      residual_backward(dg1.data(), static_cast<Real*>(nullptr), ds1.data(), NC);  // s1 = g1 + PreN1(y)
-      norms[1].backward(dx + NC, ds1.data(), ys, p, N, C);
-      norms[0].backward(dx, dg1.data(), xs, p, N, C);                    // g1 = PostN1(x)
+      attn_backward(du1, df1, A.u1.data(), p, s, lengths);         // z1 = Attn(u1)
+      norms[2].backward(ds1, du1, A.s1.data(), p, N, C);           // u1 = InN1(s1)
+      residual_backward(dg1.data(), static_cast<Real*>(nullptr), ds1, NC);  // s1 = g1 + PreN1(y)
+      norms[1].backward(dx + NC, ds1, ys, p, N, C);
+      norms[0].backward(dx, dg1.data(), xs, p, N, C);              // g1 = PostN1(x)
       break;
     }
     case BlockStyle::kNone: {
-      std::vector<Real> dm(dy, dy + NC);
-      ffn_backward_(dm.data(), dy, A.m.data(), p, s);                    // y = m + FFN(m)
-      residual_backward(dx, static_cast<Real*>(nullptr), dm.data(), NC); // m = x + Attn(x)
-      attn_backward(dx, dm.data(), x, p, s, lengths);
+      Real* dm = copy(0, dy);
+      ffn_backward_(dm, dy, A.m.data(), p, s);                     // y = m + FFN(m)
+      residual_backward(dx, static_cast<Real*>(nullptr), dm, NC);  // m = x + Attn(x)
+      attn_backward(dx, dm, x, p, s, lengths);
       break;
     }
   }

@@ -1,6 +1,8 @@
 // Linear layer y = x·Wᵀ + b (PyTorch weight layout (OC, C)). See include/normlab/nn/layers.h.
 #include <normlab/nn/layers.h>
 
+#include <algorithm>
+
 #include "nn/checks.h"
 #include "nn/gemm.h"
 
@@ -13,11 +15,11 @@ void linear_forward(Real* out, const Real* inp, const Real* weight, const Real* 
   detail::check_size("linear", "N", N);
   detail::check_size("linear", "C", C);
   detail::check_size("linear", "OC", OC);
-  // out = inp (N,C) · weightᵀ (C,OC), written (beta = 0), then + bias per row.
-  gemm<Real>(false, true, N, OC, C, Real(1), inp, C, weight, C, Real(0), out, OC);
+  // out = bias in every row, then out += inp (N,C) · weightᵀ (C,OC) (beta = 1), as PyTorch's addmm;
+  // without a bias the product is written (beta = 0).
   if (bias)
-    for (Index n = 0; n < N; ++n)
-      for (Index o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
+    for (Index n = 0; n < N; ++n) std::copy(bias, bias + OC, out + n * OC);
+  gemm<Real>(false, true, N, OC, C, Real(1), inp, C, weight, C, bias ? Real(1) : Real(0), out, OC);
 }
 
 template <typename Real>

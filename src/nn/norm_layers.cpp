@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nn/checks.h"
+#include "nn/scratch.h"
 #include "parallel/parallel.h"
 
 namespace normlab::nn {
@@ -29,8 +30,9 @@ ConstView vec_view(const float* p, Index C) { return p ? ConstView(p, {C}) : Con
 View vec_view(float* p, Index C) { return p ? View(p, {C}) : View(); }
 
 // dinp += dx for the float library paths, which write dx with "=".
-void accumulate(float* dinp, const Tensor& dx) {
-  for (Index i = 0; i < dx.numel(); ++i) dinp[i] += dx[i];
+void accumulate(float* dinp, const float* dx, Index n) {
+  // Scalar math: dinp[i] = dinp[i] + dx[i]
+  for (Index i = 0; i < n; ++i) dinp[i] += dx[i];
 }
 
 }  // namespace
@@ -155,10 +157,12 @@ void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
   check_rows("layernorm", N, C);
   check_eps("layernorm", eps);
   if constexpr (std::is_same_v<Real, float>) {
-    Tensor dx({N, C});  // the library writes dx with "=": add it to dinp afterwards
-    layer_norm_backward(dx.view(), vec_view(dweight, C), vec_view(dbias, C), rows_view(dout, N, C),
-                        rows_view(inp, N, C), vec_view(weight, C), {-1}, eps, GradMode::kAccumulate);
-    if (dinp) accumulate(dinp, dx);
+    // the library writes dx with "=": into scratch, then dinp += dx
+    float* dx = detail::scratch<float>(detail::kNormDx, N * C);
+    layer_norm_backward(View(dx, {N, C}), vec_view(dweight, C), vec_view(dbias, C),
+                        rows_view(dout, N, C), rows_view(inp, N, C), vec_view(weight, C), {-1}, eps,
+                        GradMode::kAccumulate);
+    if (dinp) accumulate(dinp, dx, N * C);
   } else {
     norm_rows_backward(dinp, dweight, dbias, dout, inp, weight, N, C, eps, /*centre=*/true);
   }
@@ -184,10 +188,10 @@ void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* i
   check_rows("rmsnorm", N, C);
   check_eps("rmsnorm", eps);
   if constexpr (std::is_same_v<Real, float>) {
-    Tensor dx({N, C});
-    rms_norm_backward(dx.view(), vec_view(dweight, C), rows_view(dout, N, C), rows_view(inp, N, C),
-                      vec_view(weight, C), {-1}, eps, GradMode::kAccumulate);
-    if (dinp) accumulate(dinp, dx);
+    float* dx = detail::scratch<float>(detail::kNormDx, N * C);
+    rms_norm_backward(View(dx, {N, C}), vec_view(dweight, C), rows_view(dout, N, C),
+                      rows_view(inp, N, C), vec_view(weight, C), {-1}, eps, GradMode::kAccumulate);
+    if (dinp) accumulate(dinp, dx, N * C);
   } else {
     norm_rows_backward(dinp, dweight, nullptr, dout, inp, weight, N, C, eps, /*centre=*/false);
   }

@@ -123,14 +123,18 @@ void sdpa_backward_loops(Real* dq, Real* dk, Real* dv, const Real* dctx, const R
 //
 // For one (b, h) with real length len (padded queries and keys are the trailing t ≥ len), with
 // Q, K, V, dctx the (len, hs) slices of q, k, v, dctx (row stride C) and P the (len, len) top-left of
-// the att block (row stride T):
-//   forward   P = Q·Kᵀ/√hs (one GEMM), softmax of each row over its allowed keys j < key_end(i) (the
-//             rest of the row written 0), ctx = P·V (one GEMM; the zeros add nothing)
-//   backward  dP = dctx·Vᵀ, dV += Pᵀ·dctx, dS = P ⊙ (dP − rowsum(P ⊙ dP))/√hs, dQ += dS·K, dK += dSᵀ·Q
-// Every GEMM of a chunk runs inside the parallel region, hence on one thread: each (b, h) is computed
-// alone and the bits do not depend on the thread count.
+// the att block (row stride T). Queries go in blocks [i0, i0 + m) of kQueryBlock rows; a block needs
+// the keys j < kend = i0 + m when causal (the later ones are masked for all its rows), j < len if not:
+//   forward   P[blk, :kend] = Q[blk]·K[:kend]ᵀ/√hs, softmax of each row over its allowed keys j < key_end(i)
+//             (the rest of the row written 0), ctx[blk] = P[blk, :kend]·V[:kend]
+//   backward  dP = dctx[blk]·V[:kend]ᵀ, dS = P ⊙ (dP − rowsum(P ⊙ dP))/√hs,
+//             dV[:kend] += P[blk, :kend]ᵀ·dctx[blk], dQ[blk] += dS·K[:kend], dK[:kend] += dSᵀ·Q[blk]
+// (blocks in increasing order). Every GEMM of a chunk runs inside the parallel region, hence on one
+// thread: each (b, h) is computed alone and the bits do not depend on the thread count.
+constexpr Index kQueryBlock = 32;
 
-// Row i of P (len entries, the scores on entry): the stable softmax over [0, jend), 0 on [jend, len).
+// Row i of P (len entries, the scores on [0, jend) on entry): the stable softmax over [0, jend), 0 on
+// [jend, len).
 void softmax_row(float* row, Index jend, Index len) {
   float maxv = -std::numeric_limits<float>::infinity();
   for (Index j = 0; j < jend; ++j) maxv = std::max(maxv, row[j]);
@@ -156,42 +160,52 @@ void sdpa_forward_gemm(float* ctx, float* att, const float* q, const float* k, c
     // padded query rows (i ≥ len) of att and ctx, and the padded key columns of the real rows: 0
     for (Index i = 0; i < T; ++i) std::fill(P + i * T + (i < len ? len : 0), P + (i + 1) * T, 0.0f);
     for (Index i = len; i < T; ++i) std::fill_n(ctx + off + i * C, hs, 0.0f);
-    if (len == 0) return;
-    gemm<float>(false, true, len, len, hs, scale, q + off, C, k + off, C, 0.0f, P, T);  // S = Q·Kᵀ/√hs
-    for (Index i = 0; i < len; ++i) softmax_row(P + i * T, key_end(i, len, causal), len);
-    gemm<float>(false, false, len, hs, len, 1.0f, P, T, v + off, C, 0.0f, ctx + off, C);  // ctx = P·V
+    const Index qb = causal ? kQueryBlock : std::max<Index>(len, 1);
+    for (Index i0 = 0; i0 < len; i0 += qb) {
+      const Index m = std::min(qb, len - i0), kend = causal ? i0 + m : len;
+      float* Pb = P + i0 * T;
+      gemm<float>(false, true, m, kend, hs, scale, q + off + i0 * C, C, k + off, C, 0.0f, Pb, T);  // S = Q·Kᵀ/√hs
+      for (Index i = i0; i < i0 + m; ++i) softmax_row(P + i * T, key_end(i, len, causal), len);
+      gemm<float>(false, false, m, hs, kend, 1.0f, Pb, T, v + off, C, 0.0f, ctx + off + i0 * C, C);  // ctx = P·V
+    }
   });
 }
 
 // overwrite: dq, dk, dv are written (=) rather than accumulated, padded rows included (0 there).
+// The causal flag only saves work: the masked entries of att are 0 either way.
 void sdpa_backward_gemm(float* dq, float* dk, float* dv, const float* dctx, const float* q, const float* k,
                         const float* v, const float* att, std::span<const Index> lengths, Index B, Index T,
-                        Index C, Index H, bool overwrite) {
+                        Index C, Index H, bool causal, bool overwrite) {
   const Index hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   parallel::parallel_for(B * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H, len = detail::length_of(lengths, b, T);
     const Index off = b * T * C + h * hs;
-    const float beta = overwrite ? 0.0f : 1.0f;
-    if (overwrite)  // padded rows: no gradient
-      for (Index i = len; i < T; ++i)
-        for (float* d : {dq, dk, dv}) std::fill_n(d + off + i * C, hs, 0.0f);
+    if (overwrite)  // dK, dV accumulate over the query blocks: start from 0 (padded rows stay 0)
+      for (Index i = 0; i < T; ++i)
+        for (float* d : {dk, dv, dq}) std::fill_n(d + off + i * C, hs, 0.0f);
     if (len == 0) return;  // no real query: nothing flows back
     const float* P = att + bh * T * T;
     thread_local std::vector<float> dS;
-    if (dS.size() < static_cast<std::size_t>(len * len)) dS.resize(static_cast<std::size_t>(len * len));
-    gemm<float>(false, true, len, len, hs, 1.0f, dctx + off, C, v + off, C, 0.0f, dS.data(), len);  // dP = dctx·Vᵀ
-    gemm<float>(true, false, len, hs, len, 1.0f, P, T, dctx + off, C, beta, dv + off, C);        // dV += Pᵀ·dctx
-    for (Index i = 0; i < len; ++i) {  // through the softmax: dS = P ⊙ (dP − Σ_j P_ij dP_ij)·scale
-      const float* p = P + i * T;
-      float* d = dS.data() + i * len;
-      float dot = 0;
-      for (Index j = 0; j < len; ++j) dot += p[j] * d[j];
-      // Scalar math: d[j] = p[j]·(d[j] − dot)·scale
-      for (Index j = 0; j < len; ++j) d[j] = p[j] * (d[j] - dot) * scale;
+    const Index qb = causal ? kQueryBlock : len;
+    if (dS.size() < static_cast<std::size_t>(qb * len)) dS.resize(static_cast<std::size_t>(qb * len));
+    for (Index i0 = 0; i0 < len; i0 += qb) {
+      const Index m = std::min(qb, len - i0), kend = causal ? i0 + m : len;
+      const float* Pb = P + i0 * T;
+      const float* dcb = dctx + off + i0 * C;
+      gemm<float>(false, true, m, kend, hs, 1.0f, dcb, C, v + off, C, 0.0f, dS.data(), kend);  // dP = dctx·Vᵀ
+      gemm<float>(true, false, kend, hs, m, 1.0f, Pb, T, dcb, C, 1.0f, dv + off, C);          // dV += Pᵀ·dctx
+      for (Index r = 0; r < m; ++r) {  // through the softmax: dS = P ⊙ (dP − Σ_j P_ij dP_ij)·scale
+        const float* p = Pb + r * T;
+        float* d = dS.data() + r * kend;
+        float dot = 0;
+        for (Index j = 0; j < kend; ++j) dot += p[j] * d[j];
+        // Scalar math: d[j] = p[j]·(d[j] − dot)·scale
+        for (Index j = 0; j < kend; ++j) d[j] = p[j] * (d[j] - dot) * scale;
+      }
+      gemm<float>(false, false, m, hs, kend, 1.0f, dS.data(), kend, k + off, C, 1.0f, dq + off + i0 * C, C);  // dQ += dS·K
+      gemm<float>(true, false, kend, hs, m, 1.0f, dS.data(), kend, q + off + i0 * C, C, 1.0f, dk + off, C);   // dK += dSᵀ·Q
     }
-    gemm<float>(false, false, len, hs, len, 1.0f, dS.data(), len, k + off, C, beta, dq + off, C);  // dQ += dS·K
-    gemm<float>(true, false, len, hs, len, 1.0f, dS.data(), len, q + off, C, beta, dk + off, C);   // dK += dSᵀ·Q
   });
 }
 
@@ -216,7 +230,7 @@ void sdpa_backward(Real* dq, Real* dk, Real* dv, const Real* dctx, const Real* q
   // dq, dk, dv are (B,T,C) (+=); dctx, q, k, v are (B,T,C); att is (B,H,T,T)
   check_attention(B, T, C, H, lengths);
   if constexpr (std::is_same_v<Real, float>) {
-    sdpa_backward_gemm(dq, dk, dv, dctx, q, k, v, att, lengths, B, T, C, H, false);  // causality: att's zeros
+    sdpa_backward_gemm(dq, dk, dv, dctx, q, k, v, att, lengths, B, T, C, H, causal, false);
   } else {
     sdpa_backward_loops(dq, dk, dv, dctx, q, k, v, att, lengths, B, T, C, H, causal);
   }
@@ -264,7 +278,7 @@ void attention_backward(Real* dinp, const AttentionGrads<Real>& grads, const Rea
   gemm<Real>(false, false, N, C, C, Real(1), dy, C, params.wo, C, Real(0), dctx, C);
   linear_backward(static_cast<Real*>(nullptr), grads.dwo, grads.dbo, dy, acts.ctx, params.wo, N, C, C);
   if constexpr (std::is_same_v<Real, float>) {
-    sdpa_backward_gemm(dq, dk, dv, dctx, acts.q, acts.k, acts.v, acts.att, lengths, B, T, C, H, true);
+    sdpa_backward_gemm(dq, dk, dv, dctx, acts.q, acts.k, acts.v, acts.att, lengths, B, T, C, H, causal, true);
   } else {
     for (Real* d : {dq, dk, dv}) std::fill_n(d, n, Real(0));
     sdpa_backward_loops(dq, dk, dv, dctx, acts.q, acts.k, acts.v, acts.att, lengths, B, T, C, H, causal);

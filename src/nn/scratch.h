@@ -26,6 +26,9 @@ enum ScratchSlot : int {
   kFfnDhidden,  // ffn_backward: ∂/∂a, then (in place) ∂/∂h
   kNormDx,      // layernorm_backward / rmsnorm_backward: the library's dx (written =) before dinp += dx
   kNormScaled,  // Norm::backward: scale·dout
+  kBnInp,       // batchnorm_forward/backward with padding: the real rows of inp, out (or dout), dx
+  kBnOut,
+  kBnDx,
   kBlockGrad0,  // Block::backward: its 7 (N,C) gradient temporaries, kBlockGrad0 + 0..6
   kBlockGradLast = kBlockGrad0 + 6,
   kNumScratchSlots

@@ -129,8 +129,9 @@ void sdpa_backward_loops(Real* dq, Real* dk, Real* dv, const Real* dctx, const R
 //             (the rest of the row written 0), ctx[blk] = P[blk, :kend]·V[:kend]
 //   backward  dP = dctx[blk]·V[:kend]ᵀ, dS = P ⊙ (dP − rowsum(P ⊙ dP))/√hs,
 //             dV[:kend] += P[blk, :kend]ᵀ·dctx[blk], dQ[blk] += dS·K[:kend], dK[:kend] += dSᵀ·Q[blk]
-// (blocks in increasing order). Every GEMM of a chunk runs inside the parallel region, hence on one
-// thread: each (b, h) is computed alone and the bits do not depend on the thread count.
+// (blocks in increasing order). Every GEMM of a chunk runs on one thread (gemm's one_thread, also when
+// a single chunk runs outside a parallel region): each (b, h) is computed alone and the bits do not
+// depend on the thread count.
 constexpr Index kQueryBlock = 32;
 
 // Row i of P (len entries, the scores on [0, jend) on entry): the stable softmax over [0, jend), 0 on
@@ -164,9 +165,9 @@ void sdpa_forward_gemm(float* ctx, float* att, const float* q, const float* k, c
     for (Index i0 = 0; i0 < len; i0 += qb) {
       const Index m = std::min(qb, len - i0), kend = causal ? i0 + m : len;
       float* Pb = P + i0 * T;
-      gemm<float>(false, true, m, kend, hs, scale, q + off + i0 * C, C, k + off, C, 0.0f, Pb, T);  // S = Q·Kᵀ/√hs
+      gemm<float>(false, true, m, kend, hs, scale, q + off + i0 * C, C, k + off, C, 0.0f, Pb, T, true);  // S = Q·Kᵀ/√hs
       for (Index i = i0; i < i0 + m; ++i) softmax_row(P + i * T, key_end(i, len, causal), len);
-      gemm<float>(false, false, m, hs, kend, 1.0f, Pb, T, v + off, C, 0.0f, ctx + off + i0 * C, C);  // ctx = P·V
+      gemm<float>(false, false, m, hs, kend, 1.0f, Pb, T, v + off, C, 0.0f, ctx + off + i0 * C, C, true);  // ctx = P·V
     }
   });
 }
@@ -193,8 +194,8 @@ void sdpa_backward_gemm(float* dq, float* dk, float* dv, const float* dctx, cons
       const Index m = std::min(qb, len - i0), kend = causal ? i0 + m : len;
       const float* Pb = P + i0 * T;
       const float* dcb = dctx + off + i0 * C;
-      gemm<float>(false, true, m, kend, hs, 1.0f, dcb, C, v + off, C, 0.0f, dS.data(), kend);  // dP = dctx·Vᵀ
-      gemm<float>(true, false, kend, hs, m, 1.0f, Pb, T, dcb, C, 1.0f, dv + off, C);          // dV += Pᵀ·dctx
+      gemm<float>(false, true, m, kend, hs, 1.0f, dcb, C, v + off, C, 0.0f, dS.data(), kend, true);  // dP = dctx·Vᵀ
+      gemm<float>(true, false, kend, hs, m, 1.0f, Pb, T, dcb, C, 1.0f, dv + off, C, true);          // dV += Pᵀ·dctx
       for (Index r = 0; r < m; ++r) {  // through the softmax: dS = P ⊙ (dP − Σ_j P_ij dP_ij)·scale
         const float* p = Pb + r * T;
         float* d = dS.data() + r * kend;
@@ -203,8 +204,8 @@ void sdpa_backward_gemm(float* dq, float* dk, float* dv, const float* dctx, cons
         // Scalar math: d[j] = p[j]·(d[j] − dot)·scale
         for (Index j = 0; j < kend; ++j) d[j] = p[j] * (d[j] - dot) * scale;
       }
-      gemm<float>(false, false, m, hs, kend, 1.0f, dS.data(), kend, k + off, C, 1.0f, dq + off + i0 * C, C);  // dQ += dS·K
-      gemm<float>(true, false, kend, hs, m, 1.0f, dS.data(), kend, q + off + i0 * C, C, 1.0f, dk + off, C);   // dK += dSᵀ·Q
+      gemm<float>(false, false, m, hs, kend, 1.0f, dS.data(), kend, k + off, C, 1.0f, dq + off + i0 * C, C, true);  // dQ += dS·K
+      gemm<float>(true, false, kend, hs, m, 1.0f, dS.data(), kend, q + off + i0 * C, C, 1.0f, dk + off, C, true);   // dK += dSᵀ·Q
     }
   });
 }

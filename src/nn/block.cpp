@@ -3,6 +3,7 @@
 // Every activation is (N,C) with N = B·T unless stated. Each Block::backward below reads bottom-up the
 // lines of its Block::forward, one to one. Formulas and citations: docs/placements.md.
 #include "nn/block.h"
+#include "nn/elementwise.h"
 #include "nn/scratch.h"
 
 #include <normlab/error.h>
@@ -243,12 +244,12 @@ void Block<Real>::backward(Real* dx, const Real* dy, const Real* x, const std::v
   };
   auto zeros = [&](int i) {
     Real* b = buffer(i);
-    std::fill_n(b, NC, Real(0));
+    detail::for_chunks(NC, [&](Index i0, Index i1) { std::fill(b + i0, b + i1, Real(0)); });
     return b;
   };
   auto copy = [&](int i, const Real* src) {
     Real* b = buffer(i);
-    std::copy_n(src, NC, b);
+    detail::for_chunks(NC, [&](Index i0, Index i1) { std::copy(src + i0, src + i1, b + i0); });
     return b;
   };
   switch (style) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nn/checks.h"
+#include "nn/elementwise.h"
 #include "nn/scratch.h"
 #include "parallel/parallel.h"
 
@@ -32,8 +33,10 @@ View vec_view(float* p, Index C) { return p ? View(p, {C}) : View(); }
 
 // dinp += dx for the float library paths, which write dx with "=".
 void accumulate(float* dinp, const float* dx, Index n) {
-  // Scalar math: dinp[i] = dinp[i] + dx[i]
-  for (Index i = 0; i < n; ++i) dinp[i] += dx[i];
+  detail::for_chunks(n, [&](Index i0, Index i1) {
+    // Scalar math: dinp[i] = dinp[i] + dx[i]
+    for (Index i = i0; i < i1; ++i) dinp[i] += dx[i];
+  });
 }
 
 }  // namespace

@@ -50,6 +50,15 @@ struct Sizes {
   int c8_layers;
   double c8_lr;
   std::int64_t c8_warmup, c8_steps;
+  // experiments 11 (placement variants without warmup) and 12 (Post-LN's warmup threshold vs depth): the first
+  // seed only, claim 6's model width and learning rate with a shorter, smaller-batch run. Sized to fit the
+  // default run's budget (docs/LAB.md): raise x_batch / x_steps when training gets faster.
+  std::vector<int> v_depths;
+  std::vector<int> w_depths;
+  std::vector<std::int64_t> w_warmups;
+  int x_batch;
+  std::int64_t x_steps, x_eval_every, x_val_windows;
+  double x_lr;
 };
 
 Sizes sizes(bool quick) {
@@ -58,12 +67,16 @@ Sizes sizes(bool quick) {
                  .g_batches = 8, .c6_layers = 6, .d = 64, .heads = 4, .ffn = 256, .seq = 64, .batch = 32,
                  .c6_steps = 600, .c6_warmup = 200, .c6_lr = 3e-3, .eval_every = 50, .val_windows = 256,
                  .c7_layers = 3, .c7_steps = 1000, .c7_warmup = 200, .c7_lr = 3e-3, .c8_deep = true,
-                 .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600};
+                 .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600,
+                 .v_depths = {6, 12}, .w_depths = {2, 4, 6, 8}, .w_warmups = {0, 50, 100}, .x_batch = 16,
+                 .x_steps = 200, .x_eval_every = 50, .x_val_windows = 128, .x_lr = 3e-3};
   return Sizes{.depths = {2, 4, 8}, .g_d = 64, .g_heads = 4, .g_ffn = 256, .g_seq = 32, .g_batch = 8,
                .g_batches = 2, .c6_layers = 6, .d = 64, .heads = 4, .ffn = 256, .seq = 64, .batch = 16,
                .c6_steps = 200, .c6_warmup = 50, .c6_lr = 3e-3, .eval_every = 25, .val_windows = 64,
                .c7_layers = 3, .c7_steps = 200, .c7_warmup = 40, .c7_lr = 3e-3, .c8_deep = false,
-               .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600};
+               .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600,
+               .v_depths = {2, 4}, .w_depths = {1, 4}, .w_warmups = {0, 20}, .x_batch = 8, .x_steps = 60,
+               .x_eval_every = 20, .x_val_windows = 32, .x_lr = 3e-3};
 }
 
 std::string quick_note(bool quick) {
@@ -85,6 +98,26 @@ std::vector<Arm> c6_arms(const Sizes& z) {
           {"pre-warmup", nn::Placement::kPre, nn::ScheduleKind::kLinear, z.c6_warmup}};
 }
 
+// Experiment 11's variants (docs/placements.md), each trained without warmup; "post" and "pre" are the controls.
+// SpanNorm is listed but not run: the engine refuses it (its block formula could not be verified).
+struct Variant {
+  const char* name;
+  nn::Placement placement;
+  nn::NormKind norm;
+};
+constexpr Variant kVariants[] = {
+    {"post", nn::Placement::kPost, nn::NormKind::kLayerNorm},         {"pre", nn::Placement::kPre, nn::NormKind::kLayerNorm},
+    {"b2t", nn::Placement::kB2T, nn::NormKind::kLayerNorm},           {"siamese", nn::Placement::kSiamese, nn::NormKind::kLayerNorm},
+    {"sandwich", nn::Placement::kSandwich, nn::NormKind::kLayerNorm}, {"deepnorm", nn::Placement::kDeepNorm, nn::NormKind::kLayerNorm},
+    {"mixln", nn::Placement::kMixLN, nn::NormKind::kLayerNorm},       {"lns", nn::Placement::kLNS, nn::NormKind::kLayerNorm},
+    {"dyt", nn::Placement::kPre, nn::NormKind::kDyT},
+};
+constexpr const char* kRefusedVariant = "spannorm";
+
+std::string x_key(const std::string& variant, int layers, std::int64_t warmup, int seed) {
+  return fmt::format("x-{}-L{}-w{}-s{}", variant, layers, warmup, seed);
+}
+
 nn::TrainConfig base_train(const Sizes& z, const LabOptions& opt, int seed) {
   nn::TrainConfig c;
   c.model.d_model = z.d, c.model.heads = z.heads, c.model.ffn = z.ffn;
@@ -104,6 +137,7 @@ std::string train_command(const nn::TrainConfig& c, const std::string& key, bool
   s += fmt::format(" --steps {} --seed {} --eval-every {} --val-windows {} --data {} --threads 1 --log {}.jsonl",
                    c.steps, c.seed, c.eval_every, c.val_windows, c.data, key);
   if (checkpoint) s += fmt::format(" --checkpoint {}-ckpt", key);
+  if (c.model.norm == nn::NormKind::kDyT) s += "   # with DyT instead of LayerNorm: ModelConfig::norm = kDyT (no CLI flag)";
   return s;
 }
 
@@ -144,6 +178,16 @@ json grad_spec(const Sizes& z, const LabOptions& opt, const std::string& placeme
           {"batches", z.g_batches}, {"seed", seed},        {"data", opt.data}};
 }
 
+nn::TrainConfig x_train(const Sizes& z, const LabOptions& opt, const Variant& v, int layers, std::int64_t warmup,
+                        int seed) {
+  nn::TrainConfig c = base_train(z, opt, seed);
+  c.model.layers = layers, c.model.placement = v.placement, c.model.norm = v.norm;
+  c.batch = z.x_batch, c.steps = z.x_steps, c.lr = z.x_lr, c.eval_every = z.x_eval_every;
+  c.val_windows = z.x_val_windows;
+  c.schedule = warmup > 0 ? nn::ScheduleKind::kLinear : nn::ScheduleKind::kConstant, c.warmup = warmup;
+  return c;
+}
+
 }  // namespace
 
 const std::vector<Section>& sections() {
@@ -155,9 +199,10 @@ const std::vector<Section>& sections() {
       {"f-vs-t", "F vs T normalization on speech", {3}},
       {"placement", "Pre/Post placement", {4, 7}},
       {"gradient-flow", "Gradient flow at initialization", {5}},
-      {"warmup", "Warmup", {6}},
+      {"residual-growth", "Residual-stream norm growth", {10}},
+      {"warmup", "Warmup", {6, 12}},
       {"layer-utilization", "Layer utilization and token similarity", {8, 9}},
-      {"variants", "Variants", {}},
+      {"variants", "Variants", {11}},
   };
   return s;
 }
@@ -188,7 +233,7 @@ std::vector<Job> plan_jobs(const LabOptions& opt) {
     j.cost = limit > 0 ? 0.5 : 20;
     jobs.push_back(std::move(j));
   }
-  if (opt.wants(4) || opt.wants(5)) {
+  if (opt.wants(4) || opt.wants(5) || opt.wants(10)) {
     for (int seed : opt.seeds)
       for (const char* p : {"post", "pre"})
         for (int L : z.depths) {
@@ -231,6 +276,22 @@ std::vector<Job> plan_jobs(const LabOptions& opt) {
       jobs.push_back(train_job(c8_key(arm, z.c8_layers, seed), c, true));
     }
   }
+  // Experiments 11 and 12 share their Post-LN runs without warmup at the common depths.
+  if ((opt.wants(11) || opt.wants(12)) && !opt.seeds.empty()) {
+    const int seed = opt.seeds.front();
+    auto add = [&](const Variant& v, int layers, std::int64_t warmup) {
+      const std::string key = x_key(v.name, layers, warmup, seed);
+      for (const Job& j : jobs)
+        if (j.key == key) return;
+      jobs.push_back(train_job(key, x_train(z, opt, v, layers, warmup, seed), false));
+    };
+    if (opt.wants(11))
+      for (const Variant& v : kVariants)
+        for (int L : z.v_depths) add(v, L, 0);
+    if (opt.wants(12))
+      for (int L : z.w_depths)
+        for (std::int64_t w : z.w_warmups) add(kVariants[0], L, w);
+  }
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.cost > b.cost; });
   return jobs;
 }
@@ -253,16 +314,20 @@ json run_gradnorms(const json& s) {
   const std::uint64_t seed = s.at("seed").get<std::uint64_t>();
   cfg.vocab = 256, cfg.max_seq = seq, cfg.seed = seed;
   nn::Model model(cfg);
+  model.record_input_grads(true);  // ∂L/∂x_l per block input (claim 4)
   const nn::LmData data = nn::LmData::load(s.value("data", std::string("fortunes")));
   nn::BatchSampler sampler(data, seed);
   std::vector<nn::ParamRef> params = model.params();
   std::vector<double> sq(params.size(), 0.0);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq)), targets(tokens.size());
   double loss_sum = 0;
+  std::vector<double> dx(static_cast<std::size_t>(cfg.layers), 0.0), resid(dx.size(), 0.0);
   for (int i = 0; i < batches; ++i) {
     sampler.sample(tokens.data(), targets.data(), batch, seq);
     loss_sum += model.forward(tokens.data(), targets.data(), batch, seq);
     model.backward();
+    const std::vector<double> d = model.input_grad_norms(), r = model.residual_norms();
+    for (std::size_t l = 0; l < dx.size(); ++l) dx[l] += d[l] / batches, resid[l] += r[l] / batches;
     for (std::size_t t = 0; t < params.size(); ++t) {
       double v = 0;
       for (Index j = 0; j < params[t].numel(); ++j) v += double(params[t].grad[j]) * params[t].grad[j];
@@ -286,7 +351,11 @@ json run_gradnorms(const json& s) {
   json f = json::array(), b = json::array();
   for (double v : ffn2) f.push_back(finite_or_null(v));
   for (double v : block) b.push_back(finite_or_null(v));
-  return {{"loss", loss_sum / batches}, {"ffn2", f}, {"block", b}, {"params", named}};
+  json jdx = json::array(), jres = json::array();
+  for (double v : dx) jdx.push_back(finite_or_null(v));
+  for (double v : resid) jres.push_back(finite_or_null(v));
+  // dx: mean over the batches of Model::input_grad_norms (‖∂L/∂x_l‖, block l's input); resid: of residual_norms.
+  return {{"loss", loss_sum / batches}, {"ffn2", f}, {"block", b}, {"params", named}, {"dx", jdx}, {"resid", jres}};
 }
 
 json run_train(const json& s, const std::string& work_dir) {
@@ -331,6 +400,8 @@ json run_train(const json& s, const std::string& work_dir) {
   out["cos_final"] = pick(last, "token_cosine");
   out["block_grad_init"] = pick(first, "block_grad_norms");
   out["block_grad_final"] = pick(last, "block_grad_norms");
+  out["resid_init"] = pick(first, "residual_norms");
+  out["resid_final"] = pick(last, "residual_norms");
   if (removal && !res.diverged) {
     // The computation of `normlab eval --checkpoint DIR --drop-last K / --skip-block I`.
     const nn::CheckpointMeta meta = nn::read_checkpoint_meta(cfg.checkpoint_dir);
@@ -704,8 +775,8 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
     claims.push_back(std::move(c));
   }
 
-  // Claims 4 and 5 share the gradient runs.
-  if (opt.wants(4) || opt.wants(5)) {
+  // Claims 4, 5 and experiment 10 share the gradient runs.
+  if (opt.wants(4) || opt.wants(5) || opt.wants(10)) {
     Gather g(outputs);
     std::vector<GradSeed> seeds;
     json profiles = json::array();
@@ -720,9 +791,11 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
             complete = false;
             continue;
           }
-          GradProfile prof{L, nums(o->at("ffn2")), nums(o->at("block"))};
+          GradProfile prof{L, nums(o->at("ffn2")), nums(o->at("block")), nums(o->value("dx", json::array())),
+                           nums(o->value("resid", json::array()))};
           profiles.push_back({{"placement", p}, {"layers", L}, {"seed", seed}, {"ffn2", o->at("ffn2")},
-                              {"block", o->at("block")}, {"loss", o->at("loss")}});
+                              {"block", o->at("block")}, {"dx", o->value("dx", json::array())},
+                              {"resid", o->value("resid", json::array())}, {"loss", o->at("loss")}});
           (std::string(p) == "post" ? gs.post : gs.pre).push_back(std::move(prof));
         }
       if (complete) seeds.push_back(std::move(gs));
@@ -739,17 +812,21 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
       c.config = config;
       c.data = {{"profiles", profiles}};
       c.note = quick_note(opt.quick) +
-               "Measured on the per-block parameter gradient norms ‖∇θ_l‖ at initialization (the same runs as claim 5): "
-               "nn::Model exposes no per-layer ∂L/∂x_l accessor, so the identity path is seen through how much "
-               "gradient reaches the input-side block relative to the output-side block.";
+               "Measured on ‖∂L/∂x_l‖, the gradient of the loss w.r.t. each block's residual-stream input "
+               "(Model::input_grad_norms, mean over tokens, averaged over the batches) at initialization, in the "
+               "same runs as claim 5. Identity path: in Pre-LN ∂L/∂x_l = ∂L/∂x_{l+1}·(I + ∂F/∂x), so the gradient "
+               "reaching block 1 is not smaller than the one reaching block L; in Post-LN it passes every LN "
+               "Jacobian. The per-block parameter gradient ratio ‖∇θ_1‖/‖∇θ_L‖ is listed too (not in the rule).";
       for (const GradSeed& s : seeds) {
         SeedValues sv{s.seed, json::object()};
         for (std::size_t i = 0; i < s.post.size(); ++i) {
-          const auto& po = s.post[i].block;
-          const auto& pr = s.pre[i].block;
-          if (!po.empty()) sv.values[fmt::format("r_post_L{}", s.post[i].layers)] = finite_or_null(po.front() / po.back());
-          if (!pr.empty()) sv.values[fmt::format("r_pre_L{}", s.pre[i].layers)] = finite_or_null(pr.front() / pr.back());
+          const auto &po = s.post[i], &pr = s.pre[i];
+          if (!po.dx.empty()) sv.values[fmt::format("r_post_L{}", po.layers)] = finite_or_null(po.dx.front() / po.dx.back());
+          if (!pr.dx.empty()) sv.values[fmt::format("r_pre_L{}", pr.layers)] = finite_or_null(pr.dx.front() / pr.dx.back());
         }
+        const auto &po = s.post.back(), &pr = s.pre.back();
+        if (!po.block.empty()) sv.values[fmt::format("theta_r_post_L{}", po.layers)] = finite_or_null(po.block.front() / po.block.back());
+        if (!pr.block.empty()) sv.values[fmt::format("theta_r_pre_L{}", pr.layers)] = finite_or_null(pr.block.front() / pr.block.back());
         c.per_seed.push_back(sv);
       }
       Gather g4 = g;
@@ -777,7 +854,40 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
         sv.values["pre_last_slope"] = finite_or_null(loglog_slope(d, last));
         c.per_seed.push_back(sv);
       }
-      finish(c, opt, g, rule_claim5(seeds));
+      Gather g5 = g;
+      finish(c, opt, g5, rule_claim5(seeds));
+      claims.push_back(std::move(c));
+    }
+    if (opt.wants(10)) {
+      ClaimResult c = make(10, "residual-growth", "Residual-stream norm growth per layer (Xiong et al. 2020, Lemma 1)",
+                           "At initialization Post-LN's residual stream keeps the same norm in every layer (each block "
+                           "ends in a LayerNorm), while Pre-LN's grows with depth: E‖x_l‖² grows linearly in l.");
+      c.measured = true;
+      c.config = config;
+      c.data = {{"profiles", profiles}};
+      c.note = quick_note(opt.quick) +
+               "‖x_l‖ = mean over tokens of the residual stream's norm after block l (Model::residual_norms), averaged "
+               "over the batches of claim 5's runs at initialization. The trained models' norms are in the training "
+               "logs (train.jsonl, residual_norms) and in the variants section.";
+      for (const GradSeed& s : seeds) {
+        SeedValues sv{s.seed, json::object()};
+        const auto &po = s.post.back().resid, &pr = s.pre.back().resid;
+        if (!po.empty()) {
+          const auto [lo, hi] = std::minmax_element(po.begin(), po.end());
+          sv.values["post_max_over_min"] = finite_or_null(*hi / *lo);
+          sv.values["post_first"] = finite_or_null(po.front()), sv.values["post_last"] = finite_or_null(po.back());
+        }
+        if (!pr.empty()) {
+          std::vector<double> l, sq;
+          for (std::size_t i = 0; i < pr.size(); ++i) l.push_back(double(i + 1)), sq.push_back(pr[i] * pr[i]);
+          sv.values["pre_first"] = finite_or_null(pr.front()), sv.values["pre_last"] = finite_or_null(pr.back());
+          sv.values["pre_sq_growth"] = finite_or_null(sq.back() / sq.front());
+          sv.values["pre_sq_r2"] = finite_or_null(linear_r2(l, sq));
+        }
+        c.per_seed.push_back(sv);
+      }
+      Gather g10 = g;
+      finish(c, opt, g10, rule_residual_growth(seeds));
       claims.push_back(std::move(c));
     }
   }
@@ -975,6 +1085,105 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
     c.run_commands.erase(std::remove_if(c.run_commands.begin(), c.run_commands.end(),
                                         [](const std::string& s) { return s.starts_with("normlab eval"); }),
                          c.run_commands.end());
+    claims.push_back(std::move(c));
+  }
+
+  // Experiments 11 and 12: short runs of one seed (Sizes::x_*).
+  const int xseed = opt.seeds.empty() ? 0 : opt.seeds.front();
+  auto x_config = [&] {
+    json c = train_config_summary(z, 0);
+    c.erase("layers");
+    c["batch"] = z.x_batch, c["steps"] = z.x_steps, c["lr"] = z.x_lr, c["eval_every"] = z.x_eval_every;
+    c["val_windows"] = z.x_val_windows, c["seed"] = xseed;
+    return c;
+  };
+  auto x_entry = [](const std::string& variant, int layers, std::int64_t warmup, int seed, const json& o) {
+    json e = run_entry(variant, seed, o);
+    e["layers"] = layers, e["warmup"] = warmup;
+    e["cos_final"] = o.value("cos_final", json::array()), e["resid_final"] = o.value("resid_final", json::array());
+    return e;
+  };
+
+  if (opt.wants(11)) {
+    ClaimResult c = make(11, "variants", "Placement variants train without warmup",
+                         "The variants of the source articles (B2T, SiameseNorm, SpanNorm — the hybrids — and "
+                         "Sandwich/Peri-LN, DeepNorm, Mix-LN, LayerNorm Scaling, DyT) train without learning-rate "
+                         "warmup in the setting where Post-LN does not, at 6 and 12 layers.");
+    c.measured = true;
+    json cfg = x_config();
+    json names = json::array();
+    for (const Variant& v : kVariants) names.push_back(v.name);
+    cfg["depths"] = z.v_depths, cfg["schedule"] = "constant (no warmup)", cfg["variants"] = names;
+    cfg["controls"] = {"post", "pre"};
+    c.config = cfg;
+    // SpanNorm: ask the engine, report what it says.
+    std::string refused;
+    try {
+      nn::ModelConfig mc;
+      mc.placement = nn::parse_placement(kRefusedVariant);
+      nn::Model m(mc);
+      refused = "the engine built it (update the lab to run it)";
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+    c.note = quick_note(opt.quick) +
+             fmt::format("One seed; claim 6's model width and learning rate, shorter runs (batch {}, {} steps) to fit "
+                         "the default run's budget. dyt = Pre-LN with DyT in place of every LayerNorm. SpanNorm is not "
+                         "run: {}",
+                         z.x_batch, z.x_steps, refused);
+    Gather g(outputs);
+    std::vector<VariantRun> vr;
+    json runs = json::array();
+    SeedValues sv{xseed, json::object()};
+    for (const Variant& v : kVariants)
+      for (int L : z.v_depths) {
+        const json* o = g.get(x_key(v.name, L, 0, xseed), jobs);
+        if (!o) continue;
+        runs.push_back(x_entry(v.name, L, 0, xseed, *o));
+        const double f = o->at("diverged").get<bool>() ? kNaN : num(o->at("final_val"));
+        vr.push_back({v.name, L, num(o->at("unigram_val")), f});
+        sv.values[fmt::format("{}_L{}", v.name, L)] = finite_or_null(f);
+        if (!vr.empty()) sv.values["unigram"] = finite_or_null(vr.back().unigram);
+      }
+    c.per_seed.push_back(sv);
+    c.data = {{"runs", runs}, {"refused", {{{"variant", kRefusedVariant}, {"error", refused}}}}};
+    finish(c, opt, g, rule_variants(vr));
+    claims.push_back(std::move(c));
+  }
+
+  if (opt.wants(12)) {
+    ClaimResult c = make(12, "warmup", "Post-LN's warmup threshold grows with depth",
+                         "The deeper the Post-LN model, the longer the learning-rate warmup it needs (Xiong et al. "
+                         "2020: the gradients near the output grow with depth).");
+    c.measured = true;
+    json cfg = x_config();
+    cfg["placement"] = "post", cfg["depths"] = z.w_depths, cfg["warmups"] = z.w_warmups;
+    cfg["schedule"] = "linear warmup, then constant (warmup 0: constant)";
+    c.config = cfg;
+    c.note = quick_note(opt.quick) +
+             fmt::format("One seed; the runs of the variants section's setting (batch {}, {} steps), so a warmup "
+                         "threshold here is relative to this short budget.",
+                         z.x_batch, z.x_steps);
+    Gather g(outputs);
+    std::vector<WarmupRun> wr;
+    json runs = json::array();
+    for (int L : z.w_depths)
+      for (std::int64_t w : z.w_warmups) {
+        const json* o = g.get(x_key("post", L, w, xseed), jobs);
+        if (!o) continue;
+        runs.push_back(x_entry("post", L, w, xseed, *o));
+        const double f = o->at("diverged").get<bool>() ? kNaN : num(o->at("final_val"));
+        wr.push_back({L, static_cast<long>(w), num(o->at("unigram_val")), f});
+      }
+    SeedValues sv{xseed, json::object()};
+    for (int L : z.w_depths) {
+      const long t = warmup_threshold(wr, L);
+      sv.values[fmt::format("threshold_L{}", L)] = t < 0 ? json(nullptr) : json(t);
+    }
+    for (const WarmupRun& w : wr) sv.values[fmt::format("L{}_w{}", w.layers, w.warmup)] = finite_or_null(w.final_val);
+    c.per_seed.push_back(sv);
+    c.data = {{"runs", runs}};
+    finish(c, opt, g, rule_warmup_depth(wr));
     claims.push_back(std::move(c));
   }
 

@@ -148,7 +148,30 @@ def plot_claim2(c, out_dir):
     ax.set_ylabel("max |Δ output| (0 drawn at 1e-9)")
     ax.set_title("does the output of the same values change?")
     ax.legend(fontsize=8)
-    return [save(fig, out_dir, "claim2_ln_vs_bn.png")]
+    out = [save(fig, out_dir, "claim2_ln_vs_bn.png")]
+    mlp = c.get("data", {}).get("mlp", [])
+    if mlp:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+        arms = [("ln", 64), ("ln", 2), ("bn", 64), ("bn", 2)]
+        colors = {"ln": "#0969da", "bn": "#cf222e"}
+        for i, (norm, b) in enumerate(arms):
+            ev = [num(a["eval_val"]) for r in mlp for a in r["arms"] if a["norm"] == norm and a["batch"] == b]
+            gap = [num(a["gap"]) for r in mlp for a in r["arms"] if a["norm"] == norm and a["batch"] == b]
+            axes[0].scatter([i] * len(ev), ev, color=colors[norm])
+            axes[1].scatter([i] * len(gap), gap, color=colors[norm])
+        u = num(mlp[0].get("unigram_val"))
+        if math.isfinite(u):
+            axes[0].axhline(u, color="k", ls="--", lw=1, label="unigram U")
+            axes[0].legend(fontsize=8)
+        for ax in axes:
+            ax.set_xticks(range(len(arms)), [f"{n.upper()} batch {b}" for n, b in arms], fontsize=8)
+        axes[0].set_ylabel("eval-mode validation loss")
+        axes[0].set_title("next-byte MLP, same examples seen")
+        axes[1].axhline(0, color="k", lw=0.5)
+        axes[1].set_ylabel("train-mode − eval-mode val loss")
+        axes[1].set_title("train vs eval mode (BatchNorm: batch vs running statistics)")
+        out.append(save(fig, out_dir, "claim2_mlp.png"))
+    return out
 
 
 C3_PLOTTED = ["f-ln", "t-cmvn", "t-then-f", "f-then-t"]  # unit-variance front ends: one scale
@@ -563,6 +586,12 @@ def claim_html(c, out_dir):
         parts.append(run_table(c))
     if c["id"] in (11, 12):
         parts.append(x_run_table(c))
+    if c["id"] == 2 and c.get("data", {}).get("mlp"):
+        rows = [[r["seed"], a["norm"], a["batch"], a["lr"], a["steps"], a["eval_val"], a["train_mode_val"], a["gap"]]
+                for r in c["data"]["mlp"] for a in r["arms"]]
+        parts.append("<h4>Next-byte MLP (trained, informational)</h4>" +
+                     table(rows, ["seed", "norm", "batch", "lr", "steps", "eval val loss", "train-mode val loss",
+                                  "gap"]))
     if c["id"] == 8:
         parts.append(removal_table(c))
     if c["id"] == 3 and c.get("measured"):

@@ -21,6 +21,7 @@
 #include "nn/checkpoint.h"
 #include "nn/data.h"
 #include "nn/train.h"
+#include <normlab/nn/layers.h>
 #include "speech/dataset.h"
 #include "speech/study.h"
 
@@ -59,6 +60,8 @@ struct Sizes {
   int x_batch;
   std::int64_t x_steps, x_eval_every, x_val_windows;
   double x_lr;
+  // claim 2, trained: the next-byte MLP (examples seen per arm; batch 64 and batch 2 see the same ones)
+  std::int64_t mlp_examples;
 };
 
 Sizes sizes(bool quick) {
@@ -69,14 +72,16 @@ Sizes sizes(bool quick) {
                  .c7_layers = 3, .c7_steps = 1000, .c7_warmup = 200, .c7_lr = 3e-3, .c8_deep = true,
                  .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600,
                  .v_depths = {6, 12}, .w_depths = {2, 4, 6, 8}, .w_warmups = {0, 50, 100}, .x_batch = 16,
-                 .x_steps = 200, .x_eval_every = 50, .x_val_windows = 128, .x_lr = 3e-3};
+                 .x_steps = 200, .x_eval_every = 50, .x_val_windows = 128, .x_lr = 3e-3,
+                 .mlp_examples = 64 * 300};
   return Sizes{.depths = {2, 4, 8}, .g_d = 64, .g_heads = 4, .g_ffn = 256, .g_seq = 32, .g_batch = 8,
                .g_batches = 2, .c6_layers = 6, .d = 64, .heads = 4, .ffn = 256, .seq = 64, .batch = 16,
                .c6_steps = 200, .c6_warmup = 50, .c6_lr = 3e-3, .eval_every = 25, .val_windows = 64,
                .c7_layers = 3, .c7_steps = 200, .c7_warmup = 40, .c7_lr = 3e-3, .c8_deep = false,
                .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600,
                .v_depths = {2, 4}, .w_depths = {1, 4}, .w_warmups = {0, 20}, .x_batch = 8, .x_steps = 60,
-               .x_eval_every = 20, .x_val_windows = 32, .x_lr = 3e-3};
+               .x_eval_every = 20, .x_val_windows = 32, .x_lr = 3e-3,
+               .mlp_examples = 64 * 60};
 }
 
 std::string quick_note(bool quick) {
@@ -163,6 +168,10 @@ constexpr const char* kC3Key = "c3-speech";
 constexpr int kC3Seed = 0;
 int c3_limit(bool quick) { return quick ? 2 : 0; }
 
+std::string mlp_key(int seed) { return fmt::format("c2-mlp-s{}", seed); }
+constexpr int kMlpCtx = 8, kMlpEmb = 16, kMlpHidden = 128, kMlpValExamples = 4096;
+constexpr double kMlpLr64 = 2e-3;
+
 std::string c6_key(const std::string& arm, int seed) { return fmt::format("c6-{}-s{}", arm, seed); }
 std::string c7_key(const std::string& arm, int seed) { return fmt::format("c7-{}-s{}", arm, seed); }
 std::string c8_key(const std::string& arm, int layers, int seed) {
@@ -233,6 +242,17 @@ std::vector<Job> plan_jobs(const LabOptions& opt) {
     j.cost = limit > 0 ? 0.5 : 20;
     jobs.push_back(std::move(j));
   }
+  if (opt.wants(2))
+    for (int seed : opt.seeds) {
+      Job j;
+      j.key = mlp_key(seed);
+      j.spec = {{"kind", "mlp"}, {"seed", seed}, {"ctx", kMlpCtx}, {"emb", kMlpEmb}, {"hidden", kMlpHidden},
+                {"examples", z.mlp_examples}, {"lr64", kMlpLr64}, {"val_examples", kMlpValExamples}, {"data", opt.data}};
+      j.commands.push_back(fmt::format("normlab lab --only 2{}   # the MLP runs only inside the lab (hidden lab-job)",
+                                       opt.quick ? " --quick" : ""));
+      j.cost = double(z.mlp_examples) * 4 * 2e-5;
+      jobs.push_back(std::move(j));
+    }
   if (opt.wants(4) || opt.wants(5) || opt.wants(10)) {
     for (int seed : opt.seeds)
       for (const char* p : {"post", "pre"})
@@ -426,6 +446,168 @@ json run_train(const json& s, const std::string& work_dir) {
   return out;
 }
 
+
+// Claim 2, trained (lab.md design (a)): an MLP predicting the next byte from the previous `ctx` bytes,
+//   e = concat(emb[x_1..x_ctx])   (B, ctx·E)
+//   h = e·W1ᵀ + b1                (B, H)
+//   n = Norm(h)                   (B, H)   BatchNorm: per feature over the batch; LayerNorm: per example over H
+//   a = relu(n);  logits = a·W2ᵀ + b2 (B, 256);  loss = mean cross-entropy
+// trained with AdamW (β (0.9, 0.98), eps 1e-9) at batch 64 and batch 2 on the same stream of examples (lr
+// scaled by √(B/64)). Measured: the eval-mode validation loss (BatchNorm: running statistics) and the train-mode
+// minus eval-mode gap (BatchNorm's batch statistics over validation batches of the training batch size).
+struct Mlp {
+  int ctx, E, H;
+  static constexpr int V = 256;
+  std::vector<float> emb, w1, b1, g, be, w2, b2;  // parameters
+  std::vector<float> rm, rv;                       // BatchNorm running statistics
+  std::vector<float*> params() { return {emb.data(), w1.data(), b1.data(), g.data(), be.data(), w2.data(), b2.data()}; }
+  std::vector<std::size_t> sizes() const {
+    return {emb.size(), w1.size(), b1.size(), g.size(), be.size(), w2.size(), b2.size()};
+  }
+};
+
+Mlp mlp_init(int ctx, int E, int H, std::uint64_t seed) {
+  Mlp m{ctx, E, H, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  auto xavier = [&](std::vector<float>& w, int out, int in) {
+    std::uniform_real_distribution<float> u(-std::sqrt(6.f / float(in + out)), std::sqrt(6.f / float(in + out)));
+    w.resize(static_cast<std::size_t>(out * in));
+    for (float& v : w) v = u(rng);
+  };
+  m.emb.resize(static_cast<std::size_t>(Mlp::V * E));
+  for (float& v : m.emb) v = n(rng);
+  xavier(m.w1, H, ctx * E);
+  xavier(m.w2, Mlp::V, H);
+  m.b1.assign(static_cast<std::size_t>(H), 0.f), m.be.assign(static_cast<std::size_t>(H), 0.f);
+  m.g.assign(static_cast<std::size_t>(H), 1.f), m.b2.assign(static_cast<std::size_t>(Mlp::V), 0.f);
+  m.rm.assign(static_cast<std::size_t>(H), 0.f), m.rv.assign(static_cast<std::size_t>(H), 1.f);
+  return m;
+}
+
+struct MlpActs {
+  std::vector<float> e, h, n, a, logits, probs;
+};
+
+// Forward over B examples starting at bytes[pos[i]] (context) with target bytes[pos[i] + ctx]; returns the mean
+// loss. bn_mode: 0 LayerNorm, 1 BatchNorm training (running stats updated when `update`), 2 BatchNorm eval.
+double mlp_forward(Mlp& m, MlpActs& a, std::span<const std::uint8_t> bytes, const Index* pos, Index B, int bn_mode,
+                   bool update, std::vector<std::int32_t>& tgt) {
+  const Index D = m.ctx * m.E, H = m.H;
+  a.e.resize(static_cast<std::size_t>(B * D)), a.h.resize(static_cast<std::size_t>(B * H));
+  a.n.resize(a.h.size()), a.a.resize(a.h.size());
+  a.logits.resize(static_cast<std::size_t>(B * Mlp::V)), a.probs.resize(a.logits.size());
+  tgt.resize(static_cast<std::size_t>(B));
+  for (Index b = 0; b < B; ++b) {
+    for (int k = 0; k < m.ctx; ++k) {
+      const std::uint8_t x = bytes[static_cast<std::size_t>(pos[b] + k)];
+      std::copy_n(m.emb.data() + x * m.E, m.E, a.e.data() + b * D + k * m.E);
+    }
+    tgt[static_cast<std::size_t>(b)] = bytes[static_cast<std::size_t>(pos[b] + m.ctx)];
+  }
+  nn::linear_forward(a.h.data(), a.e.data(), m.w1.data(), m.b1.data(), B, D, H);
+  if (bn_mode == 0) {
+    nn::layernorm_forward(a.n.data(), static_cast<float*>(nullptr), static_cast<float*>(nullptr), a.h.data(), m.g.data(),
+                          m.be.data(), B, H, 1e-5);
+  } else {
+    BatchNormOptions o;
+    o.training = bn_mode == 1;
+    const bool stats = bn_mode == 2 || update;
+    batch_norm_forward(View(a.n.data(), Dims{B, H}), View{}, View{}, stats ? View(m.rm.data(), Dims{H}) : View{},
+                       stats ? View(m.rv.data(), Dims{H}) : View{}, nullptr, ConstView(a.h.data(), Dims{B, H}),
+                       ConstView(m.g.data(), Dims{H}), ConstView(m.be.data(), Dims{H}), {}, o);
+  }
+  nn::activation_forward(a.a.data(), a.n.data(), B * H, nn::Activation::kRelu);
+  nn::linear_forward(a.logits.data(), a.a.data(), m.w2.data(), m.b2.data(), B, H, Index{Mlp::V});
+  return nn::cross_entropy_forward(a.probs.data(), a.logits.data(), tgt.data(), {}, B, Index{1}, Index{Mlp::V});
+}
+
+void mlp_backward(Mlp& m, const MlpActs& a, std::span<const std::uint8_t> bytes, const Index* pos, Index B, bool bn,
+                  const std::vector<std::int32_t>& tgt, std::vector<std::vector<float>>& grads) {
+  const Index D = m.ctx * m.E, H = m.H;
+  for (auto& gr : grads) std::fill(gr.begin(), gr.end(), 0.f);
+  std::vector<float> dlogits(a.logits.size(), 0.f), da(a.a.size(), 0.f), dn(a.a.size(), 0.f), dh(a.h.size(), 0.f),
+      de(a.e.size(), 0.f);
+  nn::cross_entropy_backward(dlogits.data(), a.probs.data(), tgt.data(), {}, B, Index{1}, Index{Mlp::V});
+  nn::linear_backward(da.data(), grads[5].data(), grads[6].data(), dlogits.data(), a.a.data(), m.w2.data(), B, H,
+                      Index{Mlp::V});
+  nn::activation_backward(dn.data(), da.data(), a.n.data(), B * H, nn::Activation::kRelu);
+  if (!bn) {
+    nn::layernorm_backward(dh.data(), grads[3].data(), grads[4].data(), dn.data(), a.h.data(), m.g.data(), B, H, 1e-5);
+  } else {
+    batch_norm_backward(View(dh.data(), Dims{B, H}), View(grads[3].data(), Dims{H}), View(grads[4].data(), Dims{H}),
+                        ConstView(dn.data(), Dims{B, H}), ConstView(a.h.data(), Dims{B, H}),
+                        ConstView(m.g.data(), Dims{H}), ConstView{}, ConstView{});
+  }
+  nn::linear_backward(de.data(), grads[1].data(), grads[2].data(), dh.data(), a.e.data(), m.w1.data(), B, D, H);
+  for (Index b = 0; b < B; ++b)
+    for (int k = 0; k < m.ctx; ++k) {
+      const std::uint8_t x = bytes[static_cast<std::size_t>(pos[b] + k)];
+      for (int i = 0; i < m.E; ++i) grads[0][static_cast<std::size_t>(x * m.E + i)] += de[static_cast<std::size_t>(b * D + k * m.E + i)];
+    }
+}
+
+json run_mlp(const json& s) {
+  const int ctx = s.at("ctx"), E = s.at("emb"), H = s.at("hidden");
+  const std::int64_t examples = s.at("examples");
+  const double lr64 = s.at("lr64");
+  const Index val_n = s.at("val_examples");
+  const std::uint64_t seed = s.at("seed").get<std::uint64_t>();
+  const nn::LmData data = nn::LmData::load(s.value("data", std::string("fortunes")));
+  const auto train = data.train(), val = data.val();
+  // One stream of training examples shared by every arm (paired); fixed, evenly spaced validation examples.
+  std::mt19937_64 rng(seed ^ 0x6D6C70u);
+  std::vector<Index> stream(static_cast<std::size_t>(examples));
+  for (Index& p : stream) p = static_cast<Index>(rng() % static_cast<std::uint64_t>(data.train_size() - ctx));
+  std::vector<Index> vpos(static_cast<std::size_t>(val_n));
+  for (Index i = 0; i < val_n; ++i) vpos[static_cast<std::size_t>(i)] = i * (data.val_size() - ctx - 1) / std::max<Index>(1, val_n - 1);
+  json arms = json::array();
+  for (const char* norm : {"ln", "bn"})
+    for (Index B : {Index{64}, Index{2}}) {
+      const bool bn = std::string(norm) == "bn";
+      Mlp m = mlp_init(ctx, E, H, seed);
+      std::vector<std::vector<float>> grads, m1, m2;
+      for (std::size_t n : m.sizes()) grads.emplace_back(n, 0.f), m1.emplace_back(n, 0.f), m2.emplace_back(n, 0.f);
+      const double lr = lr64 * std::sqrt(double(B) / 64.0);
+      MlpActs acts;
+      std::vector<std::int32_t> tgt;
+      const std::int64_t steps = examples / B;
+      double tail = 0;
+      std::int64_t tail_n = 0;
+      for (std::int64_t t = 0; t < steps; ++t) {
+        const Index* pos = stream.data() + t * B;
+        const double loss = mlp_forward(m, acts, train, pos, B, bn ? 1 : 0, true, tgt);
+        if (t >= steps - steps / 10) tail += loss, ++tail_n;
+        mlp_backward(m, acts, train, pos, B, bn, tgt, grads);
+        const double b1c = 1 - std::pow(0.9, double(t + 1)), b2c = 1 - std::pow(0.98, double(t + 1));
+        std::vector<float*> ps = m.params();
+        for (std::size_t k = 0; k < ps.size(); ++k)
+          for (std::size_t i = 0; i < grads[k].size(); ++i) {
+            const float gv = grads[k][i];
+            m1[k][i] = 0.9f * m1[k][i] + 0.1f * gv;
+            m2[k][i] = 0.98f * m2[k][i] + 0.02f * gv * gv;
+            ps[k][i] -= static_cast<float>(lr * (m1[k][i] / b1c) / (std::sqrt(m2[k][i] / b2c) + 1e-9));
+          }
+      }
+      // Eval mode over the validation examples (batches of 256); train mode with batch statistics of
+      // validation batches of the training batch size B (running statistics untouched).
+      auto val_loss = [&](int mode, Index bs) {
+        double sum = 0;
+        Index n = 0;
+        for (Index i = 0; i + bs <= val_n; i += bs) {
+          sum += mlp_forward(m, acts, val, vpos.data() + i, bs, mode, false, tgt) * double(bs);
+          n += bs;
+        }
+        return sum / double(n);
+      };
+      const double ev = val_loss(bn ? 2 : 0, 256), tr = val_loss(bn ? 1 : 0, B);
+      arms.push_back({{"norm", norm}, {"batch", B}, {"lr", lr}, {"steps", steps}, {"eval_val", finite_or_null(ev)},
+                      {"train_mode_val", finite_or_null(tr)}, {"gap", finite_or_null(tr - ev)},
+                      {"train_tail", finite_or_null(tail / double(std::max<std::int64_t>(1, tail_n)))}});
+    }
+  return {{"arms", arms}, {"unigram_val", nn::unigram_cross_entropy(train, val)}};
+}
+
 json run_speech(const json& s, const std::string& work_dir) {
   namespace fs = std::filesystem;
   const fs::path data_dir = fs::path(work_dir) / "speech-data";
@@ -470,6 +652,8 @@ json run_job(const json& spec, const std::string& work_dir) {
     out = run_train(spec, work_dir);
   else if (kind == "speech")
     out = run_speech(spec, work_dir);
+  else if (kind == "mlp")
+    out = run_mlp(spec);
   else
     throw Error(fmt::format("lab: unknown job kind '{}'", kind));
   out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -690,11 +874,15 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
                          "train and eval differ, padded zeros change the statistics). Batch size 1 with the right "
                          "layout makes them coincide numerically.");
     c.measured = true;
-    c.note = "Measured at the kernel level (layer_norm_forward, batch_norm_forward in training mode, unmasked) on "
-             "synthetic activations [B, C=16, T=24] with per-feature offsets and per-sample gains: the same sample "
-             "in a batch of 64 vs 2, zero padding to fractions 0.25/0.5/0.75, train vs eval mode with running "
-             "statistics from 20 batches of 2, and batch 1 with one channel over the features. lab.md's trained "
-             "designs (next-byte MLP at batch 64 vs 2; 2-layer Transformer with padding) are not run yet.";
+    c.note = quick_note(opt.quick) +
+             "The verdict is measured at the kernel level (layer_norm_forward, batch_norm_forward in training mode, "
+             "unmasked) on synthetic activations [B, C=16, T=24] with per-feature offsets and per-sample gains: the "
+             "same sample in a batch of 64 vs 2, zero padding to fractions 0.25/0.5/0.75, train vs eval mode with "
+             "running statistics from 20 batches of 2, and batch 1 with one channel over the features. Trained "
+             "(lab.md design (a), informational, not in the rule): a next-byte MLP (8 previous bytes, embedding 16, "
+             "hidden 128 with BatchNorm or LayerNorm, ReLU) trained at batch 64 and batch 2 on the same examples (lr "
+             "scaled by √(B/64)); eval-mode validation loss and the train-mode − eval-mode gap. lab.md's design (b), "
+             "a padded 2-layer Transformer with BatchNorm, is not run: the Transformer engine has no BatchNorm.";
     c.config = {{"C", 16}, {"T", 24}, {"batch", {64, 2}}, {"padding_fractions", {0.25, 0.5, 0.75}}, {"eps", 1e-5},
                 {"seeds", opt.seeds}};
     std::vector<Claim2Seed> seeds;
@@ -705,10 +893,32 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
                                    {"bn_pad", s.bn_pad}, {"bn_train_eval", s.bn_train_eval},
                                    {"batch1_bn_vs_ln", s.special}}});
     }
-    c.data = {{"kind", "kernel-level"}};
-    c.run_commands = {"normlab lab --only 2", "normlab norm batch --help", "normlab norm layer --help"};
+    c.run_commands = {"normlab norm batch --help", "normlab norm layer --help"};
     c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Gather g(outputs);
+    json mlp = json::array();
+    for (std::size_t i = 0; i < opt.seeds.size(); ++i) {
+      const json* o = g.get(mlp_key(opt.seeds[i]), jobs);
+      if (!o) continue;
+      json e = *o;
+      e["seed"] = opt.seeds[i];
+      mlp.push_back(e);
+      auto arm = [&](const char* norm, int B, const char* k) {
+        for (const auto& a : o->at("arms"))
+          if (a.at("norm") == norm && a.at("batch") == B) return num(a.at(k));
+        return kNaN;
+      };
+      json& v = c.per_seed[i].values;
+      v["mlp_ln_val_b2_minus_b64"] = finite_or_null(arm("ln", 2, "eval_val") - arm("ln", 64, "eval_val"));
+      v["mlp_bn_val_b2_minus_b64"] = finite_or_null(arm("bn", 2, "eval_val") - arm("bn", 64, "eval_val"));
+      v["mlp_ln_gap_b2"] = finite_or_null(arm("ln", 2, "gap"));
+      v["mlp_bn_gap_b2"] = finite_or_null(arm("bn", 2, "gap"));
+      v["mlp_bn_gap_b64"] = finite_or_null(arm("bn", 64, "gap"));
+    }
+    c.data = {{"kind", "kernel-level"}, {"mlp", mlp},
+              {"mlp_config", {{"ctx", kMlpCtx}, {"emb", kMlpEmb}, {"hidden", kMlpHidden}, {"examples", z.mlp_examples},
+                              {"lr_batch64", kMlpLr64}, {"lr", "lr_batch64 * sqrt(B / 64)"}, {"batches", {64, 2}},
+                              {"val_examples", kMlpValExamples}, {"optimizer", "adamw β=(0.9, 0.98) eps 1e-9"}}}};
     finish(c, opt, g, rule_claim2(seeds));
     claims.push_back(std::move(c));
   }

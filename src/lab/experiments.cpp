@@ -71,9 +71,9 @@ Sizes sizes(bool quick) {
                  .c6_steps = 600, .c6_warmup = 200, .c6_lr = 3e-3, .eval_every = 50, .val_windows = 256,
                  .c7_layers = 3, .c7_steps = 1000, .c7_warmup = 200, .c7_lr = 3e-3, .c8_deep = true,
                  .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600,
-                 .v_depths = {6, 12}, .w_depths = {2, 4, 6, 8}, .w_warmups = {0, 50, 100}, .x_batch = 16,
-                 .x_steps = 200, .x_eval_every = 50, .x_val_windows = 128, .x_lr = 3e-3,
-                 .mlp_examples = 64 * 300};
+                 .v_depths = {6, 12}, .w_depths = {2, 4, 6, 8}, .w_warmups = {0, 100}, .x_batch = 16,
+                 .x_steps = 200, .x_eval_every = 50, .x_val_windows = 64, .x_lr = 3e-3,
+                 .mlp_examples = 64 * 200};
   return Sizes{.depths = {2, 4, 8}, .g_d = 64, .g_heads = 4, .g_ffn = 256, .g_seq = 32, .g_batch = 8,
                .g_batches = 2, .c6_layers = 6, .d = 64, .heads = 4, .ffn = 256, .seq = 64, .batch = 16,
                .c6_steps = 200, .c6_warmup = 50, .c6_lr = 3e-3, .eval_every = 25, .val_windows = 64,

@@ -299,6 +299,7 @@ double Transformer<Real>::run(const std::int32_t* tokens, const Real* frames, co
            "model: lengths has {} entries, expected B = {} (or none)", lengths.size(), B);
   for (Index len : lengths) NL_CHECK(len >= 0 && len <= T, "model: a length {} is out of range [0, T = {}]", len, T);
   have_forward_ = false;
+  dx_.clear();  // ∂L/∂x_l belongs to the previous forward's shapes
   shape_ = {B, T, c.d_model, c.heads, c.ffn};
   const Index N = B * T, C = c.d_model, NC = N * C;
   lengths_.assign(lengths.begin(), lengths.end());

@@ -5,7 +5,8 @@
 //     difference over wpe[t, i] is ∂L/∂x_l[t, i] for every l;
 //   * with every block run: the last op of a Post-LN block adds norm2.bias to the stream and the last op of a
 //     Pre-LN block adds ffn.w2.bias, so the finite difference over that bias of block l−1 is Σ_t ∂L/∂x_l[t, i].
-// Also: not recorded by default, the float Model's norms match its recorded gradients.
+// Also: not recorded by default, discarded by the next forward, the float Model's norms match its recorded
+// gradients.
 #include <normlab/nn/model.h>
 
 #include <gtest/gtest.h>
@@ -146,6 +147,9 @@ TEST(NnInputGrad, NotRecordedByDefaultAndNormsMatchTheRecordedGradients) {
     EXPECT_NEAR(norms[static_cast<std::size_t>(l)], sum / rows, 1e-12 * sum / rows + 1e-300) << "block " << l;
     EXPECT_GT(norms[static_cast<std::size_t>(l)], 0.0);
   }
+  m.forward(b.tokens.data(), b.targets.data(), 1, T);  // a new forward (another batch size) discards them
+  EXPECT_TRUE(m.input_grad(0).empty());
+  EXPECT_TRUE(m.input_grad_norms().empty());
   m.record_input_grads(false);
   m.forward(b.tokens.data(), b.targets.data(), B, T);
   m.backward();

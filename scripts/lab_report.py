@@ -35,12 +35,13 @@ SECTIONS = [
     ("f-vs-t", "5. F vs T normalization on speech", [3], ""),
     ("placement", "6. Pre/Post placement", [4, 7], ""),
     ("gradient-flow", "7. Gradient flow at initialization", [5], ""),
-    ("warmup", "8. Warmup", [6], ""),
-    ("layer-utilization", "9. Layer utilization and token similarity", [8, 9], ""),
-    ("variants", "10. Variants", [],
-     "Sandwich (Peri-LN), DeepNorm, B2T, Mix-LN, LayerNorm Scaling, SiameseNorm, RMSNorm and DyT exist in the "
-     "model (docs/placements.md; `normlab train --placement ...`), but the lab does not measure claims about "
-     "them yet."),
+    ("residual-growth", "8. Residual-stream norm growth", [10], ""),
+    ("warmup", "9. Warmup", [6, 12], ""),
+    ("layer-utilization", "10. Layer utilization and token similarity", [8, 9], ""),
+    ("variants", "11. Variants", [11],
+     "The placements between Pre-LN and Post-LN (docs/placements.md; `normlab train --placement ...`) in the warmup "
+     "experiment's setting without warmup. The token similarity and residual-stream norms per layer of the same "
+     "runs are plotted with them."),
 ]
 
 VERDICT_COLORS = {
@@ -50,7 +51,9 @@ VERDICT_COLORS = {
     "inconclusive": "#57606a",
 }
 ARM_COLORS = {"post-nowarmup": "#cf222e", "post-warmup": "#fb8500", "pre-nowarmup": "#0969da",
-              "pre-warmup": "#8250df", "post": "#cf222e", "pre": "#0969da"}
+              "pre-warmup": "#8250df", "post": "#cf222e", "pre": "#0969da", "b2t": "#fb8500",
+              "siamese": "#1a7f37", "sandwich": "#8250df", "deepnorm": "#bf3989", "mixln": "#9a6700",
+              "lns": "#57606a", "dyt": "#0a3069"}
 
 
 def num(v):
@@ -145,7 +148,30 @@ def plot_claim2(c, out_dir):
     ax.set_ylabel("max |Δ output| (0 drawn at 1e-9)")
     ax.set_title("does the output of the same values change?")
     ax.legend(fontsize=8)
-    return [save(fig, out_dir, "claim2_ln_vs_bn.png")]
+    out = [save(fig, out_dir, "claim2_ln_vs_bn.png")]
+    mlp = c.get("data", {}).get("mlp", [])
+    if mlp:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+        arms = [("ln", 64), ("ln", 2), ("bn", 64), ("bn", 2)]
+        colors = {"ln": "#0969da", "bn": "#cf222e"}
+        for i, (norm, b) in enumerate(arms):
+            ev = [num(a["eval_val"]) for r in mlp for a in r["arms"] if a["norm"] == norm and a["batch"] == b]
+            gap = [num(a["gap"]) for r in mlp for a in r["arms"] if a["norm"] == norm and a["batch"] == b]
+            axes[0].scatter([i] * len(ev), ev, color=colors[norm])
+            axes[1].scatter([i] * len(gap), gap, color=colors[norm])
+        u = num(mlp[0].get("unigram_val"))
+        if math.isfinite(u):
+            axes[0].axhline(u, color="k", ls="--", lw=1, label="unigram U")
+            axes[0].legend(fontsize=8)
+        for ax in axes:
+            ax.set_xticks(range(len(arms)), [f"{n.upper()} batch {b}" for n, b in arms], fontsize=8)
+        axes[0].set_ylabel("eval-mode validation loss")
+        axes[0].set_title("next-byte MLP, same examples seen")
+        axes[1].axhline(0, color="k", lw=0.5)
+        axes[1].set_ylabel("train-mode − eval-mode val loss")
+        axes[1].set_title("train vs eval mode (BatchNorm: batch vs running statistics)")
+        out.append(save(fig, out_dir, "claim2_mlp.png"))
+    return out
 
 
 C3_PLOTTED = ["f-ln", "t-cmvn", "t-then-f", "f-then-t"]  # unit-variance front ends: one scale
@@ -176,7 +202,7 @@ def grad_profiles(c):
 
 
 def plot_claim4(c, out_dir):
-    prof = grad_profiles(c)
+    prof = [p for p in grad_profiles(c) if p.get("dx")]
     if not prof:
         return []
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -184,8 +210,8 @@ def plot_claim4(c, out_dir):
     for placement in ("post", "pre"):
         rs = []
         for L in depths:
-            vals = [num(p["block"][0]) / num(p["block"][-1]) for p in prof
-                    if p["placement"] == placement and p["layers"] == L and p["block"]]
+            vals = [num(p["dx"][0]) / num(p["dx"][-1]) for p in prof
+                    if p["placement"] == placement and p["layers"] == L]
             rs.append(vals)
             axes[0].scatter([L] * len(vals), vals, color=ARM_COLORS[placement], s=12)
         axes[0].plot(depths, [mean(v) for v in rs], "-o", color=ARM_COLORS[placement], label=f"{placement}-LN")
@@ -193,19 +219,19 @@ def plot_claim4(c, out_dir):
     axes[0].set_xscale("log", base=2)
     axes[0].set_yscale("log")
     axes[0].set_xlabel("depth L")
-    axes[0].set_ylabel("‖∇θ block 1‖ / ‖∇θ block L‖")
-    axes[0].set_title("input-side vs output-side block gradient")
+    axes[0].set_ylabel("‖∂L/∂x_1‖ / ‖∂L/∂x_L‖")
+    axes[0].set_title("gradient reaching block 1 vs block L")
     axes[0].legend(fontsize=8)
     Lmax = depths[-1]
     for placement in ("post", "pre"):
         for p in prof:
             if p["placement"] == placement and p["layers"] == Lmax:
-                axes[1].plot(range(1, Lmax + 1), [num(v) for v in p["block"]], color=ARM_COLORS[placement],
+                axes[1].plot(range(1, Lmax + 1), [num(v) for v in p["dx"]], color=ARM_COLORS[placement],
                              alpha=0.7, label=f"{placement}-LN seed {p['seed']}")
     axes[1].set_yscale("log")
-    axes[1].set_xlabel("block (input side -> output side)")
-    axes[1].set_ylabel("‖∇θ_block‖")
-    axes[1].set_title(f"per-block parameter gradient at init, L={Lmax}")
+    axes[1].set_xlabel("block l (input side -> output side)")
+    axes[1].set_ylabel("‖∂L/∂x_l‖ (mean over tokens)")
+    axes[1].set_title(f"gradient w.r.t. each block's input at init, L={Lmax}")
     axes[1].legend(fontsize=7)
     return [save(fig, out_dir, "claim4_identity_path.png")]
 
@@ -350,7 +376,106 @@ def plot_claim9(c, out_dir):
     return [save(fig, out_dir, "claim9_token_cosine.png")]
 
 
-PLOTTERS = {1: plot_claim1, 2: plot_claim2, 3: plot_claim3, 4: plot_claim4, 5: plot_claim5, 6: plot_claim6, 7: plot_claim7, 8: plot_claim8,
+def plot_claim10(c, out_dir):
+    prof = [p for p in grad_profiles(c) if p.get("resid")]
+    if not prof:
+        return []
+    depths = sorted({p["layers"] for p in prof})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    styles = ["-", "--", ":", "-."]
+    for i, L in enumerate(depths):
+        for placement in ("post", "pre"):
+            runs = [p for p in prof if p["placement"] == placement and p["layers"] == L]
+            if not runs:
+                continue
+            m = [mean([num(r["resid"][l]) for r in runs]) for l in range(L)]
+            axes[0].plot(range(1, L + 1), m, styles[i % 4], color=ARM_COLORS[placement], marker=".",
+                         label=f"{placement}-LN L={L}")
+            if L == depths[-1]:
+                axes[1].plot(range(1, L + 1), [v * v for v in m], "o-", color=ARM_COLORS[placement],
+                             label=f"{placement}-LN")
+    axes[0].set_xlabel("layer l (after block l)")
+    axes[0].set_ylabel("‖x_l‖ (mean over tokens and seeds)")
+    axes[0].set_title("residual-stream norm at init")
+    axes[0].legend(fontsize=7, ncol=2)
+    axes[1].set_xlabel("layer l")
+    axes[1].set_ylabel("‖x_l‖²")
+    axes[1].set_title(f"squared norm, L={depths[-1]} (Pre-LN: linear in l)")
+    axes[1].legend(fontsize=8)
+    return [save(fig, out_dir, "claim10_residual_growth.png")]
+
+
+def plot_claim11(c, out_dir):
+    runs = c["data"].get("runs", [])
+    if not runs:
+        return []
+    depths = sorted({r["layers"] for r in runs})
+    u = next((num(r["unigram_val"]) for r in runs if r.get("unigram_val") is not None), float("nan"))
+    fig, axes = plt.subplots(3, len(depths), figsize=(5.5 * len(depths), 10), squeeze=False)
+    for j, L in enumerate(depths):
+        ax = axes[0][j]
+        for r in runs:
+            if r["layers"] != L:
+                continue
+            xs, ys = curve(r)
+            ax.plot(xs, ys, color=ARM_COLORS.get(r["arm"]), lw=2.2 if r["arm"] in ("post", "pre") else 1.2,
+                    label=r["arm"])
+        if math.isfinite(u):
+            ax.axhline(u, color="k", ls="--", lw=1, label="U")
+            ax.axhline(u - 0.5, color="k", ls=":", lw=0.8, label="U − 0.5")
+        ax.set_title(f"{L} layers, no warmup: validation loss")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7, ncol=2)
+        for row, key, ylabel in ((1, "cos_final", "token cosine at the end"), (2, "resid_final", "‖x_l‖ at the end")):
+            ax = axes[row][j]
+            for r in runs:
+                if r["layers"] != L or not r.get(key):
+                    continue
+                ax.plot(range(1, len(r[key]) + 1), [num(v) for v in r[key]], "o-", ms=3,
+                        color=ARM_COLORS.get(r["arm"]), label=r["arm"])
+            ax.set_xlabel("layer l")
+            ax.set_ylabel(ylabel)
+            if row == 2:
+                ax.set_yscale("log")
+            ax.set_title(f"{L} layers: {ylabel} per layer")
+            ax.legend(fontsize=7, ncol=2)
+    return [save(fig, out_dir, "claim11_variants.png")]
+
+
+def plot_claim12(c, out_dir):
+    runs = c["data"].get("runs", [])
+    if not runs:
+        return []
+    depths = sorted({r["layers"] for r in runs})
+    warmups = sorted({r["warmup"] for r in runs})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    u = next((num(r["unigram_val"]) for r in runs if r.get("unigram_val") is not None), float("nan"))
+    for w in warmups:
+        ys = [next((num(r["final_val"]) for r in runs if r["layers"] == L and r["warmup"] == w), float("nan"))
+              for L in depths]
+        axes[0].plot(depths, ys, "o-", label=f"warmup {w}")
+    if math.isfinite(u):
+        axes[0].axhline(u, color="k", ls="--", lw=1, label="U")
+        axes[0].axhline(u - 0.5, color="k", ls=":", lw=0.8, label="U − 0.5 (trained)")
+    axes[0].set_xlabel("depth L (Post-LN)")
+    axes[0].set_ylabel("final validation loss")
+    axes[0].set_title("Post-LN: final loss per depth and warmup")
+    axes[0].legend(fontsize=7)
+    vals = c.get("per_seed", [{}])[0].get("values", {})
+    th = [vals.get(f"threshold_L{L}") for L in depths]
+    top = (max(warmups) if warmups else 1) * 1.3 + 1
+    axes[1].bar([str(L) for L in depths], [top if t is None else t for t in th],
+                color=["#cf222e" if t is None else "#1a7f37" for t in th])
+    for i, t in enumerate(th):
+        axes[1].text(i, (top if t is None else t) + 0.5, "none of the grid" if t is None else str(t), ha="center",
+                     fontsize=8)
+    axes[1].set_xlabel("depth L")
+    axes[1].set_ylabel("smallest warmup that trains")
+    axes[1].set_title("warmup threshold w*(L)")
+    return [save(fig, out_dir, "claim12_warmup_depth.png")]
+
+
+PLOTTERS = {10: plot_claim10, 11: plot_claim11, 12: plot_claim12, 1: plot_claim1, 2: plot_claim2, 3: plot_claim3, 4: plot_claim4, 5: plot_claim5, 6: plot_claim6, 7: plot_claim7, 8: plot_claim8,
             9: plot_claim9}
 
 
@@ -414,6 +539,16 @@ def claim3_rerun(c):
             "docs/SPEECH_STUDY.md.</p>")
 
 
+def x_run_table(c):
+    rows = [[r["arm"], r["layers"], r["warmup"], r["final_val"], r["unigram_val"], r["diverged"], r.get("seconds")]
+            for r in c["data"].get("runs", [])]
+    t = table(rows, ["variant", "layers", "warmup", "final val loss", "unigram U", "diverged", "seconds"]) if rows else ""
+    for r in c["data"].get("refused", []):
+        t += (f'<p class="refused"><b>{html.escape(r["variant"])}: not run.</b> The engine refuses it: '
+              f'<code>{html.escape(r["error"])}</code></p>')
+    return t
+
+
 def removal_table(c):
     rows = []
     for r in c["data"].get("removal", []):
@@ -429,7 +564,7 @@ def claim_html(c, out_dir):
     v = c["verdict"]
     color = VERDICT_COLORS.get(v, "#57606a")
     parts = [f'<div class="claim" id="claim-{c["id"]}" data-claim="{c["id"]}" data-verdict="{v}">',
-             f'<h3>Claim {c["id"]}: {html.escape(c["title"])}</h3>',
+             f'<h3>{"Claim" if c["id"] <= 9 else "Experiment"} {c["id"]}: {html.escape(c["title"])}</h3>',
              f'<blockquote>{html.escape(c["claim"])}</blockquote>',
              f'<p class="verdict" style="background:{color}">verdict: <b>{v}</b></p>',
              f'<p><b>Rule.</b> {html.escape(c["rule"])}</p>',
@@ -449,6 +584,14 @@ def claim_html(c, out_dir):
         parts.append(claim1_table(c))
     if c["id"] in (6, 7):
         parts.append(run_table(c))
+    if c["id"] in (11, 12):
+        parts.append(x_run_table(c))
+    if c["id"] == 2 and c.get("data", {}).get("mlp"):
+        rows = [[r["seed"], a["norm"], a["batch"], a["lr"], a["steps"], a["eval_val"], a["train_mode_val"], a["gap"]]
+                for r in c["data"]["mlp"] for a in r["arms"]]
+        parts.append("<h4>Next-byte MLP (trained, informational)</h4>" +
+                     table(rows, ["seed", "norm", "batch", "lr", "steps", "eval val loss", "train-mode val loss",
+                                  "gap"]))
     if c["id"] == 8:
         parts.append(removal_table(c))
     if c["id"] == 3 and c.get("measured"):

@@ -21,6 +21,7 @@
 #include "nn/checkpoint.h"
 #include "nn/data.h"
 #include "nn/train.h"
+#include <normlab/nn/layers.h>
 #include "speech/dataset.h"
 #include "speech/study.h"
 
@@ -50,6 +51,17 @@ struct Sizes {
   int c8_layers;
   double c8_lr;
   std::int64_t c8_warmup, c8_steps;
+  // experiments 11 (placement variants without warmup) and 12 (Post-LN's warmup threshold vs depth): the first
+  // seed only, claim 6's model width and learning rate with a shorter, smaller-batch run. Sized to fit the
+  // default run's budget (docs/LAB.md): raise x_batch / x_steps when training gets faster.
+  std::vector<int> v_depths;
+  std::vector<int> w_depths;
+  std::vector<std::int64_t> w_warmups;
+  int x_batch;
+  std::int64_t x_steps, x_eval_every, x_val_windows;
+  double x_lr;
+  // claim 2, trained: the next-byte MLP (examples seen per arm; batch 64 and batch 2 see the same ones)
+  std::int64_t mlp_examples;
 };
 
 Sizes sizes(bool quick) {
@@ -58,12 +70,18 @@ Sizes sizes(bool quick) {
                  .g_batches = 8, .c6_layers = 6, .d = 64, .heads = 4, .ffn = 256, .seq = 64, .batch = 32,
                  .c6_steps = 600, .c6_warmup = 200, .c6_lr = 3e-3, .eval_every = 50, .val_windows = 256,
                  .c7_layers = 3, .c7_steps = 1000, .c7_warmup = 200, .c7_lr = 3e-3, .c8_deep = true,
-                 .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600};
+                 .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600,
+                 .v_depths = {6, 12}, .w_depths = {2, 4, 6, 8}, .w_warmups = {0, 100}, .x_batch = 16,
+                 .x_steps = 200, .x_eval_every = 50, .x_val_windows = 64, .x_lr = 3e-3,
+                 .mlp_examples = 64 * 200};
   return Sizes{.depths = {2, 4, 8}, .g_d = 64, .g_heads = 4, .g_ffn = 256, .g_seq = 32, .g_batch = 8,
                .g_batches = 2, .c6_layers = 6, .d = 64, .heads = 4, .ffn = 256, .seq = 64, .batch = 16,
                .c6_steps = 200, .c6_warmup = 50, .c6_lr = 3e-3, .eval_every = 25, .val_windows = 64,
                .c7_layers = 3, .c7_steps = 200, .c7_warmup = 40, .c7_lr = 3e-3, .c8_deep = false,
-               .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600};
+               .c8_layers = 12, .c8_lr = 1e-3, .c8_warmup = 400, .c8_steps = 600,
+               .v_depths = {2, 4}, .w_depths = {1, 4}, .w_warmups = {0, 20}, .x_batch = 8, .x_steps = 60,
+               .x_eval_every = 20, .x_val_windows = 32, .x_lr = 3e-3,
+               .mlp_examples = 64 * 60};
 }
 
 std::string quick_note(bool quick) {
@@ -85,6 +103,26 @@ std::vector<Arm> c6_arms(const Sizes& z) {
           {"pre-warmup", nn::Placement::kPre, nn::ScheduleKind::kLinear, z.c6_warmup}};
 }
 
+// Experiment 11's variants (docs/placements.md), each trained without warmup; "post" and "pre" are the controls.
+// SpanNorm is listed but not run: the engine refuses it (its block formula could not be verified).
+struct Variant {
+  const char* name;
+  nn::Placement placement;
+  nn::NormKind norm;
+};
+constexpr Variant kVariants[] = {
+    {"post", nn::Placement::kPost, nn::NormKind::kLayerNorm},         {"pre", nn::Placement::kPre, nn::NormKind::kLayerNorm},
+    {"b2t", nn::Placement::kB2T, nn::NormKind::kLayerNorm},           {"siamese", nn::Placement::kSiamese, nn::NormKind::kLayerNorm},
+    {"sandwich", nn::Placement::kSandwich, nn::NormKind::kLayerNorm}, {"deepnorm", nn::Placement::kDeepNorm, nn::NormKind::kLayerNorm},
+    {"mixln", nn::Placement::kMixLN, nn::NormKind::kLayerNorm},       {"lns", nn::Placement::kLNS, nn::NormKind::kLayerNorm},
+    {"dyt", nn::Placement::kPre, nn::NormKind::kDyT},
+};
+constexpr const char* kRefusedVariant = "spannorm";
+
+std::string x_key(const std::string& variant, int layers, std::int64_t warmup, int seed) {
+  return fmt::format("x-{}-L{}-w{}-s{}", variant, layers, warmup, seed);
+}
+
 nn::TrainConfig base_train(const Sizes& z, const LabOptions& opt, int seed) {
   nn::TrainConfig c;
   c.model.d_model = z.d, c.model.heads = z.heads, c.model.ffn = z.ffn;
@@ -104,6 +142,7 @@ std::string train_command(const nn::TrainConfig& c, const std::string& key, bool
   s += fmt::format(" --steps {} --seed {} --eval-every {} --val-windows {} --data {} --threads 1 --log {}.jsonl",
                    c.steps, c.seed, c.eval_every, c.val_windows, c.data, key);
   if (checkpoint) s += fmt::format(" --checkpoint {}-ckpt", key);
+  if (c.model.norm == nn::NormKind::kDyT) s += "   # with DyT instead of LayerNorm: ModelConfig::norm = kDyT (no CLI flag)";
   return s;
 }
 
@@ -129,6 +168,10 @@ constexpr const char* kC3Key = "c3-speech";
 constexpr int kC3Seed = 0;
 int c3_limit(bool quick) { return quick ? 2 : 0; }
 
+std::string mlp_key(int seed) { return fmt::format("c2-mlp-s{}", seed); }
+constexpr int kMlpCtx = 8, kMlpEmb = 16, kMlpHidden = 128, kMlpValExamples = 4096;
+constexpr double kMlpLr64 = 2e-3;
+
 std::string c6_key(const std::string& arm, int seed) { return fmt::format("c6-{}-s{}", arm, seed); }
 std::string c7_key(const std::string& arm, int seed) { return fmt::format("c7-{}-s{}", arm, seed); }
 std::string c8_key(const std::string& arm, int layers, int seed) {
@@ -144,6 +187,16 @@ json grad_spec(const Sizes& z, const LabOptions& opt, const std::string& placeme
           {"batches", z.g_batches}, {"seed", seed},        {"data", opt.data}};
 }
 
+nn::TrainConfig x_train(const Sizes& z, const LabOptions& opt, const Variant& v, int layers, std::int64_t warmup,
+                        int seed) {
+  nn::TrainConfig c = base_train(z, opt, seed);
+  c.model.layers = layers, c.model.placement = v.placement, c.model.norm = v.norm;
+  c.batch = z.x_batch, c.steps = z.x_steps, c.lr = z.x_lr, c.eval_every = z.x_eval_every;
+  c.val_windows = z.x_val_windows;
+  c.schedule = warmup > 0 ? nn::ScheduleKind::kLinear : nn::ScheduleKind::kConstant, c.warmup = warmup;
+  return c;
+}
+
 }  // namespace
 
 const std::vector<Section>& sections() {
@@ -155,9 +208,10 @@ const std::vector<Section>& sections() {
       {"f-vs-t", "F vs T normalization on speech", {3}},
       {"placement", "Pre/Post placement", {4, 7}},
       {"gradient-flow", "Gradient flow at initialization", {5}},
-      {"warmup", "Warmup", {6}},
+      {"residual-growth", "Residual-stream norm growth", {10}},
+      {"warmup", "Warmup", {6, 12}},
       {"layer-utilization", "Layer utilization and token similarity", {8, 9}},
-      {"variants", "Variants", {}},
+      {"variants", "Variants", {11}},
   };
   return s;
 }
@@ -188,7 +242,18 @@ std::vector<Job> plan_jobs(const LabOptions& opt) {
     j.cost = limit > 0 ? 0.5 : 20;
     jobs.push_back(std::move(j));
   }
-  if (opt.wants(4) || opt.wants(5)) {
+  if (opt.wants(2))
+    for (int seed : opt.seeds) {
+      Job j;
+      j.key = mlp_key(seed);
+      j.spec = {{"kind", "mlp"}, {"seed", seed}, {"ctx", kMlpCtx}, {"emb", kMlpEmb}, {"hidden", kMlpHidden},
+                {"examples", z.mlp_examples}, {"lr64", kMlpLr64}, {"val_examples", kMlpValExamples}, {"data", opt.data}};
+      j.commands.push_back(fmt::format("normlab lab --only 2{}   # the MLP runs only inside the lab (hidden lab-job)",
+                                       opt.quick ? " --quick" : ""));
+      j.cost = double(z.mlp_examples) * 4 * 2e-5;
+      jobs.push_back(std::move(j));
+    }
+  if (opt.wants(4) || opt.wants(5) || opt.wants(10)) {
     for (int seed : opt.seeds)
       for (const char* p : {"post", "pre"})
         for (int L : z.depths) {
@@ -231,6 +296,22 @@ std::vector<Job> plan_jobs(const LabOptions& opt) {
       jobs.push_back(train_job(c8_key(arm, z.c8_layers, seed), c, true));
     }
   }
+  // Experiments 11 and 12 share their Post-LN runs without warmup at the common depths.
+  if ((opt.wants(11) || opt.wants(12)) && !opt.seeds.empty()) {
+    const int seed = opt.seeds.front();
+    auto add = [&](const Variant& v, int layers, std::int64_t warmup) {
+      const std::string key = x_key(v.name, layers, warmup, seed);
+      for (const Job& j : jobs)
+        if (j.key == key) return;
+      jobs.push_back(train_job(key, x_train(z, opt, v, layers, warmup, seed), false));
+    };
+    if (opt.wants(11))
+      for (const Variant& v : kVariants)
+        for (int L : z.v_depths) add(v, L, 0);
+    if (opt.wants(12))
+      for (int L : z.w_depths)
+        for (std::int64_t w : z.w_warmups) add(kVariants[0], L, w);
+  }
   std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.cost > b.cost; });
   return jobs;
 }
@@ -253,16 +334,20 @@ json run_gradnorms(const json& s) {
   const std::uint64_t seed = s.at("seed").get<std::uint64_t>();
   cfg.vocab = 256, cfg.max_seq = seq, cfg.seed = seed;
   nn::Model model(cfg);
+  model.record_input_grads(true);  // ∂L/∂x_l per block input (claim 4)
   const nn::LmData data = nn::LmData::load(s.value("data", std::string("fortunes")));
   nn::BatchSampler sampler(data, seed);
   std::vector<nn::ParamRef> params = model.params();
   std::vector<double> sq(params.size(), 0.0);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * seq)), targets(tokens.size());
   double loss_sum = 0;
+  std::vector<double> dx(static_cast<std::size_t>(cfg.layers), 0.0), resid(dx.size(), 0.0);
   for (int i = 0; i < batches; ++i) {
     sampler.sample(tokens.data(), targets.data(), batch, seq);
     loss_sum += model.forward(tokens.data(), targets.data(), batch, seq);
     model.backward();
+    const std::vector<double> d = model.input_grad_norms(), r = model.residual_norms();
+    for (std::size_t l = 0; l < dx.size(); ++l) dx[l] += d[l] / batches, resid[l] += r[l] / batches;
     for (std::size_t t = 0; t < params.size(); ++t) {
       double v = 0;
       for (Index j = 0; j < params[t].numel(); ++j) v += double(params[t].grad[j]) * params[t].grad[j];
@@ -286,7 +371,11 @@ json run_gradnorms(const json& s) {
   json f = json::array(), b = json::array();
   for (double v : ffn2) f.push_back(finite_or_null(v));
   for (double v : block) b.push_back(finite_or_null(v));
-  return {{"loss", loss_sum / batches}, {"ffn2", f}, {"block", b}, {"params", named}};
+  json jdx = json::array(), jres = json::array();
+  for (double v : dx) jdx.push_back(finite_or_null(v));
+  for (double v : resid) jres.push_back(finite_or_null(v));
+  // dx: mean over the batches of Model::input_grad_norms (‖∂L/∂x_l‖, block l's input); resid: of residual_norms.
+  return {{"loss", loss_sum / batches}, {"ffn2", f}, {"block", b}, {"params", named}, {"dx", jdx}, {"resid", jres}};
 }
 
 json run_train(const json& s, const std::string& work_dir) {
@@ -331,6 +420,8 @@ json run_train(const json& s, const std::string& work_dir) {
   out["cos_final"] = pick(last, "token_cosine");
   out["block_grad_init"] = pick(first, "block_grad_norms");
   out["block_grad_final"] = pick(last, "block_grad_norms");
+  out["resid_init"] = pick(first, "residual_norms");
+  out["resid_final"] = pick(last, "residual_norms");
   if (removal && !res.diverged) {
     // The computation of `normlab eval --checkpoint DIR --drop-last K / --skip-block I`.
     const nn::CheckpointMeta meta = nn::read_checkpoint_meta(cfg.checkpoint_dir);
@@ -353,6 +444,168 @@ json run_train(const json& s, const std::string& work_dir) {
     out["removal"] = {{"full", finite_or_null(full)}, {"drop_last", drop}, {"skip", skip}, {"step", meta.step}};
   }
   return out;
+}
+
+
+// Claim 2, trained (lab.md design (a)): an MLP predicting the next byte from the previous `ctx` bytes,
+//   e = concat(emb[x_1..x_ctx])   (B, ctx·E)
+//   h = e·W1ᵀ + b1                (B, H)
+//   n = Norm(h)                   (B, H)   BatchNorm: per feature over the batch; LayerNorm: per example over H
+//   a = relu(n);  logits = a·W2ᵀ + b2 (B, 256);  loss = mean cross-entropy
+// trained with AdamW (β (0.9, 0.98), eps 1e-9) at batch 64 and batch 2 on the same stream of examples (lr
+// scaled by √(B/64)). Measured: the eval-mode validation loss (BatchNorm: running statistics) and the train-mode
+// minus eval-mode gap (BatchNorm's batch statistics over validation batches of the training batch size).
+struct Mlp {
+  int ctx, E, H;
+  static constexpr int V = 256;
+  std::vector<float> emb, w1, b1, g, be, w2, b2;  // parameters
+  std::vector<float> rm, rv;                       // BatchNorm running statistics
+  std::vector<float*> params() { return {emb.data(), w1.data(), b1.data(), g.data(), be.data(), w2.data(), b2.data()}; }
+  std::vector<std::size_t> sizes() const {
+    return {emb.size(), w1.size(), b1.size(), g.size(), be.size(), w2.size(), b2.size()};
+  }
+};
+
+Mlp mlp_init(int ctx, int E, int H, std::uint64_t seed) {
+  Mlp m{ctx, E, H, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n(0.f, 1.f);
+  auto xavier = [&](std::vector<float>& w, int out, int in) {
+    std::uniform_real_distribution<float> u(-std::sqrt(6.f / float(in + out)), std::sqrt(6.f / float(in + out)));
+    w.resize(static_cast<std::size_t>(out * in));
+    for (float& v : w) v = u(rng);
+  };
+  m.emb.resize(static_cast<std::size_t>(Mlp::V * E));
+  for (float& v : m.emb) v = n(rng);
+  xavier(m.w1, H, ctx * E);
+  xavier(m.w2, Mlp::V, H);
+  m.b1.assign(static_cast<std::size_t>(H), 0.f), m.be.assign(static_cast<std::size_t>(H), 0.f);
+  m.g.assign(static_cast<std::size_t>(H), 1.f), m.b2.assign(static_cast<std::size_t>(Mlp::V), 0.f);
+  m.rm.assign(static_cast<std::size_t>(H), 0.f), m.rv.assign(static_cast<std::size_t>(H), 1.f);
+  return m;
+}
+
+struct MlpActs {
+  std::vector<float> e, h, n, a, logits, probs;
+};
+
+// Forward over B examples starting at bytes[pos[i]] (context) with target bytes[pos[i] + ctx]; returns the mean
+// loss. bn_mode: 0 LayerNorm, 1 BatchNorm training (running stats updated when `update`), 2 BatchNorm eval.
+double mlp_forward(Mlp& m, MlpActs& a, std::span<const std::uint8_t> bytes, const Index* pos, Index B, int bn_mode,
+                   bool update, std::vector<std::int32_t>& tgt) {
+  const Index D = m.ctx * m.E, H = m.H;
+  a.e.resize(static_cast<std::size_t>(B * D)), a.h.resize(static_cast<std::size_t>(B * H));
+  a.n.resize(a.h.size()), a.a.resize(a.h.size());
+  a.logits.resize(static_cast<std::size_t>(B * Mlp::V)), a.probs.resize(a.logits.size());
+  tgt.resize(static_cast<std::size_t>(B));
+  for (Index b = 0; b < B; ++b) {
+    for (int k = 0; k < m.ctx; ++k) {
+      const std::uint8_t x = bytes[static_cast<std::size_t>(pos[b] + k)];
+      std::copy_n(m.emb.data() + x * m.E, m.E, a.e.data() + b * D + k * m.E);
+    }
+    tgt[static_cast<std::size_t>(b)] = bytes[static_cast<std::size_t>(pos[b] + m.ctx)];
+  }
+  nn::linear_forward(a.h.data(), a.e.data(), m.w1.data(), m.b1.data(), B, D, H);
+  if (bn_mode == 0) {
+    nn::layernorm_forward(a.n.data(), static_cast<float*>(nullptr), static_cast<float*>(nullptr), a.h.data(), m.g.data(),
+                          m.be.data(), B, H, 1e-5);
+  } else {
+    BatchNormOptions o;
+    o.training = bn_mode == 1;
+    const bool stats = bn_mode == 2 || update;
+    batch_norm_forward(View(a.n.data(), Dims{B, H}), View{}, View{}, stats ? View(m.rm.data(), Dims{H}) : View{},
+                       stats ? View(m.rv.data(), Dims{H}) : View{}, nullptr, ConstView(a.h.data(), Dims{B, H}),
+                       ConstView(m.g.data(), Dims{H}), ConstView(m.be.data(), Dims{H}), {}, o);
+  }
+  nn::activation_forward(a.a.data(), a.n.data(), B * H, nn::Activation::kRelu);
+  nn::linear_forward(a.logits.data(), a.a.data(), m.w2.data(), m.b2.data(), B, H, Index{Mlp::V});
+  return nn::cross_entropy_forward(a.probs.data(), a.logits.data(), tgt.data(), {}, B, Index{1}, Index{Mlp::V});
+}
+
+void mlp_backward(Mlp& m, const MlpActs& a, std::span<const std::uint8_t> bytes, const Index* pos, Index B, bool bn,
+                  const std::vector<std::int32_t>& tgt, std::vector<std::vector<float>>& grads) {
+  const Index D = m.ctx * m.E, H = m.H;
+  for (auto& gr : grads) std::fill(gr.begin(), gr.end(), 0.f);
+  std::vector<float> dlogits(a.logits.size(), 0.f), da(a.a.size(), 0.f), dn(a.a.size(), 0.f), dh(a.h.size(), 0.f),
+      de(a.e.size(), 0.f);
+  nn::cross_entropy_backward(dlogits.data(), a.probs.data(), tgt.data(), {}, B, Index{1}, Index{Mlp::V});
+  nn::linear_backward(da.data(), grads[5].data(), grads[6].data(), dlogits.data(), a.a.data(), m.w2.data(), B, H,
+                      Index{Mlp::V});
+  nn::activation_backward(dn.data(), da.data(), a.n.data(), B * H, nn::Activation::kRelu);
+  if (!bn) {
+    nn::layernorm_backward(dh.data(), grads[3].data(), grads[4].data(), dn.data(), a.h.data(), m.g.data(), B, H, 1e-5);
+  } else {
+    batch_norm_backward(View(dh.data(), Dims{B, H}), View(grads[3].data(), Dims{H}), View(grads[4].data(), Dims{H}),
+                        ConstView(dn.data(), Dims{B, H}), ConstView(a.h.data(), Dims{B, H}),
+                        ConstView(m.g.data(), Dims{H}), ConstView{}, ConstView{});
+  }
+  nn::linear_backward(de.data(), grads[1].data(), grads[2].data(), dh.data(), a.e.data(), m.w1.data(), B, D, H);
+  for (Index b = 0; b < B; ++b)
+    for (int k = 0; k < m.ctx; ++k) {
+      const std::uint8_t x = bytes[static_cast<std::size_t>(pos[b] + k)];
+      for (int i = 0; i < m.E; ++i) grads[0][static_cast<std::size_t>(x * m.E + i)] += de[static_cast<std::size_t>(b * D + k * m.E + i)];
+    }
+}
+
+json run_mlp(const json& s) {
+  const int ctx = s.at("ctx"), E = s.at("emb"), H = s.at("hidden");
+  const std::int64_t examples = s.at("examples");
+  const double lr64 = s.at("lr64");
+  const Index val_n = s.at("val_examples");
+  const std::uint64_t seed = s.at("seed").get<std::uint64_t>();
+  const nn::LmData data = nn::LmData::load(s.value("data", std::string("fortunes")));
+  const auto train = data.train(), val = data.val();
+  // One stream of training examples shared by every arm (paired); fixed, evenly spaced validation examples.
+  std::mt19937_64 rng(seed ^ 0x6D6C70u);
+  std::vector<Index> stream(static_cast<std::size_t>(examples));
+  for (Index& p : stream) p = static_cast<Index>(rng() % static_cast<std::uint64_t>(data.train_size() - ctx));
+  std::vector<Index> vpos(static_cast<std::size_t>(val_n));
+  for (Index i = 0; i < val_n; ++i) vpos[static_cast<std::size_t>(i)] = i * (data.val_size() - ctx - 1) / std::max<Index>(1, val_n - 1);
+  json arms = json::array();
+  for (const char* norm : {"ln", "bn"})
+    for (Index B : {Index{64}, Index{2}}) {
+      const bool bn = std::string(norm) == "bn";
+      Mlp m = mlp_init(ctx, E, H, seed);
+      std::vector<std::vector<float>> grads, m1, m2;
+      for (std::size_t n : m.sizes()) grads.emplace_back(n, 0.f), m1.emplace_back(n, 0.f), m2.emplace_back(n, 0.f);
+      const double lr = lr64 * std::sqrt(double(B) / 64.0);
+      MlpActs acts;
+      std::vector<std::int32_t> tgt;
+      const std::int64_t steps = examples / B;
+      double tail = 0;
+      std::int64_t tail_n = 0;
+      for (std::int64_t t = 0; t < steps; ++t) {
+        const Index* pos = stream.data() + t * B;
+        const double loss = mlp_forward(m, acts, train, pos, B, bn ? 1 : 0, true, tgt);
+        if (t >= steps - steps / 10) tail += loss, ++tail_n;
+        mlp_backward(m, acts, train, pos, B, bn, tgt, grads);
+        const double b1c = 1 - std::pow(0.9, double(t + 1)), b2c = 1 - std::pow(0.98, double(t + 1));
+        std::vector<float*> ps = m.params();
+        for (std::size_t k = 0; k < ps.size(); ++k)
+          for (std::size_t i = 0; i < grads[k].size(); ++i) {
+            const float gv = grads[k][i];
+            m1[k][i] = 0.9f * m1[k][i] + 0.1f * gv;
+            m2[k][i] = 0.98f * m2[k][i] + 0.02f * gv * gv;
+            ps[k][i] -= static_cast<float>(lr * (m1[k][i] / b1c) / (std::sqrt(m2[k][i] / b2c) + 1e-9));
+          }
+      }
+      // Eval mode over the validation examples (batches of 256); train mode with batch statistics of
+      // validation batches of the training batch size B (running statistics untouched).
+      auto val_loss = [&](int mode, Index bs) {
+        double sum = 0;
+        Index n = 0;
+        for (Index i = 0; i + bs <= val_n; i += bs) {
+          sum += mlp_forward(m, acts, val, vpos.data() + i, bs, mode, false, tgt) * double(bs);
+          n += bs;
+        }
+        return sum / double(n);
+      };
+      const double ev = val_loss(bn ? 2 : 0, 256), tr = val_loss(bn ? 1 : 0, B);
+      arms.push_back({{"norm", norm}, {"batch", B}, {"lr", lr}, {"steps", steps}, {"eval_val", finite_or_null(ev)},
+                      {"train_mode_val", finite_or_null(tr)}, {"gap", finite_or_null(tr - ev)},
+                      {"train_tail", finite_or_null(tail / double(std::max<std::int64_t>(1, tail_n)))}});
+    }
+  return {{"arms", arms}, {"unigram_val", nn::unigram_cross_entropy(train, val)}};
 }
 
 json run_speech(const json& s, const std::string& work_dir) {
@@ -399,6 +652,8 @@ json run_job(const json& spec, const std::string& work_dir) {
     out = run_train(spec, work_dir);
   else if (kind == "speech")
     out = run_speech(spec, work_dir);
+  else if (kind == "mlp")
+    out = run_mlp(spec);
   else
     throw Error(fmt::format("lab: unknown job kind '{}'", kind));
   out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -619,11 +874,15 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
                          "train and eval differ, padded zeros change the statistics). Batch size 1 with the right "
                          "layout makes them coincide numerically.");
     c.measured = true;
-    c.note = "Measured at the kernel level (layer_norm_forward, batch_norm_forward in training mode, unmasked) on "
-             "synthetic activations [B, C=16, T=24] with per-feature offsets and per-sample gains: the same sample "
-             "in a batch of 64 vs 2, zero padding to fractions 0.25/0.5/0.75, train vs eval mode with running "
-             "statistics from 20 batches of 2, and batch 1 with one channel over the features. lab.md's trained "
-             "designs (next-byte MLP at batch 64 vs 2; 2-layer Transformer with padding) are not run yet.";
+    c.note = quick_note(opt.quick) +
+             "The verdict is measured at the kernel level (layer_norm_forward, batch_norm_forward in training mode, "
+             "unmasked) on synthetic activations [B, C=16, T=24] with per-feature offsets and per-sample gains: the "
+             "same sample in a batch of 64 vs 2, zero padding to fractions 0.25/0.5/0.75, train vs eval mode with "
+             "running statistics from 20 batches of 2, and batch 1 with one channel over the features. Trained "
+             "(lab.md design (a), informational, not in the rule): a next-byte MLP (8 previous bytes, embedding 16, "
+             "hidden 128 with BatchNorm or LayerNorm, ReLU) trained at batch 64 and batch 2 on the same examples (lr "
+             "scaled by √(B/64)); eval-mode validation loss and the train-mode − eval-mode gap. lab.md's design (b), "
+             "a padded 2-layer Transformer with BatchNorm, is not run: the Transformer engine has no BatchNorm.";
     c.config = {{"C", 16}, {"T", 24}, {"batch", {64, 2}}, {"padding_fractions", {0.25, 0.5, 0.75}}, {"eps", 1e-5},
                 {"seeds", opt.seeds}};
     std::vector<Claim2Seed> seeds;
@@ -634,10 +893,32 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
                                    {"bn_pad", s.bn_pad}, {"bn_train_eval", s.bn_train_eval},
                                    {"batch1_bn_vs_ln", s.special}}});
     }
-    c.data = {{"kind", "kernel-level"}};
-    c.run_commands = {"normlab lab --only 2", "normlab norm batch --help", "normlab norm layer --help"};
+    c.run_commands = {"normlab norm batch --help", "normlab norm layer --help"};
     c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Gather g(outputs);
+    json mlp = json::array();
+    for (std::size_t i = 0; i < opt.seeds.size(); ++i) {
+      const json* o = g.get(mlp_key(opt.seeds[i]), jobs);
+      if (!o) continue;
+      json e = *o;
+      e["seed"] = opt.seeds[i];
+      mlp.push_back(e);
+      auto arm = [&](const char* norm, int B, const char* k) {
+        for (const auto& a : o->at("arms"))
+          if (a.at("norm") == norm && a.at("batch") == B) return num(a.at(k));
+        return kNaN;
+      };
+      json& v = c.per_seed[i].values;
+      v["mlp_ln_val_b2_minus_b64"] = finite_or_null(arm("ln", 2, "eval_val") - arm("ln", 64, "eval_val"));
+      v["mlp_bn_val_b2_minus_b64"] = finite_or_null(arm("bn", 2, "eval_val") - arm("bn", 64, "eval_val"));
+      v["mlp_ln_gap_b2"] = finite_or_null(arm("ln", 2, "gap"));
+      v["mlp_bn_gap_b2"] = finite_or_null(arm("bn", 2, "gap"));
+      v["mlp_bn_gap_b64"] = finite_or_null(arm("bn", 64, "gap"));
+    }
+    c.data = {{"kind", "kernel-level"}, {"mlp", mlp},
+              {"mlp_config", {{"ctx", kMlpCtx}, {"emb", kMlpEmb}, {"hidden", kMlpHidden}, {"examples", z.mlp_examples},
+                              {"lr_batch64", kMlpLr64}, {"lr", "lr_batch64 * sqrt(B / 64)"}, {"batches", {64, 2}},
+                              {"val_examples", kMlpValExamples}, {"optimizer", "adamw β=(0.9, 0.98) eps 1e-9"}}}};
     finish(c, opt, g, rule_claim2(seeds));
     claims.push_back(std::move(c));
   }
@@ -704,8 +985,8 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
     claims.push_back(std::move(c));
   }
 
-  // Claims 4 and 5 share the gradient runs.
-  if (opt.wants(4) || opt.wants(5)) {
+  // Claims 4, 5 and experiment 10 share the gradient runs.
+  if (opt.wants(4) || opt.wants(5) || opt.wants(10)) {
     Gather g(outputs);
     std::vector<GradSeed> seeds;
     json profiles = json::array();
@@ -720,9 +1001,11 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
             complete = false;
             continue;
           }
-          GradProfile prof{L, nums(o->at("ffn2")), nums(o->at("block"))};
+          GradProfile prof{L, nums(o->at("ffn2")), nums(o->at("block")), nums(o->value("dx", json::array())),
+                           nums(o->value("resid", json::array()))};
           profiles.push_back({{"placement", p}, {"layers", L}, {"seed", seed}, {"ffn2", o->at("ffn2")},
-                              {"block", o->at("block")}, {"loss", o->at("loss")}});
+                              {"block", o->at("block")}, {"dx", o->value("dx", json::array())},
+                              {"resid", o->value("resid", json::array())}, {"loss", o->at("loss")}});
           (std::string(p) == "post" ? gs.post : gs.pre).push_back(std::move(prof));
         }
       if (complete) seeds.push_back(std::move(gs));
@@ -739,17 +1022,21 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
       c.config = config;
       c.data = {{"profiles", profiles}};
       c.note = quick_note(opt.quick) +
-               "Measured on the per-block parameter gradient norms ‖∇θ_l‖ at initialization (the same runs as claim 5): "
-               "nn::Model exposes no per-layer ∂L/∂x_l accessor, so the identity path is seen through how much "
-               "gradient reaches the input-side block relative to the output-side block.";
+               "Measured on ‖∂L/∂x_l‖, the gradient of the loss w.r.t. each block's residual-stream input "
+               "(Model::input_grad_norms, mean over tokens, averaged over the batches) at initialization, in the "
+               "same runs as claim 5. Identity path: in Pre-LN ∂L/∂x_l = ∂L/∂x_{l+1}·(I + ∂F/∂x), so the gradient "
+               "reaching block 1 is not smaller than the one reaching block L; in Post-LN it passes every LN "
+               "Jacobian. The per-block parameter gradient ratio ‖∇θ_1‖/‖∇θ_L‖ is listed too (not in the rule).";
       for (const GradSeed& s : seeds) {
         SeedValues sv{s.seed, json::object()};
         for (std::size_t i = 0; i < s.post.size(); ++i) {
-          const auto& po = s.post[i].block;
-          const auto& pr = s.pre[i].block;
-          if (!po.empty()) sv.values[fmt::format("r_post_L{}", s.post[i].layers)] = finite_or_null(po.front() / po.back());
-          if (!pr.empty()) sv.values[fmt::format("r_pre_L{}", s.pre[i].layers)] = finite_or_null(pr.front() / pr.back());
+          const auto &po = s.post[i], &pr = s.pre[i];
+          if (!po.dx.empty()) sv.values[fmt::format("r_post_L{}", po.layers)] = finite_or_null(po.dx.front() / po.dx.back());
+          if (!pr.dx.empty()) sv.values[fmt::format("r_pre_L{}", pr.layers)] = finite_or_null(pr.dx.front() / pr.dx.back());
         }
+        const auto &po = s.post.back(), &pr = s.pre.back();
+        if (!po.block.empty()) sv.values[fmt::format("theta_r_post_L{}", po.layers)] = finite_or_null(po.block.front() / po.block.back());
+        if (!pr.block.empty()) sv.values[fmt::format("theta_r_pre_L{}", pr.layers)] = finite_or_null(pr.block.front() / pr.block.back());
         c.per_seed.push_back(sv);
       }
       Gather g4 = g;
@@ -777,7 +1064,40 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
         sv.values["pre_last_slope"] = finite_or_null(loglog_slope(d, last));
         c.per_seed.push_back(sv);
       }
-      finish(c, opt, g, rule_claim5(seeds));
+      Gather g5 = g;
+      finish(c, opt, g5, rule_claim5(seeds));
+      claims.push_back(std::move(c));
+    }
+    if (opt.wants(10)) {
+      ClaimResult c = make(10, "residual-growth", "Residual-stream norm growth per layer (Xiong et al. 2020, Lemma 1)",
+                           "At initialization Post-LN's residual stream keeps the same norm in every layer (each block "
+                           "ends in a LayerNorm), while Pre-LN's grows with depth: E‖x_l‖² grows linearly in l.");
+      c.measured = true;
+      c.config = config;
+      c.data = {{"profiles", profiles}};
+      c.note = quick_note(opt.quick) +
+               "‖x_l‖ = mean over tokens of the residual stream's norm after block l (Model::residual_norms), averaged "
+               "over the batches of claim 5's runs at initialization. The trained models' norms are in the training "
+               "logs (train.jsonl, residual_norms) and in the variants section.";
+      for (const GradSeed& s : seeds) {
+        SeedValues sv{s.seed, json::object()};
+        const auto &po = s.post.back().resid, &pr = s.pre.back().resid;
+        if (!po.empty()) {
+          const auto [lo, hi] = std::minmax_element(po.begin(), po.end());
+          sv.values["post_max_over_min"] = finite_or_null(*hi / *lo);
+          sv.values["post_first"] = finite_or_null(po.front()), sv.values["post_last"] = finite_or_null(po.back());
+        }
+        if (!pr.empty()) {
+          std::vector<double> l, sq;
+          for (std::size_t i = 0; i < pr.size(); ++i) l.push_back(double(i + 1)), sq.push_back(pr[i] * pr[i]);
+          sv.values["pre_first"] = finite_or_null(pr.front()), sv.values["pre_last"] = finite_or_null(pr.back());
+          sv.values["pre_sq_growth"] = finite_or_null(sq.back() / sq.front());
+          sv.values["pre_sq_r2"] = finite_or_null(linear_r2(l, sq));
+        }
+        c.per_seed.push_back(sv);
+      }
+      Gather g10 = g;
+      finish(c, opt, g10, rule_residual_growth(seeds));
       claims.push_back(std::move(c));
     }
   }
@@ -975,6 +1295,105 @@ std::vector<ClaimResult> assemble(const LabOptions& opt, const json& outputs, co
     c.run_commands.erase(std::remove_if(c.run_commands.begin(), c.run_commands.end(),
                                         [](const std::string& s) { return s.starts_with("normlab eval"); }),
                          c.run_commands.end());
+    claims.push_back(std::move(c));
+  }
+
+  // Experiments 11 and 12: short runs of one seed (Sizes::x_*).
+  const int xseed = opt.seeds.empty() ? 0 : opt.seeds.front();
+  auto x_config = [&] {
+    json c = train_config_summary(z, 0);
+    c.erase("layers");
+    c["batch"] = z.x_batch, c["steps"] = z.x_steps, c["lr"] = z.x_lr, c["eval_every"] = z.x_eval_every;
+    c["val_windows"] = z.x_val_windows, c["seed"] = xseed;
+    return c;
+  };
+  auto x_entry = [](const std::string& variant, int layers, std::int64_t warmup, int seed, const json& o) {
+    json e = run_entry(variant, seed, o);
+    e["layers"] = layers, e["warmup"] = warmup;
+    e["cos_final"] = o.value("cos_final", json::array()), e["resid_final"] = o.value("resid_final", json::array());
+    return e;
+  };
+
+  if (opt.wants(11)) {
+    ClaimResult c = make(11, "variants", "Placement variants train without warmup",
+                         "The variants of the source articles (B2T, SiameseNorm, SpanNorm — the hybrids — and "
+                         "Sandwich/Peri-LN, DeepNorm, Mix-LN, LayerNorm Scaling, DyT) train without learning-rate "
+                         "warmup in the setting where Post-LN does not, at 6 and 12 layers.");
+    c.measured = true;
+    json cfg = x_config();
+    json names = json::array();
+    for (const Variant& v : kVariants) names.push_back(v.name);
+    cfg["depths"] = z.v_depths, cfg["schedule"] = "constant (no warmup)", cfg["variants"] = names;
+    cfg["controls"] = {"post", "pre"};
+    c.config = cfg;
+    // SpanNorm: ask the engine, report what it says.
+    std::string refused;
+    try {
+      nn::ModelConfig mc;
+      mc.placement = nn::parse_placement(kRefusedVariant);
+      nn::Model m(mc);
+      refused = "the engine built it (update the lab to run it)";
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+    c.note = quick_note(opt.quick) +
+             fmt::format("One seed; claim 6's model width and learning rate, shorter runs (batch {}, {} steps) to fit "
+                         "the default run's budget. dyt = Pre-LN with DyT in place of every LayerNorm. SpanNorm is not "
+                         "run: {}",
+                         z.x_batch, z.x_steps, refused);
+    Gather g(outputs);
+    std::vector<VariantRun> vr;
+    json runs = json::array();
+    SeedValues sv{xseed, json::object()};
+    for (const Variant& v : kVariants)
+      for (int L : z.v_depths) {
+        const json* o = g.get(x_key(v.name, L, 0, xseed), jobs);
+        if (!o) continue;
+        runs.push_back(x_entry(v.name, L, 0, xseed, *o));
+        const double f = o->at("diverged").get<bool>() ? kNaN : num(o->at("final_val"));
+        vr.push_back({v.name, L, num(o->at("unigram_val")), f});
+        sv.values[fmt::format("{}_L{}", v.name, L)] = finite_or_null(f);
+        if (!vr.empty()) sv.values["unigram"] = finite_or_null(vr.back().unigram);
+      }
+    c.per_seed.push_back(sv);
+    c.data = {{"runs", runs}, {"refused", {{{"variant", kRefusedVariant}, {"error", refused}}}}};
+    finish(c, opt, g, rule_variants(vr));
+    claims.push_back(std::move(c));
+  }
+
+  if (opt.wants(12)) {
+    ClaimResult c = make(12, "warmup", "Post-LN's warmup threshold grows with depth",
+                         "The deeper the Post-LN model, the longer the learning-rate warmup it needs (Xiong et al. "
+                         "2020: the gradients near the output grow with depth).");
+    c.measured = true;
+    json cfg = x_config();
+    cfg["placement"] = "post", cfg["depths"] = z.w_depths, cfg["warmups"] = z.w_warmups;
+    cfg["schedule"] = "linear warmup, then constant (warmup 0: constant)";
+    c.config = cfg;
+    c.note = quick_note(opt.quick) +
+             fmt::format("One seed; the runs of the variants section's setting (batch {}, {} steps), so a warmup "
+                         "threshold here is relative to this short budget.",
+                         z.x_batch, z.x_steps);
+    Gather g(outputs);
+    std::vector<WarmupRun> wr;
+    json runs = json::array();
+    for (int L : z.w_depths)
+      for (std::int64_t w : z.w_warmups) {
+        const json* o = g.get(x_key("post", L, w, xseed), jobs);
+        if (!o) continue;
+        runs.push_back(x_entry("post", L, w, xseed, *o));
+        const double f = o->at("diverged").get<bool>() ? kNaN : num(o->at("final_val"));
+        wr.push_back({L, static_cast<long>(w), num(o->at("unigram_val")), f});
+      }
+    SeedValues sv{xseed, json::object()};
+    for (int L : z.w_depths) {
+      const long t = warmup_threshold(wr, L);
+      sv.values[fmt::format("threshold_L{}", L)] = t < 0 ? json(nullptr) : json(t);
+    }
+    for (const WarmupRun& w : wr) sv.values[fmt::format("L{}_w{}", w.layers, w.warmup)] = finite_or_null(w.final_val);
+    c.per_seed.push_back(sv);
+    c.data = {{"runs", runs}};
+    finish(c, opt, g, rule_warmup_depth(wr));
     claims.push_back(std::move(c));
   }
 

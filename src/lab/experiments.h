@@ -25,6 +25,10 @@
 
 namespace normlab::lab {
 
+// Claims 1..9 are lab.md's; 10..12 are the further experiments (residual-stream norm growth,
+// placement variants without warmup, Post-LN's warmup threshold vs depth).
+inline constexpr int kLastClaim = 12;
+
 struct LabOptions {
   bool quick = false;
   std::vector<int> seeds{0, 1, 2};

@@ -18,7 +18,7 @@ struct SeedValues {
 };
 
 struct ClaimResult {
-  int id = 0;                 // 1..9, lab.md's numbering
+  int id = 0;                 // 1..9, lab.md's numbering; 10..12 the further experiments (kLastClaim)
   std::string section;        // the report section it belongs to ("warmup", ...)
   std::string title;          // short
   std::string claim;          // the claim's text

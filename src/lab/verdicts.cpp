@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 
 namespace normlab::lab {
@@ -115,18 +116,18 @@ double loglog_slope(const std::vector<double>& x, const std::vector<double>& y) 
 RuleResult rule_claim4(const std::vector<GradSeed>& seeds) {
   RuleResult r;
   r.rule = fmt::format(
-      "measured on per-block parameter gradients (Model exposes no ∂L/∂x_l): r = ‖∇θ(block 1)‖ / ‖∇θ(block L)‖ at "
-      "the deepest depth, per seed. Identity path: Pre-LN r ≥ {} and Post-LN r < {} → full; Post-LN r < Pre-LN r "
-      "otherwise → corrected; else failed. All seeds full → reproduced; all full-or-corrected → "
-      "reproduced-with-correction; all failed → not-reproduced; mixed → inconclusive",
+      "r = ‖∂L/∂x_1‖ / ‖∂L/∂x_L‖ at initialization at the deepest depth, per seed (x_l: block l's residual-stream "
+      "input; ‖·‖ the mean over tokens; Model::input_grad_norms). Identity path: Pre-LN r ≥ {} and Post-LN r < {} → "
+      "full; Post-LN r < Pre-LN r otherwise → corrected; else failed. All seeds full → reproduced; all "
+      "full-or-corrected → reproduced-with-correction; all failed → not-reproduced; mixed → inconclusive",
       T.c4_pre_min_ratio, T.c4_post_max_ratio);
   std::vector<SeedOutcome> out;
   std::string detail;
   for (const GradSeed& s : seeds) {
     if (s.post.empty() || s.pre.empty()) continue;
     const GradProfile &po = s.post.back(), &pr = s.pre.back();
-    if (po.block.empty() || pr.block.empty()) continue;
-    const double rpo = po.block.front() / po.block.back(), rpr = pr.block.front() / pr.block.back();
+    if (po.dx.empty() || pr.dx.empty()) continue;
+    const double rpo = po.dx.front() / po.dx.back(), rpr = pr.dx.front() / pr.dx.back();
     SeedOutcome o = SeedOutcome::kFail;
     if (rpr >= T.c4_pre_min_ratio && rpo < T.c4_post_max_ratio)
       o = SeedOutcome::kFull;
@@ -358,6 +359,145 @@ RuleResult rule_claim3(const Claim3Input& in) {
     r.verdict = Verdict::kReproduced;
   else
     r.verdict = Verdict::kInconclusive;
+  return r;
+}
+
+double linear_r2(const std::vector<double>& x, const std::vector<double>& y) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (x.size() != y.size() || x.size() < 3) return nan;
+  const double n = static_cast<double>(x.size());
+  const double mx = std::accumulate(x.begin(), x.end(), 0.0) / n, my = std::accumulate(y.begin(), y.end(), 0.0) / n;
+  double sxy = 0, sxx = 0, syy = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i]) || !std::isfinite(y[i])) return nan;
+    sxy += (x[i] - mx) * (y[i] - my), sxx += (x[i] - mx) * (x[i] - mx), syy += (y[i] - my) * (y[i] - my);
+  }
+  return sxx > 0 && syy > 0 ? sxy * sxy / (sxx * syy) : nan;
+}
+
+RuleResult rule_residual_growth(const std::vector<GradSeed>& seeds) {
+  RuleResult r;
+  r.rule = fmt::format(
+      "residual-stream norms ‖x_l‖ after each block at initialization, deepest depth, per seed: Post-LN flat "
+      "(max_l ‖x_l‖ / min_l ‖x_l‖ ≤ {}) and Pre-LN growing linearly (‖x_L‖² / ‖x_1‖² ≥ {} and a least-squares "
+      "line of ‖x_l‖² on l with R² ≥ {}) → full; Post-LN flat and Pre-LN growing but not linearly → corrected; "
+      "else failed. All seeds full → reproduced; all full-or-corrected → reproduced-with-correction; all failed → "
+      "not-reproduced; mixed → inconclusive",
+      T.c10_flat, T.c10_growth, T.c10_linear_r2);
+  std::vector<SeedOutcome> out;
+  std::string detail;
+  for (const GradSeed& s : seeds) {
+    if (s.post.empty() || s.pre.empty()) continue;
+    const std::vector<double>&po = s.post.back().resid, &pr = s.pre.back().resid;
+    if (po.size() < 3 || pr.size() < 3) continue;
+    const auto [lo, hi] = std::minmax_element(po.begin(), po.end());
+    const double spread = *hi / *lo;
+    std::vector<double> l, sq;
+    for (std::size_t i = 0; i < pr.size(); ++i) l.push_back(static_cast<double>(i + 1)), sq.push_back(pr[i] * pr[i]);
+    const double growth = sq.back() / sq.front(), r2 = linear_r2(l, sq);
+    const bool flat = spread <= T.c10_flat, grows = growth >= T.c10_growth;
+    SeedOutcome o = SeedOutcome::kFail;
+    if (flat && grows) o = r2 >= T.c10_linear_r2 ? SeedOutcome::kFull : SeedOutcome::kCorrected;
+    out.push_back(o);
+    detail += fmt::format("{}seed {} (L={}): Post max/min {}; Pre ‖x_L‖²/‖x_1‖² {}, R² {}", detail.empty() ? "" : "; ",
+                          s.seed, s.post.back().layers, num(spread), num(growth), num(r2));
+  }
+  r.verdict = aggregate_seeds(out);
+  r.reason = out.empty() ? "no measurements" : detail + " — " + outcomes_str(out);
+  return r;
+}
+
+RuleResult rule_variants(const std::vector<VariantRun>& runs) {
+  RuleResult r;
+  r.rule = fmt::format(
+      "final validation loss vs the unigram level U, constant learning rate, no warmup, at every depth: the "
+      "controls must show the warmup problem (Post-LN stuck, ≥ U − {}, or diverged; Pre-LN trained, ≤ U − {}) at "
+      "every depth, else inconclusive. Every variant trained at every depth → reproduced; some → "
+      "reproduced-with-correction (the reason names those that did not); none → not-reproduced",
+      T.stuck_margin, T.trained_margin);
+  std::map<std::string, std::vector<const VariantRun*>> by;
+  for (const VariantRun& v : runs) by[v.variant].push_back(&v);
+  if (!by.count("post") || !by.count("pre") || by.size() < 3) {
+    r.reason = "controls or variants missing";
+    return r;
+  }
+  bool controls = true;
+  std::string ctl;
+  for (const VariantRun* v : by["post"]) {
+    controls = controls && stuck(v->final_val, v->unigram);
+    ctl += fmt::format("{}post L={} {}", ctl.empty() ? "" : ", ", v->layers, num(v->final_val));
+  }
+  for (const VariantRun* v : by["pre"]) {
+    controls = controls && trained(v->final_val, v->unigram);
+    ctl += fmt::format(", pre L={} {}", v->layers, num(v->final_val));
+  }
+  std::string ok, failed;
+  int n_ok = 0, n = 0;
+  for (const auto& [name, vs] : by) {
+    if (name == "post" || name == "pre") continue;
+    ++n;
+    bool all = true;
+    std::string d;
+    for (const VariantRun* v : vs) {
+      all = all && trained(v->final_val, v->unigram);
+      d += fmt::format("{}L={} {}", d.empty() ? "" : " ", v->layers, num(v->final_val));
+    }
+    (all ? ok : failed) += fmt::format("{}{} ({})", (all ? ok : failed).empty() ? "" : ", ", name, d);
+    n_ok += all ? 1 : 0;
+  }
+  const std::string detail = fmt::format("controls: {}; trained at every depth: {}; not: {}", ctl,
+                                         ok.empty() ? "none" : ok, failed.empty() ? "none" : failed);
+  if (!controls) {
+    r.reason = "the controls do not show the warmup problem; " + detail;
+    return r;
+  }
+  r.verdict = n_ok == n ? Verdict::kReproduced : n_ok > 0 ? Verdict::kReproducedWithCorrection : Verdict::kNotReproduced;
+  r.reason = fmt::format("{}/{} variants trained without warmup at every depth; ", n_ok, n) + detail;
+  return r;
+}
+
+long warmup_threshold(const std::vector<WarmupRun>& runs, int layers) {
+  long best = -1;
+  for (const WarmupRun& w : runs)
+    if (w.layers == layers && trained(w.final_val, w.unigram) && (best < 0 || w.warmup < best)) best = w.warmup;
+  return best;
+}
+
+RuleResult rule_warmup_depth(const std::vector<WarmupRun>& runs) {
+  RuleResult r;
+  r.rule = fmt::format(
+      "Post-LN, the same learning rate and steps at every depth: the threshold w*(L) is the smallest warmup of the "
+      "grid whose run trains (≤ U − {}), ∞ when none does. Every w* = ∞ → inconclusive (the grid is too short). "
+      "w* non-decreasing in L and w*(deepest) > w*(shallowest) → reproduced; w*(deepest) > w*(shallowest) but not "
+      "monotone → reproduced-with-correction; otherwise (equal or smaller at the deepest depth) → not-reproduced",
+      T.trained_margin);
+  std::vector<int> depths;
+  for (const WarmupRun& w : runs)
+    if (std::find(depths.begin(), depths.end(), w.layers) == depths.end()) depths.push_back(w.layers);
+  std::sort(depths.begin(), depths.end());
+  if (depths.size() < 2) {
+    r.reason = "fewer than 2 depths";
+    return r;
+  }
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<double> th;
+  std::string detail;
+  for (int L : depths) {
+    const long w = warmup_threshold(runs, L);
+    th.push_back(w < 0 ? kInf : static_cast<double>(w));
+    std::string vals;
+    for (const WarmupRun& x : runs)
+      if (x.layers == L) vals += fmt::format("{}w{}:{}", vals.empty() ? "" : " ", x.warmup, num(x.final_val));
+    detail += fmt::format("{}L={}: w* {} ({})", detail.empty() ? "" : "; ", L, w < 0 ? "∞" : std::to_string(w), vals);
+  }
+  r.reason = detail;
+  if (std::all_of(th.begin(), th.end(), [](double v) { return std::isinf(v); })) {
+    r.reason = "no warmup of the grid trains at any depth; " + detail;
+    return r;
+  }
+  const bool grows = th.back() > th.front();
+  const bool monotone = std::is_sorted(th.begin(), th.end());
+  r.verdict = grows && monotone ? Verdict::kReproduced : grows ? Verdict::kReproducedWithCorrection : Verdict::kNotReproduced;
   return r;
 }
 

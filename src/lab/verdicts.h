@@ -36,7 +36,7 @@ struct Thresholds {
   // claim 3: feature residuals sqrt(mean_{t,f} (N(clean) − N(corrupted))²), mean over test utterances.
   double c3_gain_max = 1e-3;  // a constant gain: removed by both F-LN and T-CMVN (residual ≤ this)
   double c3_ratio = 0.5;      // segment gain: F-LN ≤ 0.5 × T-CMVN; channel: T-CMVN ≤ 0.5 × F-LN
-  // claim 4: r = ‖∇θ(block 1)‖ / ‖∇θ(block L)‖ at the deepest depth (parameter gradients per block).
+  // claim 4: r = ‖∂L/∂x_1‖ / ‖∂L/∂x_L‖ at the deepest depth (x_l: block l's residual-stream input).
   double c4_pre_min_ratio = 0.5;   // Pre-LN: the input-side block keeps at least half the output side's
   double c4_post_max_ratio = 0.5;  // Post-LN: the input-side block gets less than half
   // claim 5: Pre-LN's last-layer ‖∇W_ffn2‖ ∝ L^slope.
@@ -52,6 +52,10 @@ struct Thresholds {
   // claim 9: mean pairwise token cosine.
   double c9_collapse = 0.9;  // collapse
   double c9_rise = 0.1;      // rises over training (correction: similarity grows, no collapse)
+  // experiment 10: residual-stream norms ‖x_l‖ after each block at initialization, deepest depth.
+  double c10_flat = 1.1;        // Post-LN flat: max_l ‖x_l‖ / min_l ‖x_l‖ ≤ 1.1
+  double c10_growth = 1.5;      // Pre-LN grows: ‖x_L‖² / ‖x_1‖² ≥ 1.5
+  double c10_linear_r2 = 0.95;  // Pre-LN linear: least-squares fit of ‖x_l‖² on l with R² ≥ 0.95
 };
 inline constexpr Thresholds kThresholds{};
 
@@ -90,6 +94,8 @@ struct GradProfile {
   int layers = 0;
   std::vector<double> ffn2;   // ‖∇W_ffn2‖ per layer
   std::vector<double> block;  // ‖∇θ‖ of all of the block's parameters, per layer
+  std::vector<double> dx;     // ‖∂L/∂x_l‖ (block l's residual-stream input; mean over tokens), per layer
+  std::vector<double> resid;  // ‖x_l‖ after block l (mean over tokens), per layer
 };
 // For each seed: the profiles at each depth (ascending depth), for Post-LN and Pre-LN.
 struct GradSeed {
@@ -141,6 +147,33 @@ struct Claim9Seed {
   std::vector<Claim9Arm> arms;
 };
 RuleResult rule_claim9(const std::vector<Claim9Seed>& seeds);
+
+// ---- experiment 10: residual-stream norm growth at initialization (Xiong et al. 2020, Lemma 1) ---------
+// Reads the deepest profile of each seed's Post-LN and Pre-LN (GradProfile::resid).
+RuleResult rule_residual_growth(const std::vector<GradSeed>& seeds);
+// R² of the least-squares line through (x_i, y_i) (NaN when fewer than 3 points or y constant).
+double linear_r2(const std::vector<double>& x, const std::vector<double>& y);
+
+// ---- experiment 11: placement variants without warmup -----------------------------------------------------
+// One run: a variant (or a control: "post", "pre") at one depth, constant learning rate, no warmup.
+struct VariantRun {
+  std::string variant;
+  int layers = 0;
+  double unigram = 0;
+  double final_val = 0;  // NaN when diverged
+};
+RuleResult rule_variants(const std::vector<VariantRun>& runs);
+
+// ---- experiment 12: Post-LN's warmup threshold vs depth -----------------------------------------------------
+struct WarmupRun {
+  int layers = 0;
+  long warmup = 0;  // linear warmup steps (0: constant)
+  double unigram = 0;
+  double final_val = 0;
+};
+// The smallest warmup of the grid whose run trained at this depth (−1 when none did).
+long warmup_threshold(const std::vector<WarmupRun>& runs, int layers);
+RuleResult rule_warmup_depth(const std::vector<WarmupRun>& runs);
 
 // ---- not measured --------------------------------------------------------------------------------------
 RuleResult rule_not_measured(const std::string& why);

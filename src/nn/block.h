@@ -142,6 +142,10 @@ class Transformer {
   std::vector<double> residual_norms() const;
   std::vector<double> ln_input_norms() const;
   std::vector<double> token_cosine() const;
+  // ∂L/∂x_l per block input (model.h: record_input_grads, input_grad, input_grad_norms).
+  void record_input_grads(bool on);
+  std::span<const Real> input_grad(int l) const;
+  std::vector<double> input_grad_norms() const;
   const Real* logits() const { return logits_.data(); }
   // DeepNorm's α and β for this config (1, 1 for the other placements).
   double deepnorm_alpha() const { return deep_alpha_; }
@@ -188,6 +192,8 @@ class Transformer {
   std::vector<Real> pooled_;            // classifier: (B,C)
   std::vector<Real> logits_, probs_;    // (N,V) or (B,classes)
   bool have_forward_ = false;
+  bool record_dx_ = false;
+  std::vector<std::vector<Real>> dx_;  // recorded ∂L/∂x_l of the last backward, l = 0..L−1 (empty: not recorded)
 };
 
 }  // namespace normlab::nn

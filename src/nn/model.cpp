@@ -358,6 +358,7 @@ double Transformer<Real>::run(const std::int32_t* tokens, const Real* frames, co
            "model: lengths has {} entries, expected B = {} (or none)", lengths.size(), B);
   for (Index len : lengths) NL_CHECK(len >= 0 && len <= T, "model: a length {} is out of range [0, T = {}]", len, T);
   have_forward_ = false;
+  dx_.clear();  // ∂L/∂x_l belongs to the previous forward's shapes
   shape_ = {B, T, c.d_model, c.heads, c.ffn};
   const Index N = B * T, C = c.d_model, NC = N * C;
   lengths_.assign(lengths.begin(), lengths.end());
@@ -450,6 +451,8 @@ void Transformer<Real>::backward() {
     }
   }
   std::vector<Real> dres(static_cast<std::size_t>(siamese() ? 2 * NC : NC), Real(0)), dprev(dres.size());
+  dx_.clear();
+  if (record_dx_) dx_.resize(static_cast<std::size_t>(c.layers));
   if (siamese()) {
     std::vector<Real> dsum(static_cast<std::size_t>(NC), Real(0));
     final_norm_.backward(dsum.data(), dxf.data(), fsum_.data(), params_, N, C, lengths_, T);  // xf = ln_f(fsum)
@@ -461,11 +464,13 @@ void Transformer<Real>::backward() {
     dres = dxf;
   }
   for (int l = c.layers - 1; l >= 0; --l) {
-    if (skipped(l)) continue;  // identity: dres passes through
-    std::fill(dprev.begin(), dprev.end(), Real(0));
-    blocks_[static_cast<std::size_t>(l)].backward(dprev.data(), dres.data(), res_[static_cast<std::size_t>(l)].data(),
-                                                  params_, shape_, lengths_);
-    std::swap(dres, dprev);
+    if (!skipped(l)) {  // skipped: identity, dres passes through
+      std::fill(dprev.begin(), dprev.end(), Real(0));
+      blocks_[static_cast<std::size_t>(l)].backward(dprev.data(), dres.data(), res_[static_cast<std::size_t>(l)].data(),
+                                                    params_, shape_, lengths_);
+      std::swap(dres, dprev);
+    }
+    if (record_dx_) dx_[static_cast<std::size_t>(l)] = dres;  // ∂L/∂x_l, block l's input
   }
   if (siamese()) residual_backward(dres.data(), static_cast<Real*>(nullptr), dres.data() + NC, NC);  // y0 = x0
   // x0 = embed + positions
@@ -564,6 +569,27 @@ std::vector<double> Transformer<Real>::token_cosine() const {
   return out;
 }
 
+template <typename Real>
+void Transformer<Real>::record_input_grads(bool on) {
+  record_dx_ = on;
+  if (!on) dx_.clear();
+}
+
+template <typename Real>
+std::span<const Real> Transformer<Real>::input_grad(int l) const {
+  NL_CHECK(l >= 0 && l < cfg_.layers, "model: input_grad block {} is out of range [0, {})", l, cfg_.layers);
+  if (dx_.empty()) return {};
+  return dx_[static_cast<std::size_t>(l)];
+}
+
+template <typename Real>
+std::vector<double> Transformer<Real>::input_grad_norms() const {
+  std::vector<double> out;
+  const Index NC = shape_.N() * shape_.C;
+  for (const std::vector<Real>& d : dx_) out.push_back(mean_row_norm(siamese() ? d.data() + NC : d.data(), shape_, lengths_));
+  return out;
+}
+
 template class Transformer<float>;
 template class Transformer<double>;
 
@@ -600,6 +626,9 @@ void Model::set_skipped_blocks(std::vector<int> skipped) { impl_->net.set_skippe
 std::vector<double> Model::residual_norms() const { return impl_->net.residual_norms(); }
 std::vector<double> Model::ln_input_norms() const { return impl_->net.ln_input_norms(); }
 std::vector<double> Model::token_cosine() const { return impl_->net.token_cosine(); }
+void Model::record_input_grads(bool on) { impl_->net.record_input_grads(on); }
+std::span<const float> Model::input_grad(int l) const { return impl_->net.input_grad(l); }
+std::vector<double> Model::input_grad_norms() const { return impl_->net.input_grad_norms(); }
 const float* Model::logits() const { return impl_->net.logits(); }
 std::vector<ParamRef> Model::buffers() {
   std::vector<ParamRef> out;

@@ -138,7 +138,7 @@ TEST(LabSchema, ValidatorRejectsBadDocuments) {
 
 // ---- --quick, end to end ------------------------------------------------------------------------------
 const char* kSections[] = {"neuron", "layer", "layernorm-math", "ln-vs-bn", "f-vs-t", "placement",
-                           "gradient-flow", "warmup", "layer-utilization", "variants"};
+                           "gradient-flow", "residual-growth", "warmup", "layer-utilization", "variants"};
 
 std::string chromium_flags(const fs::path& profile) {
   return "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking "
@@ -165,14 +165,14 @@ TEST(LabCli, QuickRunValidatesAgainstTheSchemaAndRendersInChromium) {
   EXPECT_TRUE(res.at("quick").get<bool>());
   std::map<int, json> claims;
   for (const auto& c : res.at("claims")) claims[c.at("id").get<int>()] = c;
-  ASSERT_EQ(claims.size(), 9u);
+  ASSERT_EQ(claims.size(), 12u);
   EXPECT_EQ(claims[1].at("verdict"), "reproduced") << claims[1].dump(1);
   // F vs T on speech: residuals on a --limit 2 data set (20 test utterances); the pattern is clear even there.
   EXPECT_EQ(claims[3].at("verdict"), "reproduced") << claims[3].dump(1);
   EXPECT_EQ(claims[3].at("data").at("dataset").at("limit"), 2);
   EXPECT_EQ(claims[3].at("data").at("residuals").at("mean").at("clean").at("f-ln"), 0.0);  // the control
   EXPECT_EQ(claims[2].at("verdict"), "reproduced") << claims[2].dump(1);  // deterministic kernel-level measurement
-  for (int id : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+  for (int id : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}) {
     EXPECT_TRUE(claims[id].at("measured").get<bool>()) << id;
     EXPECT_FALSE(claims[id].at("per_seed").empty()) << id;
     EXPECT_EQ(claims[id].at("reason").get<std::string>().find("runs failed"), std::string::npos)
@@ -180,6 +180,11 @@ TEST(LabCli, QuickRunValidatesAgainstTheSchemaAndRendersInChromium) {
     EXPECT_EQ(claims[id].at("command").get<std::string>(), "normlab lab --only " + std::to_string(id) + " --quick");
   }
   EXPECT_EQ(claims[6].at("data").at("runs").size(), 4u);  // 4 arms × 1 seed
+  EXPECT_EQ(claims[11].at("data").at("runs").size(), 18u);  // 9 placements (controls included) × 2 depths
+  EXPECT_NE(claims[11].at("data").at("refused").at(0).at("error").get<std::string>().find("SpanNorm"), std::string::npos);
+  EXPECT_EQ(claims[12].at("data").at("runs").size(), 4u);  // 2 depths × 2 warmups
+  EXPECT_EQ(claims[4].at("data").at("profiles").at(0).at("dx").size(),
+            claims[4].at("data").at("profiles").at(0).at("layers").get<std::size_t>());
 
   // The report in headless Chromium.
   ASSERT_TRUE(fs::exists(out / "index.html"));
@@ -192,7 +197,7 @@ TEST(LabCli, QuickRunValidatesAgainstTheSchemaAndRendersInChromium) {
   ASSERT_EQ(dom.rc, 0) << dom.err;
   for (const char* s : kSections)
     EXPECT_NE(dom.out.find(std::string("data-section=\"") + s + "\""), std::string::npos) << "section " << s;
-  for (int id = 1; id <= 9; ++id)
+  for (int id = 1; id <= 12; ++id)
     EXPECT_NE(dom.out.find("id=\"claim-" + std::to_string(id) + "\""), std::string::npos) << "claim " << id;
   // Every image decoded: naturalWidth > 0 written into the DOM by the report's script. (Plain string search:
   // std::regex recurses per character and overflows the stack on base64 data URIs.)
@@ -211,7 +216,7 @@ TEST(LabCli, QuickRunValidatesAgainstTheSchemaAndRendersInChromium) {
     ASSERT_FALSE(w.empty()) << "image without data-natural-width: " << tag.substr(0, 120);
     EXPECT_GT(std::stoi(w), 0) << tag.substr(0, 120);
   }
-  EXPECT_GE(images, 9) << "one plot per measured claim (1..9)";
+  EXPECT_GE(images, 12) << "one plot per measured claim (1..12)";
   const std::size_t body = dom.out.find("<body");
   ASSERT_NE(body, std::string::npos);
   const std::string body_tag = dom.out.substr(body, dom.out.find('>', body) - body + 1);
@@ -281,7 +286,7 @@ TEST(LabCli, ResumeReusesFinishedRuns) {
 TEST(LabCli, ArgumentErrors) {
   const fs::path work = fresh_dir("errors");
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
-           {"lab --only 10 --out x", "claims are numbered 1..9"},
+           {"lab --only 13 --out x", "claims are numbered 1..12"},
            {"lab --compare only-one.json", "--compare"},
            {"lab --compare nope.json nope2.json", "cannot read"}}) {
     const RunResult r = run_cli(args, work);

@@ -67,8 +67,10 @@ GradSeed grad_seed(int seed, double post_growth, double pre_slope, double r_pre,
     for (int l = 0; l < L; ++l) {
       po.ffn2.push_back(1.0 + post_growth * L * l / (L - 1));  // last/first = 1 + growth·L
       pr.ffn2.push_back(std::pow(L, pre_slope));
-      po.block.push_back(l == 0 ? r_post : 1.0);
-      pr.block.push_back(l == 0 ? r_pre : 1.0);
+      po.block.push_back(1.0);  // parameter gradients: informational, not read by the rules
+      pr.block.push_back(1.0);
+      po.dx.push_back(l == 0 ? r_post : 1.0);  // ‖∂L/∂x_l‖: claim 4 reads block 1 over block L
+      pr.dx.push_back(l == 0 ? r_pre : 1.0);
     }
     s.post.push_back(po);
     s.pre.push_back(pr);
@@ -177,6 +179,91 @@ TEST(Claim9, Outcomes) {
   EXPECT_EQ(rule_claim9({seed(0, 0.12)}).verdict, Verdict::kNotReproduced);
   EXPECT_EQ(rule_claim9({seed(0, 0.95), seed(1, 0.12)}).verdict, Verdict::kInconclusive);
   EXPECT_EQ(rule_claim9({seed(0, 0.95, false)}).verdict, Verdict::kInconclusive);  // no trained arm
+}
+
+// Residual-stream norms at the deepest depth: Post-LN ‖x_l‖ = post_level·(1 + post_wobble·(l odd)); Pre-LN
+// ‖x_l‖² = 1 + slope·l (+ curvature·l² to break linearity).
+GradSeed resid_seed(int seed, double post_wobble, double slope, double curvature = 0) {
+  GradSeed s;
+  s.seed = seed;
+  GradProfile po, pr;
+  po.layers = pr.layers = 24;
+  for (int l = 1; l <= 24; ++l) {
+    po.resid.push_back(8.0 * (1 + (l % 2 ? post_wobble : 0.0)));
+    pr.resid.push_back(std::sqrt(1 + slope * l + curvature * std::pow(l, 4)));
+  }
+  s.post.push_back(po);
+  s.pre.push_back(pr);
+  return s;
+}
+
+TEST(ResidualGrowth, Outcomes) {
+  EXPECT_EQ(rule_residual_growth({resid_seed(0, 0.0, 0.5), resid_seed(1, 0.05, 1.0)}).verdict, Verdict::kReproduced);
+  // Pre-LN grows, but not linearly (∝ l⁴): corrected.
+  EXPECT_EQ(rule_residual_growth({resid_seed(0, 0.0, 0.0, 1e-3), resid_seed(1, 0.0, 0.5)}).verdict,
+            Verdict::kReproducedWithCorrection);
+  // Post-LN not flat (20 % wobble), or Pre-LN flat: failed in every seed.
+  EXPECT_EQ(rule_residual_growth({resid_seed(0, 0.2, 0.5), resid_seed(1, 0.0, 0.0)}).verdict, Verdict::kNotReproduced);
+  EXPECT_EQ(rule_residual_growth({resid_seed(0, 0.0, 0.5), resid_seed(1, 0.2, 0.5)}).verdict, Verdict::kInconclusive);
+  EXPECT_EQ(rule_residual_growth({}).verdict, Verdict::kInconclusive);
+  EXPECT_NEAR(linear_r2({1, 2, 3, 4}, {3, 5, 7, 9}), 1.0, 1e-15);
+  EXPECT_TRUE(std::isnan(linear_r2({1, 2}, {1, 2})));
+  EXPECT_TRUE(std::isnan(linear_r2({1, 2, 3}, {2, 2, 2})));
+}
+
+// Variants: `trained` (≤ U − 0.5), `stuck` (≥ U − 0.05), `mid` (neither).
+constexpr double kTrained = U - 1.0, kStuck = U - 0.01, kMid = U - 0.2;
+std::vector<VariantRun> variant_runs(double post, double pre, std::vector<std::pair<const char*, double>> variants) {
+  std::vector<VariantRun> r;
+  for (int L : {6, 12}) {
+    r.push_back({"post", L, U, post});
+    r.push_back({"pre", L, U, pre});
+    for (auto [name, v] : variants) r.push_back({name, L, U, v});
+  }
+  return r;
+}
+
+TEST(Variants, Outcomes) {
+  EXPECT_EQ(rule_variants(variant_runs(kStuck, kTrained, {{"b2t", kTrained}, {"dyt", kTrained}})).verdict,
+            Verdict::kReproduced);
+  const RuleResult some = rule_variants(variant_runs(kStuck, kTrained, {{"b2t", kTrained}, {"dyt", kMid}}));
+  EXPECT_EQ(some.verdict, Verdict::kReproducedWithCorrection);
+  EXPECT_NE(some.reason.find("not: dyt"), std::string::npos) << some.reason;
+  EXPECT_EQ(rule_variants(variant_runs(kNaN, kTrained, {{"b2t", kStuck}, {"dyt", kNaN}})).verdict,
+            Verdict::kNotReproduced);  // a diverged Post-LN counts as stuck, a diverged variant as not trained
+  // Controls: Post-LN trains without warmup, or Pre-LN does not train → inconclusive.
+  EXPECT_EQ(rule_variants(variant_runs(kTrained, kTrained, {{"b2t", kTrained}})).verdict, Verdict::kInconclusive);
+  EXPECT_EQ(rule_variants(variant_runs(kStuck, kMid, {{"b2t", kTrained}})).verdict, Verdict::kInconclusive);
+  EXPECT_EQ(rule_variants(variant_runs(kStuck, kTrained, {})).verdict, Verdict::kInconclusive);
+  // A variant trained at 6 layers only is not trained at every depth.
+  std::vector<VariantRun> r = variant_runs(kStuck, kTrained, {{"b2t", kTrained}});
+  r.back().final_val = kStuck;  // b2t at 12 layers
+  EXPECT_EQ(rule_variants(r).verdict, Verdict::kNotReproduced);
+}
+
+// Warmup grid: final loss per (depth, warmup); `trained` from the given thresholds w*(L) (−1: none).
+std::vector<WarmupRun> warmup_runs(std::vector<std::pair<int, long>> thresholds) {
+  std::vector<WarmupRun> r;
+  for (auto [L, th] : thresholds)
+    for (long w : {0L, 50L, 100L}) r.push_back({L, w, U, th >= 0 && w >= th ? kTrained : kStuck});
+  return r;
+}
+
+TEST(WarmupDepth, Outcomes) {
+  EXPECT_EQ(warmup_threshold(warmup_runs({{2, 0}, {6, 100}}), 6), 100);
+  EXPECT_EQ(warmup_threshold(warmup_runs({{2, 0}, {6, -1}}), 6), -1);
+  EXPECT_EQ(rule_warmup_depth(warmup_runs({{2, 0}, {4, 0}, {6, 100}, {8, -1}})).verdict, Verdict::kReproduced);
+  EXPECT_EQ(rule_warmup_depth(warmup_runs({{2, 0}, {4, 100}, {6, 50}, {8, 100}})).verdict,
+            Verdict::kReproducedWithCorrection);  // larger at the deepest, not monotone
+  EXPECT_EQ(rule_warmup_depth(warmup_runs({{2, 50}, {4, 50}, {8, 50}})).verdict, Verdict::kNotReproduced);
+  EXPECT_EQ(rule_warmup_depth(warmup_runs({{2, 100}, {8, 0}})).verdict, Verdict::kNotReproduced);
+  EXPECT_EQ(rule_warmup_depth(warmup_runs({{2, -1}, {8, -1}})).verdict, Verdict::kInconclusive);
+  EXPECT_EQ(rule_warmup_depth(warmup_runs({{2, 0}})).verdict, Verdict::kInconclusive);
+  // An untrained run that is not stuck (between U − 0.5 and U − 0.05) does not count as trained.
+  std::vector<WarmupRun> r = warmup_runs({{2, 0}, {8, 50}});
+  for (WarmupRun& w : r)
+    if (w.layers == 8 && w.warmup == 50) w.final_val = kMid;
+  EXPECT_EQ(warmup_threshold(r, 8), 100);
 }
 
 TEST(NotMeasured, IsInconclusiveWithTheReason) {

@@ -157,7 +157,8 @@ void run_lab(const Options& o) {
   if (!o.compare.empty()) return run_compare(o);
   const auto t0 = std::chrono::steady_clock::now();
   NL_CHECK(!o.out.empty(), "--out must name a directory");
-  for (int c : o.only) NL_CHECK(c >= 1 && c <= 9, "--only: claims are numbered 1..9, got {}", c);
+  for (int c : o.only)
+    NL_CHECK(c >= 1 && c <= lab::kLastClaim, "--only: claims are numbered 1..{}, got {}", lab::kLastClaim, c);
   NL_CHECK(o.seeds >= 0, "--seeds must be ≥ 1, got {}", o.seeds);
   NL_CHECK(o.threads >= 0, "--threads must be ≥ 1, got {}", o.threads);
   std::error_code ec;
@@ -182,7 +183,7 @@ void run_lab(const Options& o) {
 
   const std::vector<lab::Job> jobs = lab::plan_jobs(opt);
   fmt::print("normlab lab{}: claims {}, seeds {}, {} run(s), {} at a time -> {}\n", o.quick ? " --quick" : "",
-             opt.only.empty() ? std::string("1-9") : fmt::format("{}", fmt::join(opt.only, ",")), nseeds, jobs.size(),
+             opt.only.empty() ? fmt::format("1-{}", lab::kLastClaim) : fmt::format("{}", fmt::join(opt.only, ",")), nseeds, jobs.size(),
              parallel, o.out);
   std::fflush(stdout);
 
@@ -236,7 +237,9 @@ void add_lab_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("lab", "Measure every claim of the LayerNorm logic chain and write a report");
   cmd->footer(
       "Claims (docs/LAB.md): 1 LayerNorm math, 2 LN vs BN, 3 F vs T on speech, 4 identity path, 5 gradient norms at "
-      "init, 6 warmup, 7 shallow Post-LN, 8 layer utilization, 9 token similarity. Writes DIR/results.json, "
+      "init, 6 warmup, 7 shallow Post-LN, 8 layer utilization, 9 token similarity; beyond lab.md: 10 residual-stream "
+      "norm growth, 11 placement variants without warmup, 12 Post-LN's warmup threshold vs depth. Writes "
+      "DIR/results.json, "
       "DIR/*.png and DIR/index.html; each claim's section shows the command that reruns it alone. The default run "
       "follows lab.md's designs (3 seeds, ≈ 15-20 min on 2 cores); --quick uses smaller sizes and 1 seed (≈ 2 min). "
       "Exits 1 if a run fails or the report cannot be written; verdicts do not change the exit status.");

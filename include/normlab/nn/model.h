@@ -112,6 +112,14 @@ class Model {
   std::vector<double> residual_norms() const;     // mean over tokens of ‖x_l‖ after each block (l = 1..L)
   std::vector<double> ln_input_norms() const;     // mean ‖input‖ of each norm layer, in params() order of norms
   std::vector<double> token_cosine() const;       // mean pairwise cosine similarity of tokens after each block
+
+  // ∂L/∂x_l: the gradient of the last backward's loss w.r.t. block l's residual-stream input x_l (l = 0..L−1;
+  // x_0 = embedding + positions, x_l = the output of block l−1), (B,T,C) — SiameseNorm: its (x, y) pair, 2·B·T·C.
+  // backward() records it only after record_input_grads(true) (off by default: one stream copy per block); the
+  // next forward discards it.
+  void record_input_grads(bool on);
+  std::span<const float> input_grad(int l) const;  // empty when not recorded since the last forward
+  std::vector<double> input_grad_norms() const;    // mean over real tokens of ‖∂L/∂x_l‖ (SiameseNorm: y stream)
   const float* logits() const;                    // (B,T,V) for LM, (B,classes) for classifier
 
  private:

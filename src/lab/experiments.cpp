@@ -142,7 +142,7 @@ std::string train_command(const nn::TrainConfig& c, const std::string& key, bool
   s += fmt::format(" --steps {} --seed {} --eval-every {} --val-windows {} --data {} --threads 1 --log {}.jsonl",
                    c.steps, c.seed, c.eval_every, c.val_windows, c.data, key);
   if (checkpoint) s += fmt::format(" --checkpoint {}-ckpt", key);
-  if (c.model.norm == nn::NormKind::kDyT) s += "   # with DyT instead of LayerNorm: ModelConfig::norm = kDyT (no CLI flag)";
+  if (c.model.norm != nn::NormKind::kLayerNorm) s += fmt::format(" --norm {}", nn::norm_kind_name(c.model.norm));
   return s;
 }
 

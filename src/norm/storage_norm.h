@@ -33,7 +33,7 @@
 
 namespace normlab::storage {
 
-inline constexpr Index kUnitElems = Index{1} << 13;        // elements converted per call (flat layouts)
+inline constexpr Index kUnitElems = Index{1} << 11;        // elements converted per call (flat layouts)
 inline constexpr std::int64_t kStreamBytes = std::int64_t{16} << 20;  // outputs this large bypass the cache
 
 // The format index of a 16-bit storage type (kernels::kBf16 / kF16); -1 for float.

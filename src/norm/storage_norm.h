@@ -2,17 +2,20 @@
 // bf16/fp16 LayerNorm and RMSNorm, residual add + norm, and the memory-efficient backward.
 //
 // Every group is brought into an fp32 scratch row (widened exactly from bf16/fp16, or the fp32 data
-// itself), goes through the fp32 row kernels (row_kernels.h: sum, sum_sq_dev, forward, backward_sums,
-// backward_dx, used only through their documented contracts), and its outputs are narrowed once
-// (round to nearest even) into the storage type. So a bf16 output is exactly round(the output of the
-// fp32 kernels on the widened inputs). Statistics (mean, rstd) and parameter gradients are fp32,
-// reduced in double exactly as in row_norm.cpp.
+// itself) and goes through normlab's own fp32 LayerNorm/RMSNorm (the public layer_norm_forward /
+// layer_norm_backward on a [rows, n] view of the scratch, whatever kernels they use), and its outputs are
+// narrowed once (round to nearest even) into the storage type. So a bf16 y or dx is exactly round(the fp32
+// functions' result on the widened inputs), and mean/rstd are exactly theirs. dγ/dβ are accumulated here,
+// per fixed chunk of groups in double (row_kernels.h: sum, sum_sq_dev, backward_sums), as the fp32
+// reference algorithm of docs/numerics.md does. The memory-efficient backward, which has no x to
+// recompute from, runs backward_sums / backward_dx on the recovered x − mean.
 //
 // Units of work: when every full-shaped operand is contiguous with the normalized axes last (group g
 // at element g·n), a run of up to kUnitElems elements of consecutive groups is converted in one call
-// (vector conversions over whole rows, non-temporal stores for outputs larger than kStreamBytes);
-// otherwise one group at a time, gathered through its strides. The units only change the schedule,
-// never the arithmetic: the same bits for any layout, thread count and SIMD target.
+// (vector conversions over whole rows, non-temporal stores for outputs larger than kStreamBytes) and
+// normalized by one fp32 call; otherwise one group at a time, gathered through its strides. The units
+// only change the schedule, never the arithmetic: the same bits for any layout, thread count and SIMD
+// target.
 #pragma once
 
 #include <normlab/norm.h>
@@ -33,7 +36,7 @@
 
 namespace normlab::storage {
 
-inline constexpr Index kUnitElems = Index{1} << 11;        // elements converted per call (flat layouts)
+inline constexpr Index kUnitElems = Index{1} << 14;        // elements per unit (flat layouts)
 inline constexpr std::int64_t kStreamBytes = std::int64_t{16} << 20;  // outputs this large bypass the cache
 
 // The format index of a 16-bit storage type (kernels::kBf16 / kF16); -1 for float.
@@ -121,21 +124,22 @@ inline void check_eps(double eps, const char* op) {
   NL_CHECK(std::isfinite(eps) && eps >= 0, "{}: eps must be finite and ≥ 0, got {}", op, eps);
 }
 
-// Per-thread scratch, grown on demand and never cleared: four fp32 rows and one 16-bit row of `len`.
+// Per-thread scratch, grown on demand and never cleared: fp32 rows f[0..3] of `len`, f[4] of 2·len (row
+// statistics), and one 16-bit row of `len`.
 struct Scratch {
   std::unique_ptr<float[]> f_mem;
   std::unique_ptr<std::uint16_t[]> h_mem;
   Index cap = 0;
-  float* f[4] = {};
+  float* f[5] = {};
   std::uint16_t* h = nullptr;
   static Scratch& get(Index len) {
     thread_local Scratch sc;
     if (len > sc.cap) {
-      sc.f_mem.reset(new float[static_cast<std::size_t>(4 * len)]);
+      sc.f_mem.reset(new float[static_cast<std::size_t>(6 * len)]);  // f[4] has 2·len
       sc.h_mem.reset(new std::uint16_t[static_cast<std::size_t>(len)]);
       sc.cap = len;
     }
-    for (int i = 0; i < 4; ++i) sc.f[i] = sc.f_mem.get() + i * sc.cap;
+    for (int i = 0; i < 5; ++i) sc.f[i] = sc.f_mem.get() + i * sc.cap;
     sc.h = sc.h_mem.get();
     return sc;
   }
@@ -262,10 +266,18 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
   const std::vector<float> bv = b.defined ? plan::gather_part(b, s.n_shape) : std::vector<float>{};
   const float* wp = w.defined ? wv.data() : nullptr;
   const float* bp = b.defined ? bv.data() : nullptr;
-  const kernels::RowKernels& k = kernels::row_kernels();
   const kernels::ConvertKernels& cv = kernels::convert_kernels();
-  const double n = static_cast<double>(s.n);
   const bool stream = x.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
+  // fp32 LayerNorm/RMSNorm of `rows` contiguous rows of n: y, and each row's mean and rstd.
+  const ConstView wrow = wp ? ConstView(wp, Dims{s.n}) : ConstView{}, brow = bp ? ConstView(bp, Dims{s.n}) : ConstView{};
+  auto norm_rows = [&](float* yr, const float* xr, Index rows, float* mu, float* rs) {
+    const View yv(yr, Dims{rows, s.n});
+    const ConstView xv(xr, Dims{rows, s.n});
+    if (nm.center)
+      normlab::layer_norm_forward(yv, View(mu, Dims{rows}), View(rs, Dims{rows}), xv, wrow, brow, {1}, eps);
+    else
+      normlab::rms_norm_forward(yv, View(rs, Dims{rows}), xv, wrow, {1}, eps);
+  };
   constexpr bool kNarrow = format_of<T>() >= 0;
 
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
@@ -287,16 +299,13 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
         in = sr;
       }
       float* out = out_row(yo, wy, sc.f[3]);
+      const Index rows = g1 - g0;
+      float* mu = sc.f[4];
+      float* rs = sc.f[4] + rows;
+      norm_rows(out, in, rows, mu, rs);
       for (Index g = g0; g < g1; ++g) {
-        const float* xr = in + (g - g0) * s.n;
-        const double mu = nm.center ? k.sum(xr, s.n) / n : 0.0;
-        const double var = k.sum_sq_dev(xr, s.n, mu) / n;
-        const double rs = 1.0 / std::sqrt(var + eps);
-        k.forward(out + (g - g0) * s.n, xr, s.n, mu, rs, wp, bp);
-        if (pm.defined)
-          reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = static_cast<float>(mu);
-        if (pr.defined)
-          reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = static_cast<float>(rs);
+        if (pm.defined) reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = mu[g - g0];
+        if (pr.defined) reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = rs[g - g0];
       }
       store(yo, wy, len, s.n_shape, out, sc.h, stream, cv);
     });
@@ -370,6 +379,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   const double n = static_cast<double>(s.n);
   const bool stream = src.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
   const float* rstd_base = pr.defined ? reinterpret_cast<const float*>(pr.base) : nullptr;
+  const ConstView wrow = wp ? ConstView(wp, Dims{s.n}) : ConstView{};
 
   const plan::Chunks ch = plan::param_grad_chunks(s.groups, s.n);
   const std::size_t nn = static_cast<std::size_t>(s.n);
@@ -389,21 +399,33 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
       // With ds, dnorm goes to scratch first: dx may be ds itself (the residual gradient updated in place).
       float* out = ds.defined() ? sc.f[2] : out_row(dxo, wdx, sc.f[2]);
       float* xc = sc.f[3];  // from output: x − mean of one group
-      for (Index g = g0; g < g1; ++g) {
-        const Index o = (g - g0) * s.n;
-        const float* xr = in + o;
-        double mu = 0, rs;
-        if (from_output) {
-          rs = static_cast<double>(rstd_base[plan::group_offset(g, s.k_shape, pr.strides)]);
-          cv.recover_centered(xc, xr, s.n, rs, wp, bp);
-          xr = xc;
-        } else {
-          mu = nm.center ? k.sum(xr, s.n) / n : 0.0;
-          rs = 1.0 / std::sqrt(k.sum_sq_dev(xr, s.n, mu) / n + eps);
+      const Index rows = g1 - g0;
+      if (from_output) {
+        for (Index g = g0; g < g1; ++g) {
+          const Index o = (g - g0) * s.n;
+          const double rs = static_cast<double>(rstd_base[plan::group_offset(g, s.k_shape, pr.strides)]);
+          cv.recover_centered(xc, in + o, s.n, rs, wp, bp);
+          double sums[2];
+          k.backward_sums(sums, dwc, dbc, dyr + o, xc, s.n, 0.0, rs, wp);
+          k.backward_dx(out + o, dyr + o, xc, s.n, 0.0, rs, wp, nm.center ? sums[0] / n : 0.0, sums[1] / n);
         }
-        double sums[2];
-        k.backward_sums(sums, dwc, dbc, dyr + o, xr, s.n, mu, rs, wp);
-        k.backward_dx(out + o, dyr + o, xr, s.n, mu, rs, wp, nm.center ? sums[0] / n : 0.0, sums[1] / n);
+      } else {
+        if (dwc || dbc) {  // dγ, dβ partials of this chunk, in double
+          for (Index g = g0; g < g1; ++g) {
+            const float* xr = in + (g - g0) * s.n;
+            const double mu = nm.center ? k.sum(xr, s.n) / n : 0.0;
+            const double rs = 1.0 / std::sqrt(k.sum_sq_dev(xr, s.n, mu) / n + eps);
+            double sums[2];
+            k.backward_sums(sums, dwc, dbc, dyr + (g - g0) * s.n, xr, s.n, mu, rs, wp);
+          }
+        }
+        // dx: normlab's fp32 backward of these rows (it recomputes the statistics from x).
+        const View dxv(out, Dims{rows, s.n});
+        const ConstView dyv(dyr, Dims{rows, s.n}), xv(in, Dims{rows, s.n});
+        if (nm.center)
+          normlab::layer_norm_backward(dxv, {}, {}, dyv, xv, wrow, {1}, eps);
+        else
+          normlab::rms_norm_backward(dxv, {}, dyv, xv, wrow, {1}, eps);
       }
       if (ds.defined()) {
         const Where wds = where(dso, g0, flat, s.n, s.k_shape);

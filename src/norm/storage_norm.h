@@ -5,10 +5,11 @@
 // itself) and goes through normlab's own fp32 LayerNorm/RMSNorm (the public layer_norm_forward /
 // layer_norm_backward on a [rows, n] view of the scratch, whatever kernels they use), and its outputs are
 // narrowed once (round to nearest even) into the storage type. So a bf16 y or dx is exactly round(the fp32
-// functions' result on the widened inputs), and mean/rstd are exactly theirs. dγ/dβ are accumulated here,
-// per fixed chunk of groups in double (row_kernels.h: sum, sum_sq_dev, backward_sums), as the fp32
-// reference algorithm of docs/numerics.md does. The memory-efficient backward, which has no x to
-// recompute from, runs backward_sums / backward_dx on the recovered x − mean.
+// functions' result on the widened inputs), and mean/rstd are exactly theirs. dγ/dβ: the fp32 backward's
+// per-unit sums (rounded once to fp32) are added in double into one partial row per fixed chunk of groups,
+// and the chunks are summed in chunk order (units and chunks depend on the shape only). The
+// memory-efficient backward, which has no x to recompute from, runs the row kernels backward_sums /
+// backward_dx (row_kernels.h) on the recovered x − mean.
 //
 // Units of work: when every full-shaped operand is contiguous with the normalized axes last (group g
 // at element g·n), a run of up to kUnitElems elements of consecutive groups is converted in one call
@@ -36,7 +37,7 @@
 
 namespace normlab::storage {
 
-inline constexpr Index kUnitElems = Index{1} << 14;        // elements per unit (flat layouts)
+inline constexpr Index kUnitElems = Index{1} << 15;  // elements per unit (flat layouts): 128 KiB fp32 rows in L2
 inline constexpr std::int64_t kStreamBytes = std::int64_t{16} << 20;  // outputs this large bypass the cache
 
 // The format index of a 16-bit storage type (kernels::kBf16 / kF16); -1 for float.
@@ -280,7 +281,7 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
   };
   constexpr bool kNarrow = format_of<T>() >= 0;
 
-  const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
+  const Index per_task = std::max<Index>(1, kUnitElems / s.n);
   const Index tasks = (s.groups + per_task - 1) / per_task;
   parallel::parallel_for(tasks, [&](Index t) {
     const Index t0 = t * per_task, t1 = std::min(s.groups, t0 + per_task);
@@ -410,22 +411,21 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
           k.backward_dx(out + o, dyr + o, xc, s.n, 0.0, rs, wp, nm.center ? sums[0] / n : 0.0, sums[1] / n);
         }
       } else {
-        if (dwc || dbc) {  // dγ, dβ partials of this chunk, in double
-          for (Index g = g0; g < g1; ++g) {
-            const float* xr = in + (g - g0) * s.n;
-            const double mu = nm.center ? k.sum(xr, s.n) / n : 0.0;
-            const double rs = 1.0 / std::sqrt(k.sum_sq_dev(xr, s.n, mu) / n + eps);
-            double sums[2];
-            k.backward_sums(sums, dwc, dbc, dyr + (g - g0) * s.n, xr, s.n, mu, rs, wp);
-          }
-        }
-        // dx: normlab's fp32 backward of these rows (it recomputes the statistics from x).
+        // dx (and this unit's dγ, dβ, rounded once to fp32): normlab's fp32 backward of these rows, which
+        // recomputes the statistics from x. The unit partials are summed into the chunk's partials in double.
         const View dxv(out, Dims{rows, s.n});
         const ConstView dyv(dyr, Dims{rows, s.n}), xv(in, Dims{rows, s.n});
+        const View udw = dwc ? View(sc.f[4], Dims{s.n}) : View{};
+        const View udb = dbc ? View(sc.f[4] + s.n, Dims{s.n}) : View{};
         if (nm.center)
-          normlab::layer_norm_backward(dxv, {}, {}, dyv, xv, wrow, {1}, eps);
+          normlab::layer_norm_backward(dxv, udw, udb, dyv, xv, wrow, {1}, eps);
         else
-          normlab::rms_norm_backward(dxv, {}, dyv, xv, wrow, {1}, eps);
+          normlab::rms_norm_backward(dxv, udw, dyv, xv, wrow, {1}, eps);
+        // Scalar math: dw[j] += double(unit dγ[j]); db[j] += double(unit dβ[j])
+        if (dwc)
+          for (Index j = 0; j < s.n; ++j) dwc[j] += static_cast<double>(sc.f[4][j]);
+        if (dbc)
+          for (Index j = 0; j < s.n; ++j) dbc[j] += static_cast<double>(sc.f[4][s.n + j]);
       }
       if (ds.defined()) {
         const Where wds = where(dso, g0, flat, s.n, s.k_shape);

@@ -14,6 +14,11 @@
 //                                               route (permute().contiguous() -> native_layer_norm
 //                                               over the last axis -> permute back .contiguous());
 //                                               oneDNN on a strided memory descriptor, when it accepts one
+//   BM_RmsNormFwd/{normlab,aten}/RxD            y (and rstd) from x, γ; ATen as users compose it:
+//                                               x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w
+//   BM_RmsNormBwd/{normlab,aten}/RxD            dx, dγ from dy, x, γ; ATen as the composed formula that
+//                                               autograd evaluates, with rstd saved from one forward
+//                                               outside the loop (normlab recomputes it)
 //   BM_Copy/copy/<shape>, BM_CopyStream/copy/<shape>
 //                                               the memory roofline: y = x with ordinary AVX-512 stores,
 //                                               or with non-temporal (streaming) stores
@@ -24,7 +29,8 @@
 // wall time, so that it reads directly against copy bandwidth. The ideal kernel reads each input once
 // and writes each output once; γ, β, mean, rstd, dγ, dβ are O(rows + D) and are not counted:
 //   LayerNormFwd, LayerNormFwdBFT: read x, write y          = 2 · 4 · N bytes
-//   LayerNormBwd:                  read x, dy, write dx     = 3 · 4 · N bytes
+//   LayerNormBwd, RmsNormBwd:      read x, dy, write dx     = 3 · 4 · N bytes
+//   RmsNormFwd:                    read x, write y          = 2 · 4 · N bytes
 //   Copy, CopyStream:              read x, write y          = 2 · 4 · N bytes
 // Extra traffic an implementation does (a second pass that misses the cache, the permute copies of the
 // ATen BFT route) is exactly what this comparison is meant to expose, so it is never counted.
@@ -86,6 +92,7 @@ using normlab::bench::Buffer;
 using normlab::bench::FillUniform;
 
 constexpr double kEps = 1e-5;
+constexpr double kRmsEps = 1e-6;
 constexpr Index kInCacheElems = (Index{2} << 20) / 4;       // x = 2 MiB
 constexpr Index kOutOfCacheElems = (Index{128} << 20) / 4;  // x = 128 MiB
 constexpr Index kDims[] = {64, 80, 256, 768, 4096};
@@ -141,7 +148,8 @@ const float* Beta() {
 
 // ---- problems ---------------------------------------------------------------------------------------
 
-enum class Op { kFwd, kBwd };
+enum class Op { kFwd, kBwd, kRmsFwd, kRmsBwd };
+bool IsBackward(Op op) { return op == Op::kBwd || op == Op::kRmsBwd; }
 enum class Kind { kNormlab, kAten, kOneDnn };
 
 const char* KindName(Kind k) {
@@ -204,7 +212,7 @@ std::vector<Index> RowMajorStrides(const std::vector<Index>& shape) {
 
 // Bytes the ideal kernel moves (see the top of the file).
 std::int64_t BytesMoved(Op op, const Problem& p) {
-  return (op == Op::kFwd ? 2 : 3) * static_cast<std::int64_t>(sizeof(float)) * p.numel;
+  return (IsBackward(op) ? 3 : 2) * static_cast<std::int64_t>(sizeof(float)) * p.numel;
 }
 
 // ---- implementations ---------------------------------------------------------------------------------
@@ -348,6 +356,98 @@ class AtenBwd : public Impl {
   std::tuple<at::Tensor, at::Tensor, at::Tensor> out_;
 };
 
+// ---- RMSNorm: normlab and ATen as users compose it ---------------------------------------------------
+
+class NormlabRmsFwd : public Impl {
+ public:
+  NormlabRmsFwd(const Problem& p, Pool& pool)
+      : rstd_(static_cast<std::size_t>(p.groups)),
+        y_(pool.y.get(), normlab::Dims(p.shape)),
+        rstd_v_(rstd_.data(), normlab::Dims(KeptShape(p))),
+        x_(pool.x.get(), normlab::Dims(p.shape)),
+        gamma_(Gamma(), normlab::Dims{p.n}),
+        axes_{p.axis} {}
+  void Run() override { normlab::rms_norm_forward(y_, rstd_v_, x_, gamma_, axes_, kRmsEps); }
+  Outputs Result() override { return {y_.data(), nullptr, nullptr}; }
+
+ private:
+  std::vector<float> rstd_;
+  normlab::View y_, rstd_v_;
+  normlab::ConstView x_, gamma_;
+  normlab::Axes axes_;
+};
+
+class NormlabRmsBwd : public Impl {
+ public:
+  NormlabRmsBwd(const Problem& p, Pool& pool)
+      : dgamma_(static_cast<std::size_t>(p.n)),
+        dx_(pool.dx.get(), normlab::Dims(p.shape)),
+        dgamma_v_(dgamma_.data(), normlab::Dims{p.n}),
+        dy_(pool.dy.get(), normlab::Dims(p.shape)),
+        x_(pool.x.get(), normlab::Dims(p.shape)),
+        gamma_(Gamma(), normlab::Dims{p.n}),
+        axes_{p.axis} {}
+  void Run() override { normlab::rms_norm_backward(dx_, dgamma_v_, dy_, x_, gamma_, axes_, kRmsEps); }
+  Outputs Result() override { return {dx_.data(), dgamma_.data(), nullptr}; }
+
+ private:
+  std::vector<float> dgamma_;
+  normlab::View dx_, dgamma_v_;
+  normlab::ConstView dy_, x_, gamma_;
+  normlab::Axes axes_;
+};
+
+// y = x * rsqrt(mean(x², -1) + eps) * w, as written in user code (e.g. LLaMA's RMSNorm module).
+class AtenRmsFwd : public Impl {
+ public:
+  AtenRmsFwd(const Problem& p, Pool& pool, bool keep)
+      : keep_(keep), x_(Wrap(pool.x.get(), p.shape)), gamma_(Wrap(Gamma(), {p.n})) {
+    if (!p.last_axis()) throw std::invalid_argument("AtenRmsFwd: only the last axis");
+  }
+  void Run() override {
+    at::Tensor y = x_ * at::rsqrt(x_.pow(2).mean(-1, true) + kRmsEps) * gamma_;
+    benchmark::DoNotOptimize(y.data_ptr());
+    if (keep_) y_ = y;
+  }
+  Outputs Result() override { return {y_.data_ptr<float>(), nullptr, nullptr}; }
+
+ private:
+  bool keep_;
+  at::Tensor x_, gamma_, y_;
+};
+
+// The backward autograd runs for the composed forward above, written out: with rstd saved from the
+// forward (computed once here, outside the timed loop), x̂ = x·rstd, g = dy·w:
+//   dx = rstd·(g − x̂·mean(g·x̂, -1)),  dw = Σ_rows dy·x̂.
+class AtenRmsBwd : public Impl {
+ public:
+  AtenRmsBwd(const Problem& p, Pool& pool, bool keep)
+      : keep_(keep),
+        x_(Wrap(pool.x.get(), p.shape)),
+        dy_(Wrap(pool.dy.get(), p.shape)),
+        gamma_(Wrap(Gamma(), {p.n})) {
+    if (!p.last_axis()) throw std::invalid_argument("AtenRmsBwd: only the last axis");
+    rstd_ = at::rsqrt(x_.pow(2).mean(-1, true) + kRmsEps);
+  }
+  void Run() override {
+    const at::Tensor xh = x_ * rstd_;
+    const at::Tensor g = dy_ * gamma_;
+    at::Tensor dx = rstd_ * (g - xh * (g * xh).mean(-1, true));
+    at::Tensor dw = (dy_ * xh).sum(0);
+    benchmark::DoNotOptimize(dx.data_ptr());
+    benchmark::DoNotOptimize(dw.data_ptr());
+    if (keep_) {
+      dx_ = dx;
+      dw_ = dw;
+    }
+  }
+  Outputs Result() override { return {dx_.data_ptr<float>(), dw_.data_ptr<float>(), nullptr}; }
+
+ private:
+  bool keep_;
+  at::Tensor x_, dy_, gamma_, rstd_, dx_, dw_;
+};
+
 dnnl::engine& Engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
@@ -489,12 +589,17 @@ class OneDnnBwd : public Impl {
 std::unique_ptr<Impl> MakeImpl(Op op, Kind kind, const Problem& p, Pool& pool, bool keep) {
   switch (kind) {
     case Kind::kNormlab:
+      if (op == Op::kRmsFwd) return std::make_unique<NormlabRmsFwd>(p, pool);
+      if (op == Op::kRmsBwd) return std::make_unique<NormlabRmsBwd>(p, pool);
       if (op == Op::kFwd) return std::make_unique<NormlabFwd>(p, pool);
       return std::make_unique<NormlabBwd>(p, pool);
     case Kind::kAten:
+      if (op == Op::kRmsFwd) return std::make_unique<AtenRmsFwd>(p, pool, keep);
+      if (op == Op::kRmsBwd) return std::make_unique<AtenRmsBwd>(p, pool, keep);
       if (op == Op::kFwd) return std::make_unique<AtenFwd>(p, pool, keep);
       return std::make_unique<AtenBwd>(p, pool, keep);
     case Kind::kOneDnn:
+      if (op == Op::kRmsFwd || op == Op::kRmsBwd) throw std::invalid_argument("oneDNN 2.6 has no RMSNorm");
       if (op == Op::kFwd) return std::make_unique<OneDnnFwd>(p, pool);
       return std::make_unique<OneDnnBwd>(p, pool);
   }
@@ -631,6 +736,8 @@ std::string RegisterAll() {
       RegisterCopies(p);
       RegisterLayerNorm("LayerNormFwd", Op::kFwd, p, true);
       RegisterLayerNorm("LayerNormBwd", Op::kBwd, p, true);
+      RegisterLayerNorm("RmsNormFwd", Op::kRmsFwd, p, false);
+      RegisterLayerNorm("RmsNormBwd", Op::kRmsBwd, p, false);
     }
   }
   const Problem bft = BftProblem();
@@ -681,13 +788,12 @@ double SelfCheck(bool onednn_bft) {
       if (kind == Kind::kOneDnn && !with_onednn) continue;
       const Snapshot got = RunOnce(op, kind, p);
       double err = RelError(got.main.data(), ref.main.data(), p.numel);
-      if (op == Op::kBwd) {
-        err = std::max(err, RelError(got.dgamma.data(), ref.dgamma.data(), p.n));
-        err = std::max(err, RelError(got.dbeta.data(), ref.dbeta.data(), p.n));
-      }
+      if (!got.dgamma.empty()) err = std::max(err, RelError(got.dgamma.data(), ref.dgamma.data(), p.n));
+      if (!got.dbeta.empty()) err = std::max(err, RelError(got.dbeta.data(), ref.dbeta.data(), p.n));
       if (!(err <= kTolerance)) {
+        static const char* const kOpNames[] = {"forward", "backward", "RMSNorm forward", "RMSNorm backward"};
         std::fprintf(stderr, "self-check FAILED: %s %s on %s differs from normlab by %.3g (> %.0e)\n",
-                     op == Op::kFwd ? "forward" : "backward", KindName(kind), p.name.c_str(), err,
+                     kOpNames[static_cast<int>(op)], KindName(kind), p.name.c_str(), err,
                      kTolerance);
         std::exit(1);
       }
@@ -698,6 +804,8 @@ double SelfCheck(bool onednn_bft) {
     const Problem p = MakeProblem({67, d}, 1);
     check(Op::kFwd, p, true);
     check(Op::kBwd, p, true);
+    check(Op::kRmsFwd, p, false);
+    check(Op::kRmsBwd, p, false);
   }
   check(Op::kFwd, BftProblem(), onednn_bft);
   return worst;

@@ -7,11 +7,18 @@
 // For each thread count: both implementations run `warmup` untimed steps, then `steps` timed steps on
 // the same random batches; reported: the median step time and tokens/s = B·T / median.
 //
+// Threads: normlab::set_num_threads, OpenMP and at::set_num_threads get the count; so does OpenBLAS
+// (openblas_set_num_threads, looked up at run time), which LibTorch's matrix products run on and which
+// at::set_num_threads leaves alone: without it the "1 thread" LibTorch run used OpenBLAS's own pool of
+// one thread per core.
+//
 //   normlab_bench_train [--threads 1,2] [--steps 10] [--warmup 2] [--layers 6] [--d-model 256]
-//                       [--heads 4] [--ffn 1024] [--seq 128] [--batch 16] [--json]
+//                       [--heads 4] [--ffn 1024] [--seq 128] [--batch 16] [--only normlab|libtorch] [--json]
 #include <normlab/nn/model.h>
 #include <normlab/nn/optim.h>
 #include <normlab/parallel.h>
+#include <dlfcn.h>
+#include <time.h>
 #include <omp.h>
 #include <torch/torch.h>
 
@@ -61,6 +68,15 @@ torch::Tensor torch_loss(const ModelConfig& c, TParams& P, const torch::Tensor& 
   return F::cross_entropy(linear(P, "head", x).view({B * T, c.vocab}), tgt.view({B * T}));
 }
 
+// CPU time of the whole process (all its threads), seconds: on a loaded machine the wall time of a
+// step includes the time other processes held the cores; the CPU time does not (but it does include
+// OpenMP's spin-waiting at 2 threads).
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -71,7 +87,17 @@ struct Args {
   std::vector<int> threads = {1, 2};
   int steps = 10, warmup = 2, layers = 6, d_model = 256, heads = 4, ffn = 1024, seq = 128, batch = 16;
   bool json = false;
+  bool run_ours = true, run_torch = true;  // --only normlab | --only libtorch (profiling one side)
 };
+
+// OpenBLAS's thread count, when an OpenBLAS is loaded (LibTorch's BLAS here); false when none is.
+bool set_openblas_threads(int n) {
+  using Fn = void (*)(int);
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!fn) return false;
+  fn(n);
+  return true;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -101,6 +127,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--seq") a.seq = std::stoi(next());
     else if (k == "--batch") a.batch = std::stoi(next());
     else if (k == "--json") a.json = true;
+    else if (k == "--only") {
+      const std::string w = next();
+      if (w != "normlab" && w != "libtorch") {
+        std::fprintf(stderr, "normlab_bench_train: --only takes normlab or libtorch, got %s\n", w.c_str());
+        std::exit(2);
+      }
+      a.run_ours = w == "normlab";
+      a.run_torch = w == "libtorch";
+    }
     else {
       std::fprintf(stderr, "normlab_bench_train: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -140,19 +175,26 @@ int main(int argc, char** argv) {
     normlab::set_num_threads(th);
     omp_set_num_threads(th);
     at::set_num_threads(th);
+    const bool openblas = set_openblas_threads(th);
+    if (!a.json && th == a.threads.front())
+      std::printf("OpenBLAS thread control: %s\n", openblas ? "openblas_set_num_threads" : "no OpenBLAS loaded");
 
     // normlab
     normlab::nn::Model model(c);
     std::vector<ParamRef> params = model.params();
     normlab::nn::AdamW opt(params, normlab::nn::AdamWOptions{0.9, 0.98, 1e-9, 0.01, true});
-    std::vector<double> t_ours;
+    std::vector<double> t_ours, c_ours;
     double loss_ours = 0;
-    for (int s = 0; s < total; ++s) {
+    for (int s = 0; s < (a.run_ours ? total : 0); ++s) {
       const auto t0 = Clock::now();
+      const double c0 = cpu_seconds();
       loss_ours = model.forward(tok[static_cast<std::size_t>(s)].data(), tgt[static_cast<std::size_t>(s)].data(), B, T);
       model.backward();
       opt.step(1e-4);
-      if (s >= a.warmup) t_ours.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (s >= a.warmup) {
+        t_ours.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        c_ours.push_back(cpu_seconds() - c0);
+      }
     }
 
     // LibTorch, from the same initial weights
@@ -178,31 +220,40 @@ int main(int argc, char** argv) {
         pe[t][j] = static_cast<float>(j % 2 == 0 ? std::sin(ang) : std::cos(ang));
       }
     const torch::Tensor mask = torch::ones({T, T}, torch::kBool).triu(1);
-    std::vector<double> t_torch;
+    std::vector<double> t_torch, c_torch;
     double loss_torch = 0;
-    for (int s = 0; s < total; ++s) {
+    for (int s = 0; s < (a.run_torch ? total : 0); ++s) {
       torch::Tensor ids = torch::tensor(std::vector<int64_t>(tok[static_cast<std::size_t>(s)].begin(), tok[static_cast<std::size_t>(s)].end())).view({B, T});
       torch::Tensor tg = torch::tensor(std::vector<int64_t>(tgt[static_cast<std::size_t>(s)].begin(), tgt[static_cast<std::size_t>(s)].end())).view({B, T});
       const auto t0 = Clock::now();
+      const double c0 = cpu_seconds();
       adam.zero_grad();
       torch::Tensor loss = torch_loss(c, P, pe, mask, ids, tg, B, T);
       loss.backward();
       adam.step();
       loss_torch = loss.item<double>();
-      if (s >= a.warmup) t_torch.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (s >= a.warmup) {
+        t_torch.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        c_torch.push_back(cpu_seconds() - c0);
+      }
     }
 
-    const double mo = median(t_ours), mt = median(t_torch);
+    for (auto* v : {&t_ours, &c_ours, &t_torch, &c_torch})
+      if (v->empty()) v->push_back(NAN);
+    const double mo = median(t_ours), mt = median(t_torch), co = median(c_ours), ct = median(c_torch);
     const double tok_s = static_cast<double>(B * T);
+    auto num = [](double x) { return std::isfinite(x) ? std::to_string(x) : std::string("null"); };
     if (a.json) {
       json += std::string(json.size() > 1 ? "," : "") +
-              "{\"threads\":" + std::to_string(th) + ",\"normlab_step_s\":" + std::to_string(mo) +
-              ",\"libtorch_step_s\":" + std::to_string(mt) + ",\"normlab_tokens_per_s\":" + std::to_string(tok_s / mo) +
-              ",\"libtorch_tokens_per_s\":" + std::to_string(tok_s / mt) + "}";
+              "{\"threads\":" + std::to_string(th) + ",\"normlab_step_s\":" + num(mo) + ",\"libtorch_step_s\":" +
+              num(mt) + ",\"normlab_tokens_per_s\":" + num(tok_s / mo) + ",\"libtorch_tokens_per_s\":" +
+              num(tok_s / mt) + ",\"normlab_cpu_s\":" + num(co) + ",\"libtorch_cpu_s\":" + num(ct) + "}";
     } else {
       std::printf("threads %d: normlab %.1f ms/step, %.0f tokens/s | LibTorch %.1f ms/step, %.0f tokens/s | "
-                  "normlab/LibTorch speed %.2fx (last losses %.4f / %.4f)\n",
-                  th, 1e3 * mo, tok_s / mo, 1e3 * mt, tok_s / mt, mt / mo, loss_ours, loss_torch);
+                  "normlab/LibTorch speed %.2fx (last losses %.4f / %.4f)\n"
+                  "           CPU time per step: normlab %.1f ms, LibTorch %.1f ms (ratio %.2fx)\n",
+                  th, 1e3 * mo, tok_s / mo, 1e3 * mt, tok_s / mt, mt / mo, loss_ours, loss_torch, 1e3 * co,
+                  1e3 * ct, ct / co);
     }
   }
   if (a.json) std::printf("%s]\n", json.c_str());

@@ -15,10 +15,12 @@
 // Views may have arbitrary strides (non-contiguous, sliced, negative). Outputs may alias inputs
 // exactly (same data pointer and strides) but must not partially overlap them.
 //
-// Numerics: inputs and outputs are fp32; moments and every intermediate are computed in double
-// (see docs/numerics.md), so rows at a large common offset (x = 1e4 + N(0,1)) normalize to within
-// fp32 output rounding. The reduction order is fixed by the data layout alone: results are bitwise
-// identical for any thread count and any SIMD target.
+// Numerics (LayerNorm, RMSNorm; docs/numerics.md): inputs and outputs are fp32. The mean and every sum
+// are computed in double, the mean is carried as a float pair (hi, lo) so that x − mean loses nothing
+// to the mean's own rounding, and the elementwise work (deviations, y, dx, the dγ terms) is fp32. Rows
+// at a large common offset (x = 1e4 + N(0,1)) normalize to within a few fp32 roundings of the output
+// (PyTorch's fp32 kernels are ≈1e-3 off there). The reduction order is fixed by the data layout alone:
+// results are bitwise identical for any thread count and any SIMD target.
 //
 // NaN policy: no value checks are made on the data. A NaN or Inf in a group makes that group's mean,
 // rstd and outputs NaN; other groups are unaffected. With eps = 0 a constant group has var = 0 and
@@ -57,9 +59,9 @@ enum class GradMode {
 //   dy, x:            inputs, shape of x
 //   weight γ:         optional; without it γ = 1
 //   eps:              the forward pass's eps
-// The statistics are recomputed from x in double rather than taken from the forward pass: the fp32
-// mean is ≈1e-3 off at an offset of 1e4, and an fp32 rstd would limit dx to ≈1e-7 relative to the
-// terms that cancel in it. The two extra passes read a group that is already in cache.
+// The statistics are recomputed from x (exactly as the forward computes them) rather than taken from
+// the forward pass: a saved fp32 mean is ≈1e-3 off at an offset of 1e4. The extra pass reads a group
+// that is already in cache.
 void layer_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
                          const Axes& axes, double eps = 1e-5, GradMode mode = GradMode::kOverwrite);
 
@@ -76,7 +78,7 @@ inline constexpr double kTorchRmsNormEps = 1.1920928955078125e-07;  // FLT_EPSIL
 void rms_norm_forward(View y, View rstd, ConstView x, ConstView weight, const Axes& axes,
                       double eps = kRmsNormEps);
 // dx = rstd·(g − x̂·mean(g·x̂)) with g = dy·γ, x̂ = x·rstd (written =); dweight = Σ dy·x̂ (per mode).
-// rstd is recomputed from x in double, as for LayerNorm.
+// rstd is recomputed from x, as for LayerNorm.
 void rms_norm_backward(View dx, View dweight, ConstView dy, ConstView x, ConstView weight, const Axes& axes,
                        double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
 

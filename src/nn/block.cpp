@@ -3,6 +3,8 @@
 // Every activation is (N,C) with N = B·T unless stated. Each Block::backward below reads bottom-up the
 // lines of its Block::forward, one to one. Formulas and citations: docs/placements.md.
 #include "nn/block.h"
+#include "nn/elementwise.h"
+#include "nn/scratch.h"
 
 #include <normlab/error.h>
 
@@ -48,7 +50,7 @@ void add_scaled(Real* dst, double a, const Real* src, Index n) {
 
 template <typename Real>
 void Norm<Real>::forward(Real* out, const Real* inp, const std::vector<ParamEntry<Real>>& p, Index N,
-                         Index C) const {
+                         Index C, std::span<const Index> lengths, Index T) const {
   switch (kind) {
     case NormKind::kLayerNorm:
       layernorm_forward<Real>(out, nullptr, nullptr, inp, ptr(p, weight), ptr(p, bias), N, C, eps);
@@ -59,8 +61,12 @@ void Norm<Real>::forward(Real* out, const Real* inp, const std::vector<ParamEntr
     case NormKind::kDyT:
       dyt_forward<Real>(out, inp, ptr(p, alpha), ptr(p, weight), ptr(p, bias), N, C);
       break;
-    case NormKind::kBatchNorm:
-      throw Error("BatchNorm over the sequence is not implemented in the Transformer engine");
+    case NormKind::kBatchNorm: {
+      if (T <= 0) T = N;  // no sequence given: N rows of one sequence
+      batchnorm_forward<Real>(out, running_mean, running_var, inp, ptr(p, weight),
+                              ptr(p, bias), lengths, N / T, T, C, training, momentum, eps);
+      break;
+    }
   }
   if (scale != 1.0)
     for (Index i = 0; i < N * C; ++i) out[i] = static_cast<Real>(scale * out[i]);
@@ -68,12 +74,11 @@ void Norm<Real>::forward(Real* out, const Real* inp, const std::vector<ParamEntr
 
 template <typename Real>
 void Norm<Real>::backward(Real* dinp, const Real* dout, const Real* inp, const std::vector<ParamEntry<Real>>& p,
-                          Index N, Index C) const {
-  std::vector<Real> scaled;
+                          Index N, Index C, std::span<const Index> lengths, Index T) const {
   if (scale != 1.0) {  // out = scale·norm(inp): d norm = scale·dout
-    scaled.resize(static_cast<std::size_t>(N * C));
-    for (Index i = 0; i < N * C; ++i) scaled[static_cast<std::size_t>(i)] = static_cast<Real>(scale * dout[i]);
-    dout = scaled.data();
+    Real* scaled = detail::scratch<Real>(detail::kNormScaled, N * C);
+    for (Index i = 0; i < N * C; ++i) scaled[i] = static_cast<Real>(scale * dout[i]);
+    dout = scaled;
   }
   switch (kind) {
     case NormKind::kLayerNorm:
@@ -86,8 +91,12 @@ void Norm<Real>::backward(Real* dinp, const Real* dout, const Real* inp, const s
       dyt_backward<Real>(dinp, gptr(p, alpha), gptr(p, weight), gptr(p, bias), dout, inp, ptr(p, alpha),
                          ptr(p, weight), N, C);
       break;
-    case NormKind::kBatchNorm:
-      throw Error("BatchNorm over the sequence is not implemented in the Transformer engine");
+    case NormKind::kBatchNorm: {
+      if (T <= 0) T = N;
+      batchnorm_backward<Real>(dinp, gptr(p, weight), gptr(p, bias), dout, inp, ptr(p, weight), running_mean,
+                               running_var, lengths, N / T, T, C, training, eps);
+      break;
+    }
   }
 }
 
@@ -153,41 +162,41 @@ void Block<Real>::forward(Real* y, const Real* x, const std::vector<ParamEntry<R
       ensure(A.f1, NC), ensure(A.s1, NC), ensure(A.m, NC), ensure(A.f2, NC), ensure(A.s2, NC);
       attn_forward(A.f1.data(), x, p, s, lengths);
       axpby(A.s1.data(), alpha, x, 1.0, A.f1.data(), NC);
-      norms[0].forward(A.m.data(), A.s1.data(), p, N, C);
+      norms[0].forward(A.m.data(), A.s1.data(), p, N, C, lengths, s.T);
       ffn_forward_(A.f2.data(), A.m.data(), p, s);
       axpby(A.s2.data(), alpha, A.m.data(), 1.0, A.f2.data(), NC);
-      norms[1].forward(y, A.s2.data(), p, N, C);
+      norms[1].forward(y, A.s2.data(), p, N, C, lengths, s.T);
       break;
     case BlockStyle::kPre:  // u1 = LN1(x); m = x + Attn(u1); u2 = LN2(m); y = m + FFN(u2)
       ensure(A.u1, NC), ensure(A.f1, NC), ensure(A.m, NC), ensure(A.u2, NC), ensure(A.f2, NC);
-      norms[0].forward(A.u1.data(), x, p, N, C);
+      norms[0].forward(A.u1.data(), x, p, N, C, lengths, s.T);
       attn_forward(A.f1.data(), A.u1.data(), p, s, lengths);
       residual_forward(A.m.data(), x, A.f1.data(), NC);
-      norms[1].forward(A.u2.data(), A.m.data(), p, N, C);
+      norms[1].forward(A.u2.data(), A.m.data(), p, N, C, lengths, s.T);
       ffn_forward_(A.f2.data(), A.u2.data(), p, s);
       residual_forward(y, A.m.data(), A.f2.data(), NC);
       break;
     case BlockStyle::kSandwich:  // u1 = LN1(x); g1 = LN1o(Attn(u1)); m = x + g1; u2 = LN2(m); y = m + LN2o(FFN(u2))
       ensure(A.u1, NC), ensure(A.f1, NC), ensure(A.g1, NC), ensure(A.m, NC);
       ensure(A.u2, NC), ensure(A.f2, NC), ensure(A.g2, NC);
-      norms[0].forward(A.u1.data(), x, p, N, C);
+      norms[0].forward(A.u1.data(), x, p, N, C, lengths, s.T);
       attn_forward(A.f1.data(), A.u1.data(), p, s, lengths);
-      norms[1].forward(A.g1.data(), A.f1.data(), p, N, C);
+      norms[1].forward(A.g1.data(), A.f1.data(), p, N, C, lengths, s.T);
       residual_forward(A.m.data(), x, A.g1.data(), NC);
-      norms[2].forward(A.u2.data(), A.m.data(), p, N, C);
+      norms[2].forward(A.u2.data(), A.m.data(), p, N, C, lengths, s.T);
       ffn_forward_(A.f2.data(), A.u2.data(), p, s);
-      norms[3].forward(A.g2.data(), A.f2.data(), p, N, C);
+      norms[3].forward(A.g2.data(), A.f2.data(), p, N, C, lengths, s.T);
       residual_forward(y, A.m.data(), A.g2.data(), NC);
       break;
     case BlockStyle::kB2T:  // s1 = x + Attn(x); m = LN1(s1); s2 = m + FFN(m) + x; y = LN2(s2)
       ensure(A.f1, NC), ensure(A.s1, NC), ensure(A.m, NC), ensure(A.f2, NC), ensure(A.s2, NC);
       attn_forward(A.f1.data(), x, p, s, lengths);
       residual_forward(A.s1.data(), x, A.f1.data(), NC);
-      norms[0].forward(A.m.data(), A.s1.data(), p, N, C);
+      norms[0].forward(A.m.data(), A.s1.data(), p, N, C, lengths, s.T);
       ffn_forward_(A.f2.data(), A.m.data(), p, s);
       residual_forward(A.s2.data(), A.m.data(), A.f2.data(), NC);
       residual_forward(A.s2.data(), A.s2.data(), x, NC);  // the bottom-to-top connection
-      norms[1].forward(y, A.s2.data(), p, N, C);
+      norms[1].forward(y, A.s2.data(), p, N, C, lengths, s.T);
       break;
     case BlockStyle::kSiamese: {  // x, y = the two halves of the input; X, Y of the output
       const Real* xs = x;
@@ -195,17 +204,17 @@ void Block<Real>::forward(Real* y, const Real* x, const std::vector<ParamEntry<R
       const double c = siamese_c;
       ensure(A.g1, NC), ensure(A.s1, NC), ensure(A.u1, NC), ensure(A.f1, NC), ensure(A.m, NC), ensure(A.ym, NC);
       ensure(A.g2, NC), ensure(A.s2, NC), ensure(A.u2, NC), ensure(A.f2, NC);
-      norms[0].forward(A.g1.data(), xs, p, N, C);              // g1 = PostN1(x)
-      norms[1].forward(A.s1.data(), ys, p, N, C);              // s1 = g1 + PreN1(y)
+      norms[0].forward(A.g1.data(), xs, p, N, C, lengths, s.T);              // g1 = PostN1(x)
+      norms[1].forward(A.s1.data(), ys, p, N, C, lengths, s.T);              // s1 = g1 + PreN1(y)
       residual_forward(A.s1.data(), A.s1.data(), A.g1.data(), NC);
-      norms[2].forward(A.u1.data(), A.s1.data(), p, N, C);     // u1 = InN1(s1)
+      norms[2].forward(A.u1.data(), A.s1.data(), p, N, C, lengths, s.T);     // u1 = InN1(s1)
       attn_forward(A.f1.data(), A.u1.data(), p, s, lengths);   // z1 = Attn(u1)
       axpby(A.m.data(), 1.0, A.g1.data(), 1.0 / c, A.f1.data(), NC);  // m = g1 + z1/c
       residual_forward(A.ym.data(), ys, A.f1.data(), NC);      // ym = y + z1
-      norms[3].forward(A.g2.data(), A.m.data(), p, N, C);      // g2 = PostN2(m)
-      norms[4].forward(A.s2.data(), A.ym.data(), p, N, C);     // s2 = g2 + PreN2(ym)
+      norms[3].forward(A.g2.data(), A.m.data(), p, N, C, lengths, s.T);      // g2 = PostN2(m)
+      norms[4].forward(A.s2.data(), A.ym.data(), p, N, C, lengths, s.T);     // s2 = g2 + PreN2(ym)
       residual_forward(A.s2.data(), A.s2.data(), A.g2.data(), NC);
-      norms[5].forward(A.u2.data(), A.s2.data(), p, N, C);     // u2 = InN2(s2)
+      norms[5].forward(A.u2.data(), A.s2.data(), p, N, C, lengths, s.T);     // u2 = InN2(s2)
       ffn_forward_(A.f2.data(), A.u2.data(), p, s);            // z2 = FFN(u2)
       axpby(y, 1.0, A.g2.data(), 1.0 / c, A.f2.data(), NC);    // X = g2 + z2/c
       residual_forward(y + NC, A.ym.data(), A.f2.data(), NC);  // Y = ym + z2
@@ -228,47 +237,61 @@ void Block<Real>::backward(Real* dx, const Real* dy, const Real* x, const std::v
                            const Shape& s, std::span<const Index> lengths) {
   const Index N = s.N(), C = s.C, NC = N * C;
   BlockActs<Real>& A = acts_;
-  auto zeros = [NC]() { return std::vector<Real>(static_cast<std::size_t>(NC), Real(0)); };
+  // (N,C) gradient temporaries, scratch slots shared by all blocks (src/nn/scratch.h): buffer(i) is
+  // temporary i (contents unspecified), zeros(i) the same set to 0, copy(i, src) a copy of src.
+  auto buffer = [&](int i) {
+    return detail::scratch<Real>(static_cast<detail::ScratchSlot>(detail::kBlockGrad0 + i), NC);
+  };
+  auto zeros = [&](int i) {
+    Real* b = buffer(i);
+    detail::for_chunks(NC, [&](Index i0, Index i1) { std::fill(b + i0, b + i1, Real(0)); });
+    return b;
+  };
+  auto copy = [&](int i, const Real* src) {
+    Real* b = buffer(i);
+    detail::for_chunks(NC, [&](Index i0, Index i1) { std::copy(src + i0, src + i1, b + i0); });
+    return b;
+  };
   switch (style) {
     case BlockStyle::kPost: {
-      std::vector<Real> ds2 = zeros(), dm = zeros(), ds1 = zeros();
-      norms[1].backward(ds2.data(), dy, A.s2.data(), p, N, C);           // y = LN2(s2)
-      ffn_backward_(dm.data(), ds2.data(), A.m.data(), p, s);            // s2 = a·m + FFN(m)
-      add_scaled(dm.data(), alpha, ds2.data(), NC);
-      norms[0].backward(ds1.data(), dm.data(), A.s1.data(), p, N, C);    // m = LN1(s1)
-      attn_backward(dx, ds1.data(), x, p, s, lengths);                   // s1 = a·x + Attn(x)
-      add_scaled(dx, alpha, ds1.data(), NC);
+      Real *ds2 = zeros(0), *dm = zeros(1), *ds1 = zeros(2);
+      norms[1].backward(ds2, dy, A.s2.data(), p, N, C, lengths, s.T);           // y = LN2(s2)
+      ffn_backward_(dm, ds2, A.m.data(), p, s);                   // s2 = a·m + FFN(m)
+      add_scaled(dm, alpha, ds2, NC);
+      norms[0].backward(ds1, dm, A.s1.data(), p, N, C, lengths, s.T);           // m = LN1(s1)
+      attn_backward(dx, ds1, x, p, s, lengths);                   // s1 = a·x + Attn(x)
+      add_scaled(dx, alpha, ds1, NC);
       break;
     }
     case BlockStyle::kPre: {
-      std::vector<Real> dm(dy, dy + NC), du2 = zeros(), du1 = zeros();
-      ffn_backward_(du2.data(), dy, A.u2.data(), p, s);                  // y = m + FFN(u2)  (dm = dy above)
-      norms[1].backward(dm.data(), du2.data(), A.m.data(), p, N, C);     // u2 = LN2(m)
-      residual_backward(dx, static_cast<Real*>(nullptr), dm.data(), NC); // m = x + Attn(u1)
-      attn_backward(du1.data(), dm.data(), A.u1.data(), p, s, lengths);
-      norms[0].backward(dx, du1.data(), x, p, N, C);                     // u1 = LN1(x)
+      Real *dm = copy(0, dy), *du2 = zeros(1), *du1 = zeros(2);
+      ffn_backward_(du2, dy, A.u2.data(), p, s);                  // y = m + FFN(u2)  (dm = dy above)
+      norms[1].backward(dm, du2, A.m.data(), p, N, C, lengths, s.T);            // u2 = LN2(m)
+      residual_backward(dx, static_cast<Real*>(nullptr), dm, NC); // m = x + Attn(u1)
+      attn_backward(du1, dm, A.u1.data(), p, s, lengths);
+      norms[0].backward(dx, du1, x, p, N, C, lengths, s.T);                     // u1 = LN1(x)
       break;
     }
     case BlockStyle::kSandwich: {
-      std::vector<Real> dm(dy, dy + NC), df2 = zeros(), du2 = zeros(), df1 = zeros(), du1 = zeros();
-      norms[3].backward(df2.data(), dy, A.f2.data(), p, N, C);           // y = m + LN2o(f2)
-      ffn_backward_(du2.data(), df2.data(), A.u2.data(), p, s);          // f2 = FFN(u2)
-      norms[2].backward(dm.data(), du2.data(), A.m.data(), p, N, C);     // u2 = LN2(m)
-      residual_backward(dx, static_cast<Real*>(nullptr), dm.data(), NC); // m = x + LN1o(f1)
-      norms[1].backward(df1.data(), dm.data(), A.f1.data(), p, N, C);
-      attn_backward(du1.data(), df1.data(), A.u1.data(), p, s, lengths); // f1 = Attn(u1)
-      norms[0].backward(dx, du1.data(), x, p, N, C);                     // u1 = LN1(x)
+      Real *dm = copy(0, dy), *df2 = zeros(1), *du2 = zeros(2), *df1 = zeros(3), *du1 = zeros(4);
+      norms[3].backward(df2, dy, A.f2.data(), p, N, C, lengths, s.T);           // y = m + LN2o(f2)
+      ffn_backward_(du2, df2, A.u2.data(), p, s);                 // f2 = FFN(u2)
+      norms[2].backward(dm, du2, A.m.data(), p, N, C, lengths, s.T);            // u2 = LN2(m)
+      residual_backward(dx, static_cast<Real*>(nullptr), dm, NC); // m = x + LN1o(f1)
+      norms[1].backward(df1, dm, A.f1.data(), p, N, C, lengths, s.T);
+      attn_backward(du1, df1, A.u1.data(), p, s, lengths);        // f1 = Attn(u1)
+      norms[0].backward(dx, du1, x, p, N, C, lengths, s.T);                     // u1 = LN1(x)
       break;
     }
     case BlockStyle::kB2T: {
-      std::vector<Real> ds2 = zeros(), ds1 = zeros();
-      norms[1].backward(ds2.data(), dy, A.s2.data(), p, N, C);           // y = LN2(s2)
-      residual_backward(dx, static_cast<Real*>(nullptr), ds2.data(), NC); // s2 = m + FFN(m) + x
-      std::vector<Real> dm(ds2);
-      ffn_backward_(dm.data(), ds2.data(), A.m.data(), p, s);
-      norms[0].backward(ds1.data(), dm.data(), A.s1.data(), p, N, C);    // m = LN1(s1)
-      residual_backward(dx, static_cast<Real*>(nullptr), ds1.data(), NC); // s1 = x + Attn(x)
-      attn_backward(dx, ds1.data(), x, p, s, lengths);
+      Real *ds2 = zeros(0), *ds1 = zeros(1);
+      norms[1].backward(ds2, dy, A.s2.data(), p, N, C, lengths, s.T);           // y = LN2(s2)
+      residual_backward(dx, static_cast<Real*>(nullptr), ds2, NC); // s2 = m + FFN(m) + x
+      Real* dm = copy(2, ds2);
+      ffn_backward_(dm, ds2, A.m.data(), p, s);
+      norms[0].backward(ds1, dm, A.s1.data(), p, N, C, lengths, s.T);           // m = LN1(s1)
+      residual_backward(dx, static_cast<Real*>(nullptr), ds1, NC); // s1 = x + Attn(x)
+      attn_backward(dx, ds1, x, p, s, lengths);
       break;
     }
     case BlockStyle::kSiamese: {
@@ -277,30 +300,30 @@ void Block<Real>::backward(Real* dx, const Real* dy, const Real* x, const std::v
       const Real* dX = dy;
       const Real* dY = dy + NC;
       const double c = siamese_c;
-      std::vector<Real> df2 = zeros(), du2 = zeros(), ds2 = zeros(), dm = zeros(), df1 = zeros(), du1 = zeros(),
-                        ds1 = zeros();
-      axpby(df2.data(), 1.0 / c, dX, 1.0, dY, NC);                        // X = g2 + z2/c; Y = ym + z2
+      Real *df2 = buffer(0), *du2 = zeros(1), *ds2 = zeros(2), *dm = zeros(3), *df1 = buffer(4), *du1 = zeros(5),
+           *ds1 = zeros(6);
+      axpby(df2, 1.0 / c, dX, 1.0, dY, NC);                        // X = g2 + z2/c; Y = ym + z2
       std::vector<Real> dg2(dX, dX + NC), dym(dY, dY + NC);
-      ffn_backward_(du2.data(), df2.data(), A.u2.data(), p, s);          // z2 = FFN(u2)
-      norms[5].backward(ds2.data(), du2.data(), A.s2.data(), p, N, C);   // u2 = InN2(s2)
-      residual_backward(dg2.data(), static_cast<Real*>(nullptr), ds2.data(), NC);  // s2 = g2 + PreN2(ym)
-      norms[4].backward(dym.data(), ds2.data(), A.ym.data(), p, N, C);
-      norms[3].backward(dm.data(), dg2.data(), A.m.data(), p, N, C);     // g2 = PostN2(m)
-      axpby(df1.data(), 1.0 / c, dm.data(), 1.0, dym.data(), NC);        // m = g1 + z1/c; ym = y + z1
-      std::vector<Real> dg1(dm);
+      ffn_backward_(du2, df2, A.u2.data(), p, s);                  // z2 = FFN(u2)
+      norms[5].backward(ds2, du2, A.s2.data(), p, N, C, lengths, s.T);           // u2 = InN2(s2)
+      residual_backward(dg2.data(), static_cast<Real*>(nullptr), ds2, NC);  // s2 = g2 + PreN2(ym)
+      norms[4].backward(dym.data(), ds2, A.ym.data(), p, N, C, lengths, s.T);
+      norms[3].backward(dm, dg2.data(), A.m.data(), p, N, C, lengths, s.T);      // g2 = PostN2(m)
+      axpby(df1, 1.0 / c, dm, 1.0, dym.data(), NC);                // m = g1 + z1/c; ym = y + z1
+      std::vector<Real> dg1(dm, dm + NC);
       residual_backward(dx + NC, static_cast<Real*>(nullptr), dym.data(), NC);
-      attn_backward(du1.data(), df1.data(), A.u1.data(), p, s, lengths); // z1 = Attn(u1)
-      norms[2].backward(ds1.data(), du1.data(), A.s1.data(), p, N, C);   // u1 = InN1(s1)
-      residual_backward(dg1.data(), static_cast<Real*>(nullptr), ds1.data(), NC);  // s1 = g1 + PreN1(y)
-      norms[1].backward(dx + NC, ds1.data(), ys, p, N, C);
-      norms[0].backward(dx, dg1.data(), xs, p, N, C);                    // g1 = PostN1(x)
+      attn_backward(du1, df1, A.u1.data(), p, s, lengths);         // z1 = Attn(u1)
+      norms[2].backward(ds1, du1, A.s1.data(), p, N, C, lengths, s.T);           // u1 = InN1(s1)
+      residual_backward(dg1.data(), static_cast<Real*>(nullptr), ds1, NC);  // s1 = g1 + PreN1(y)
+      norms[1].backward(dx + NC, ds1, ys, p, N, C, lengths, s.T);
+      norms[0].backward(dx, dg1.data(), xs, p, N, C, lengths, s.T);              // g1 = PostN1(x)
       break;
     }
     case BlockStyle::kNone: {
-      std::vector<Real> dm(dy, dy + NC);
-      ffn_backward_(dm.data(), dy, A.m.data(), p, s);                    // y = m + FFN(m)
-      residual_backward(dx, static_cast<Real*>(nullptr), dm.data(), NC); // m = x + Attn(x)
-      attn_backward(dx, dm.data(), x, p, s, lengths);
+      Real* dm = copy(0, dy);
+      ffn_backward_(dm, dy, A.m.data(), p, s);                     // y = m + FFN(m)
+      residual_backward(dx, static_cast<Real*>(nullptr), dm, NC);  // m = x + Attn(x)
+      attn_backward(dx, dm, x, p, s, lengths);
       break;
     }
   }

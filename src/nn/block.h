@@ -37,17 +37,25 @@ struct ParamEntry {
 
 // A norm layer of the block (LayerNorm, RMSNorm or DyT) with its parameters, and an optional constant
 // output scale (LayerNorm Scaling: 1/√l). Parameters are indices into the network's parameter list.
+// BatchNorm (over the sequence: all real positions of the batch per channel) also has running statistics,
+// buffers of the network (not parameters), and follows the network's train/eval mode.
 template <typename Real>
 struct Norm {
   NormKind kind = NormKind::kLayerNorm;
   double eps = 1e-5;
   double scale = 1.0;                     // out = scale · norm(inp)
-  int alpha = -1, weight = -1, bias = -1;  // DyT: alpha, weight (γ), bias (β); LN: weight, bias; RMS: weight
-  // out (N,C) =; inp (N,C)
-  void forward(Real* out, const Real* inp, const std::vector<ParamEntry<Real>>& p, Index N, Index C) const;
+  int alpha = -1, weight = -1, bias = -1;  // DyT: alpha, weight (γ), bias (β); LN/BN: weight, bias; RMS: weight
+  int running = -1;       // BatchNorm: index of its running_mean in the network's buffers; running_var follows
+  Real* running_mean = nullptr;  // BatchNorm: (C), set by the network once its buffers are allocated
+  Real* running_var = nullptr;
+  bool training = true;  // BatchNorm: batch statistics (and running-stat updates) or the running ones
+  double momentum = 0.1;
+  // out (N,C) =; inp (N,C); N = B·T rows with T given (BatchNorm: the lengths' padding is excluded)
+  void forward(Real* out, const Real* inp, const std::vector<ParamEntry<Real>>& p, Index N, Index C,
+               std::span<const Index> lengths = {}, Index T = 0) const;
   // dinp (N,C) += and the parameter gradients +=; dout, inp (N,C)
   void backward(Real* dinp, const Real* dout, const Real* inp, const std::vector<ParamEntry<Real>>& p, Index N,
-                Index C) const;
+                Index C, std::span<const Index> lengths = {}, Index T = 0) const;
 };
 
 // How one block combines its two sublayers (attention, FFN) with its norms.
@@ -119,6 +127,10 @@ class Transformer {
   const ModelConfig& config() const { return cfg_; }
   std::vector<ParamEntry<Real>>& params() { return params_; }
   const std::vector<ParamEntry<Real>>& params() const { return params_; }
+  // BatchNorm running statistics ("blocks.l.norm1.running_mean", "...running_var"), grad = nullptr
+  std::vector<ParamEntry<Real>>& buffers() { return buffers_; }
+  void set_training(bool training);
+  bool training() const { return training_; }
 
   double forward(const std::int32_t* tokens, const std::int32_t* targets, Index B, Index T,
                  std::span<const Index> lengths = {});
@@ -150,6 +162,11 @@ class Transformer {
   ModelConfig cfg_;
   std::vector<ParamEntry<Real>> params_;
   std::vector<Real> values_, grads_;  // every parameter, flat, in params_ order
+  std::vector<ParamEntry<Real>> buffers_;  // BatchNorm running statistics, in forward order
+  std::vector<Real> buffer_values_;
+  bool training_ = true;
+  template <typename F>
+  void for_each_norm(F&& f);
   std::vector<Block<Real>> blocks_;
   Norm<Real> final_norm_;
   Norm<Real> final_x_, final_y_;  // SiameseNorm: xf = final_norm(final_x(x) + final_y(y))

@@ -137,6 +137,12 @@ Parsed parse_file(const std::string& dir) {
       expect += n * 4;
     }
     for (const json& e : p.header.at("optim_state")) expect += e.at("numel").get<std::size_t>() * 4;
+    if (p.header.contains("buffers"))
+      for (const json& e : p.header.at("buffers")) {
+        std::size_t n = 1;
+        for (const json& d : e.at("shape")) n *= d.get<std::size_t>();
+        expect += n * 4;
+      }
   } catch (const json::exception& e) {
     throw Error(fmt::format("checkpoint {} is corrupt (header: {})", path, e.what()));
   }
@@ -198,7 +204,7 @@ ModelConfig model_config_from_json(const std::string& text) {
 }
 
 void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, std::span<const ParamRef> params,
-                     Optimizer* opt) {
+                     Optimizer* opt, std::span<const ParamRef> buffers) {
   json h;
   h["model"] = config_to_json(meta.model);
   h["step"] = meta.step;
@@ -211,6 +217,10 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, std::sp
   if (opt) state = opt->state();
   h["optim_state"] = json::array();
   for (const OptimStateRef& s : state) h["optim_state"].push_back({{"name", s.name}, {"numel", s.numel}});
+  if (!buffers.empty()) {
+    h["buffers"] = json::array();
+    for (const ParamRef& b : buffers) h["buffers"].push_back({{"name", b.name}, {"shape", b.shape.vec()}});
+  }
   try {
     h["extra"] = json::parse(meta.extra.empty() ? "{}" : meta.extra);
   } catch (const json::exception& e) {
@@ -226,6 +236,7 @@ void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, std::sp
   put_bytes(out, header.data(), header.size());
   for (const ParamRef& p : params) put_bytes(out, p.data, static_cast<std::size_t>(p.numel()) * 4);
   for (const OptimStateRef& s : state) put_bytes(out, s.data, static_cast<std::size_t>(s.numel) * 4);
+  for (const ParamRef& b : buffers) put_bytes(out, b.data, static_cast<std::size_t>(b.numel()) * 4);
   put<std::uint64_t>(out, fnv1a(out.data(), out.size()));
   put_bytes(out, kEndMagic, 8);
 
@@ -241,7 +252,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& dir) {
 }
 
 CheckpointMeta load_checkpoint(const std::string& dir, const ModelConfig& model, std::span<const ParamRef> params,
-                               Optimizer* opt) {
+                               Optimizer* opt, std::span<const ParamRef> buffers) {
   const std::string path = checkpoint_file(dir);
   const Parsed p = parse_file(dir);
   CheckpointMeta meta = meta_of(p, dir);
@@ -281,6 +292,16 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ModelConfig& model,
                hs[i].at("name").get<std::string>(), hs[i].at("numel").get<Index>(), state[i].name, state[i].numel);
   }
 
+  // Buffers (BatchNorm running statistics).
+  const json hb = p.header.contains("buffers") ? p.header.at("buffers") : json::array();
+  NL_CHECK(hb.size() == buffers.size(), "checkpoint {} has {} buffers (running statistics), the model has {}", path,
+           hb.size(), buffers.size());
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    NL_CHECK(hb[i].at("name").get<std::string>() == buffers[i].name &&
+                 Dims(hb[i].at("shape").get<std::vector<Index>>()) == buffers[i].shape,
+             "checkpoint {}: buffer {} is {} in the checkpoint, {} in the model", path, i,
+             hb[i].at("name").get<std::string>(), buffers[i].name);
+
   // Everything checked: copy.
   const std::uint8_t* src = p.bytes.data() + p.data_offset;
   for (const ParamRef& q : params) {
@@ -295,6 +316,13 @@ CheckpointMeta load_checkpoint(const std::string& dir, const ModelConfig& model,
       src += n;
     }
     opt->set_steps(p.header.at("optimizer_steps").get<std::int64_t>());
+  } else {
+    for (const json& e : hs) src += e.at("numel").get<std::size_t>() * 4;  // skip the optimizer state
+  }
+  for (const ParamRef& b : buffers) {
+    const std::size_t n = static_cast<std::size_t>(b.numel()) * 4;
+    std::memcpy(b.data, src, n);
+    src += n;
   }
   return meta;
 }

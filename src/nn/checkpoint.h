@@ -34,17 +34,20 @@ struct CheckpointMeta {
 
 std::string checkpoint_file(const std::string& dir);  // DIR/checkpoint.bin
 
-// Creates DIR when needed. `opt` may be nullptr (weights only).
+// Creates DIR when needed. `opt` may be nullptr (weights only). `buffers`: the model's non-trained state
+// (Model::buffers(): BatchNorm running statistics), saved after the optimizer state; the header lists
+// them under "buffers" (absent when there are none, as in files written before BatchNorm existed).
 void save_checkpoint(const std::string& dir, const CheckpointMeta& meta, std::span<const ParamRef> params,
-                     Optimizer* opt);
+                     Optimizer* opt, std::span<const ParamRef> buffers = {});
 
 // The metadata alone (header; the checksum is verified): enough to build the Model before loading.
 CheckpointMeta read_checkpoint_meta(const std::string& dir);
 
 // Verifies everything against `model` (its ModelConfig must equal the saved one) and `params`/`opt`,
 // then copies the weights and, when opt is not nullptr, the optimizer state and step count.
+// `buffers` (Model::buffers()) must match the saved ones by name and shape; they are copied too.
 CheckpointMeta load_checkpoint(const std::string& dir, const ModelConfig& model, std::span<const ParamRef> params,
-                               Optimizer* opt);
+                               Optimizer* opt, std::span<const ParamRef> buffers = {});
 
 // ModelConfig ↔ JSON text (every field; enums as their integer values).
 std::string model_config_json(const ModelConfig& cfg);

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "nn/checks.h"
+#include "nn/gemm.h"
+#include "nn/scratch.h"
 #include "parallel/parallel.h"
 
 namespace normlab::nn {
@@ -20,7 +23,7 @@ constexpr double kGeluTanhCubic = 0.044715;
 
 // Scalar math, evaluated in Real (float for the engine, double for the reference).
 template <typename Real>
-Real act_value(Real x, Activation act) {
+[[gnu::always_inline]] inline Real act_value(Real x, Activation act) {
   switch (act) {
     case Activation::kRelu:
       return x > Real(0) ? x : Real(0);
@@ -35,7 +38,7 @@ Real act_value(Real x, Activation act) {
 }
 
 template <typename Real>
-Real act_derivative(Real x, Activation act) {
+[[gnu::always_inline]] inline Real act_derivative(Real x, Activation act) {
   switch (act) {
     case Activation::kRelu:
       return x > Real(0) ? Real(1) : Real(0);
@@ -57,13 +60,27 @@ Index chunks(Index n) { return (n + kChunk - 1) / kChunk; }
 
 }  // namespace
 
+// Calls body(tag) with tag an std::integral_constant<Activation, act>: the elementwise loops below are
+// compiled once per activation, with no switch inside them.
+template <typename Body>
+void with_activation(Activation act, Body&& body) {
+  switch (act) {
+    case Activation::kRelu: return body(std::integral_constant<Activation, Activation::kRelu>{});
+    case Activation::kGelu: return body(std::integral_constant<Activation, Activation::kGelu>{});
+    case Activation::kGeluTanh: return body(std::integral_constant<Activation, Activation::kGeluTanh>{});
+  }
+}
+
 template <typename Real>
 void activation_forward(Real* out, const Real* inp, Index N, Activation act) {
   // out, inp are (N)
   detail::check_size("activation", "N", N);
-  parallel::parallel_for(chunks(N), [&](Index c) {
-    const Index end = std::min(N, (c + 1) * kChunk);
-    for (Index i = c * kChunk; i < end; ++i) out[i] = act_value(inp[i], act);
+  with_activation(act, [&](auto a) {
+    parallel::parallel_for(chunks(N), [&](Index c) {
+      const Index end = std::min(N, (c + 1) * kChunk);
+      // Scalar math: out[i] = act(inp[i])
+      for (Index i = c * kChunk; i < end; ++i) out[i] = act_value(inp[i], a.value);
+    });
   });
 }
 
@@ -71,9 +88,12 @@ template <typename Real>
 void activation_backward(Real* dinp, const Real* dout, const Real* inp, Index N, Activation act) {
   // dinp, dout, inp are (N)
   detail::check_size("activation", "N", N);
-  parallel::parallel_for(chunks(N), [&](Index c) {
-    const Index end = std::min(N, (c + 1) * kChunk);
-    for (Index i = c * kChunk; i < end; ++i) dinp[i] += act_derivative(inp[i], act) * dout[i];
+  with_activation(act, [&](auto a) {
+    parallel::parallel_for(chunks(N), [&](Index c) {
+      const Index end = std::min(N, (c + 1) * kChunk);
+      // Scalar math: dinp[i] += act'(inp[i])·dout[i]
+      for (Index i = c * kChunk; i < end; ++i) dinp[i] += act_derivative(inp[i], a.value) * dout[i];
+    });
   });
 }
 
@@ -91,14 +111,24 @@ template <typename Real>
 void ffn_backward(Real* dinp, Real* dw1, Real* db1, Real* dw2, Real* db2, const Real* dout, const Real* inp,
                   const Real* h, const Real* a, const Real* w1, const Real* w2, Index N, Index C, Index F,
                   Activation act) {
-  // The literal reverse of ffn_forward. da and dh are (N,F) scratch.
+  // The literal reverse of ffn_forward. One (N,F) scratch holds da, then (in place) dh.
   detail::check_size("ffn", "N", N);
   detail::check_size("ffn", "C", C);
   detail::check_size("ffn", "F", F);
-  std::vector<Real> da(static_cast<std::size_t>(N * F), Real(0)), dh(static_cast<std::size_t>(N * F), Real(0));
-  linear_backward(da.data(), dw2, db2, dout, a, w2, N, F, C);
-  activation_backward(dh.data(), da.data(), h, N * F, act);
-  linear_backward(dinp, dw1, db1, dh.data(), inp, w1, N, C, F);
+  Real* d = detail::scratch<Real>(detail::kFfnDhidden, N * F);
+  // out = a·w2ᵀ + b2:  da = dout·w2 (=), dw2 += doutᵀ·a, db2 += Σ dout
+  gemm<Real>(false, false, N, F, C, Real(1), dout, C, w2, F, Real(0), d, F);
+  linear_backward(static_cast<Real*>(nullptr), dw2, db2, dout, a, w2, N, F, C);
+  // a = act(h):  dh = act'(h)·da (=, in place)
+  with_activation(act, [&](auto ac) {
+    parallel::parallel_for(chunks(N * F), [&](Index c) {
+      const Index end = std::min(N * F, (c + 1) * kChunk);
+      // Scalar math: d[i] = act'(h[i])·d[i]
+      for (Index i = c * kChunk; i < end; ++i) d[i] = act_derivative(h[i], ac.value) * d[i];
+    });
+  });
+  // h = inp·w1ᵀ + b1
+  linear_backward(dinp, dw1, db1, d, inp, w1, N, C, F);
 }
 
 #define NL_INSTANTIATE(Real)                                                                                  \

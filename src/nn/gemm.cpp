@@ -2,6 +2,7 @@
 #include "nn/gemm.h"
 
 #include <dnnl.h>
+#include <omp.h>
 
 #include <algorithm>
 
@@ -30,19 +31,26 @@ void check_args(Index M, Index N, Index K, Index lda, Index ldb, Index ldc, bool
 
 template <>
 void gemm<float>(bool trans_a, bool trans_b, Index M, Index N, Index K, float alpha, const float* A, Index lda,
-                 const float* B, Index ldb, float beta, float* C, Index ldc) {
+                 const float* B, Index ldb, float beta, float* C, Index ldc, bool one_thread) {
   check_args(M, N, K, lda, ldb, ldc, trans_a, trans_b);
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_c(M, N, beta, C, ldc);
+  // oneDNN threads its GEMM with OpenMP over omp_get_max_threads() threads: make that normlab's thread
+  // count (set_num_threads) for this call, and restore the caller's setting after it. Inside a parallel
+  // region (the per-head products of attention) oneDNN runs on the calling thread alone.
+  const bool nested = omp_in_parallel() != 0;
+  const int saved = nested ? 0 : omp_get_max_threads(), nt = nested ? 0 : one_thread ? 1 : num_threads();
+  if (!nested && saved != nt) omp_set_num_threads(nt);
   const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
                                       beta, C, ldc);
+  if (!nested && saved != nt) omp_set_num_threads(saved);
   NL_CHECK(st == dnnl_success, "gemm: dnnl_sgemm failed with status {} (M={} N={} K={})", static_cast<int>(st), M,
            N, K);
 }
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, Index M, Index N, Index K, double alpha, const double* A, Index lda,
-                  const double* B, Index ldb, double beta, double* C, Index ldc) {
+                  const double* B, Index ldb, double beta, double* C, Index ldc, bool /*one_thread*/) {
   check_args(M, N, K, lda, ldb, ldc, trans_a, trans_b);
   if (M == 0 || N == 0) return;
   auto row = [&](Index i) {

@@ -16,8 +16,12 @@
 
 namespace normlab::nn {
 
+// one_thread: the float product runs on the calling thread alone (the per-head products of attention,
+// whose bits must not depend on the thread count even when a single chunk runs outside a parallel
+// region); otherwise oneDNN uses normlab's thread count (set_num_threads), or one thread when called
+// inside a parallel region.
 template <typename Real>
 void gemm(bool trans_a, bool trans_b, Index M, Index N, Index K, Real alpha, const Real* A, Index lda,
-          const Real* B, Index ldb, Real beta, Real* C, Index ldc);
+          const Real* B, Index ldb, Real beta, Real* C, Index ldc, bool one_thread = false);
 
 }  // namespace normlab::nn

@@ -49,9 +49,14 @@ double cross_entropy_forward(Real* probs, const Real* logits, const std::int32_t
     Real* p = probs + bt * V;
     double m = -INFINITY;
     for (Index v = 0; v < V; ++v) m = std::max(m, static_cast<double>(z[v]));
+    thread_local std::vector<double> e;  // exp(z_v − m), computed once per entry
+    if (e.size() < static_cast<std::size_t>(V)) e.resize(static_cast<std::size_t>(V));
     double sum = 0;
-    for (Index v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - m);
-    for (Index v = 0; v < V; ++v) p[v] = static_cast<Real>(std::exp(static_cast<double>(z[v]) - m) / sum);
+    for (Index v = 0; v < V; ++v) {
+      e[static_cast<std::size_t>(v)] = std::exp(static_cast<double>(z[v]) - m);
+      sum += e[static_cast<std::size_t>(v)];
+    }
+    for (Index v = 0; v < V; ++v) p[v] = static_cast<Real>(e[static_cast<std::size_t>(v)] / sum);
     if (counted(targets, lengths, bt / T, bt % T, T))
       row_loss[static_cast<std::size_t>(bt)] = std::log(sum) - (static_cast<double>(z[targets[bt]]) - m);
   });

@@ -50,6 +50,30 @@ Placement parse_placement(const std::string& name) {
   throw Error(fmt::format("unknown placement '{}'; valid placements: {} (peri = sandwich)", name, valid));
 }
 
+namespace {
+struct NormName {
+  NormKind n;
+  const char* name;
+};
+constexpr NormName kNormNames[] = {
+    {NormKind::kLayerNorm, "layer"}, {NormKind::kRmsNorm, "rms"}, {NormKind::kDyT, "dyt"}, {NormKind::kBatchNorm, "batch"}};
+}  // namespace
+
+const char* norm_kind_name(NormKind n) {
+  for (const auto& e : kNormNames)
+    if (e.n == n) return e.name;
+  return "?";
+}
+
+NormKind parse_norm_kind(const std::string& name) {
+  std::string valid;
+  for (const auto& e : kNormNames) {
+    if (name == e.name) return e.n;
+    valid += valid.empty() ? e.name : std::string("|") + e.name;
+  }
+  throw Error(fmt::format("unknown norm '{}'; valid norms: {}", name, valid));
+}
+
 // ---- building -------------------------------------------------------------------------------------
 
 template <typename Real>
@@ -89,9 +113,19 @@ Norm<Real> Transformer<Real>::add_norm(const std::string& name, double scale) {
       n.weight = add_param(name + ".weight", {C}, ParamInit::kOne);
       n.bias = add_param(name + ".bias", {C}, ParamInit::kZero);
       break;
-    case NormKind::kBatchNorm:
-      throw Error("norm kind BatchNorm is not supported by the Transformer engine (its statistics would run over "
-                  "the batch and the sequence); use LayerNorm, RMSNorm or DyT");
+    case NormKind::kBatchNorm: {  // over the batch and the sequence, per channel; running stats as buffers
+      n.weight = add_param(name + ".weight", {C}, ParamInit::kOne);
+      n.bias = add_param(name + ".bias", {C}, ParamInit::kZero);
+      n.running = static_cast<int>(buffers_.size());
+      for (const auto& [suffix, init] : {std::pair{".running_mean", ParamInit::kZero}, std::pair{".running_var", ParamInit::kOne}}) {
+        ParamEntry<Real> e;
+        e.name = name + suffix;
+        e.shape = {C};
+        e.init = init;
+        buffers_.push_back(e);
+      }
+      break;
+    }
   }
   return n;
 }
@@ -183,6 +217,31 @@ void Transformer<Real>::build() {
     p.grad = grads_.data() + off;
     off += p.numel();
   }
+  // BatchNorm running statistics: running_mean = 0, running_var = 1 (no random draws)
+  buffer_values_.assign(static_cast<std::size_t>(buffers_.size()) * static_cast<std::size_t>(c.d_model), Real(0));
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    buffers_[i].data = buffer_values_.data() + static_cast<Index>(i) * c.d_model;
+    if (buffers_[i].init == ParamInit::kOne) std::fill_n(buffers_[i].data, c.d_model, Real(1));
+  }
+  for_each_norm([this](Norm<Real>& n) {
+    if (n.running < 0) return;
+    n.running_mean = buffers_[static_cast<std::size_t>(n.running)].data;
+    n.running_var = buffers_[static_cast<std::size_t>(n.running) + 1].data;
+  });
+}
+
+template <typename Real>
+template <typename F>
+void Transformer<Real>::for_each_norm(F&& f) {
+  for (Block<Real>& b : blocks_)
+    for (Norm<Real>& n : b.norms) f(n);
+  for (Norm<Real>* n : {&final_x_, &final_y_, &final_norm_}) f(*n);
+}
+
+template <typename Real>
+void Transformer<Real>::set_training(bool training) {
+  training_ = training;
+  for_each_norm([training](Norm<Real>& n) { n.training = training; });
 }
 
 // Initialization: ONE std::mt19937_64 seeded with cfg.seed, consumed in params() order, each tensor
@@ -330,12 +389,12 @@ double Transformer<Real>::run(const std::int32_t* tokens, const Real* frames, co
   if (siamese()) {  // fsum = ln_f_x(x) + ln_f_y(y); xf = ln_f(fsum)
     std::vector<Real> fx(static_cast<std::size_t>(NC));
     fsum_.resize(static_cast<std::size_t>(NC));
-    final_x_.forward(fx.data(), res_.back().data(), params_, N, C);
-    final_y_.forward(fsum_.data(), res_.back().data() + NC, params_, N, C);
+    final_x_.forward(fx.data(), res_.back().data(), params_, N, C, lengths, T);
+    final_y_.forward(fsum_.data(), res_.back().data() + NC, params_, N, C, lengths, T);
     residual_forward(fsum_.data(), fsum_.data(), fx.data(), NC);
-    final_norm_.forward(xf_.data(), fsum_.data(), params_, N, C);
+    final_norm_.forward(xf_.data(), fsum_.data(), params_, N, C, lengths, T);
   } else if (has_final_norm()) {
-    final_norm_.forward(xf_.data(), res_.back().data(), params_, N, C);
+    final_norm_.forward(xf_.data(), res_.back().data(), params_, N, C, lengths, T);
   } else {
     xf_ = res_.back();
   }
@@ -393,11 +452,11 @@ void Transformer<Real>::backward() {
   std::vector<Real> dres(static_cast<std::size_t>(siamese() ? 2 * NC : NC), Real(0)), dprev(dres.size());
   if (siamese()) {
     std::vector<Real> dsum(static_cast<std::size_t>(NC), Real(0));
-    final_norm_.backward(dsum.data(), dxf.data(), fsum_.data(), params_, N, C);  // xf = ln_f(fsum)
-    final_y_.backward(dres.data() + NC, dsum.data(), res_.back().data() + NC, params_, N, C);  // fsum = ... + ln_f_y(y)
-    final_x_.backward(dres.data(), dsum.data(), res_.back().data(), params_, N, C);            // fsum = ln_f_x(x) + ...
+    final_norm_.backward(dsum.data(), dxf.data(), fsum_.data(), params_, N, C, lengths_, T);  // xf = ln_f(fsum)
+    final_y_.backward(dres.data() + NC, dsum.data(), res_.back().data() + NC, params_, N, C, lengths_, T);  // fsum = ... + ln_f_y(y)
+    final_x_.backward(dres.data(), dsum.data(), res_.back().data(), params_, N, C, lengths_, T);            // fsum = ln_f_x(x) + ...
   } else if (has_final_norm()) {
-    final_norm_.backward(dres.data(), dxf.data(), res_.back().data(), params_, N, C);
+    final_norm_.backward(dres.data(), dxf.data(), res_.back().data(), params_, N, C, lengths_, T);
   } else {
     dres = dxf;
   }
@@ -542,5 +601,12 @@ std::vector<double> Model::residual_norms() const { return impl_->net.residual_n
 std::vector<double> Model::ln_input_norms() const { return impl_->net.ln_input_norms(); }
 std::vector<double> Model::token_cosine() const { return impl_->net.token_cosine(); }
 const float* Model::logits() const { return impl_->net.logits(); }
+std::vector<ParamRef> Model::buffers() {
+  std::vector<ParamRef> out;
+  for (auto& b : impl_->net.buffers()) out.push_back(ParamRef{b.name, b.shape, b.data, nullptr});
+  return out;
+}
+void Model::set_training(bool training) { impl_->net.set_training(training); }
+bool Model::training() const { return impl_->net.training(); }
 
 }  // namespace normlab::nn

@@ -4,11 +4,14 @@
 #include <normlab/nn/layers.h>
 #include <normlab/norm.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "nn/checks.h"
+#include "nn/elementwise.h"
+#include "nn/scratch.h"
 #include "parallel/parallel.h"
 
 namespace normlab::nn {
@@ -29,8 +32,11 @@ ConstView vec_view(const float* p, Index C) { return p ? ConstView(p, {C}) : Con
 View vec_view(float* p, Index C) { return p ? View(p, {C}) : View(); }
 
 // dinp += dx for the float library paths, which write dx with "=".
-void accumulate(float* dinp, const Tensor& dx) {
-  for (Index i = 0; i < dx.numel(); ++i) dinp[i] += dx[i];
+void accumulate(float* dinp, const float* dx, Index n) {
+  detail::for_chunks(n, [&](Index i0, Index i1) {
+    // Scalar math: dinp[i] = dinp[i] + dx[i]
+    for (Index i = i0; i < i1; ++i) dinp[i] += dx[i];
+  });
 }
 
 }  // namespace
@@ -155,10 +161,12 @@ void layernorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
   check_rows("layernorm", N, C);
   check_eps("layernorm", eps);
   if constexpr (std::is_same_v<Real, float>) {
-    Tensor dx({N, C});  // the library writes dx with "=": add it to dinp afterwards
-    layer_norm_backward(dx.view(), vec_view(dweight, C), vec_view(dbias, C), rows_view(dout, N, C),
-                        rows_view(inp, N, C), vec_view(weight, C), {-1}, eps, GradMode::kAccumulate);
-    if (dinp) accumulate(dinp, dx);
+    // the library writes dx with "=": into scratch, then dinp += dx
+    float* dx = detail::scratch<float>(detail::kNormDx, N * C);
+    layer_norm_backward(View(dx, {N, C}), vec_view(dweight, C), vec_view(dbias, C),
+                        rows_view(dout, N, C), rows_view(inp, N, C), vec_view(weight, C), {-1}, eps,
+                        GradMode::kAccumulate);
+    if (dinp) accumulate(dinp, dx, N * C);
   } else {
     norm_rows_backward(dinp, dweight, dbias, dout, inp, weight, N, C, eps, /*centre=*/true);
   }
@@ -184,12 +192,186 @@ void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* i
   check_rows("rmsnorm", N, C);
   check_eps("rmsnorm", eps);
   if constexpr (std::is_same_v<Real, float>) {
-    Tensor dx({N, C});
-    rms_norm_backward(dx.view(), vec_view(dweight, C), rows_view(dout, N, C), rows_view(inp, N, C),
-                      vec_view(weight, C), {-1}, eps, GradMode::kAccumulate);
-    if (dinp) accumulate(dinp, dx);
+    float* dx = detail::scratch<float>(detail::kNormDx, N * C);
+    rms_norm_backward(View(dx, {N, C}), vec_view(dweight, C), rows_view(dout, N, C),
+                      rows_view(inp, N, C), vec_view(weight, C), {-1}, eps, GradMode::kAccumulate);
+    if (dinp) accumulate(dinp, dx, N * C);
   } else {
     norm_rows_backward(dinp, dweight, nullptr, dout, inp, weight, N, C, eps, /*centre=*/false);
+  }
+}
+
+// ---- BatchNorm over the sequence ------------------------------------------------------------------------
+
+namespace {
+
+void check_bn(std::span<const Index> lengths, Index B, Index T, Index C, bool training, double momentum,
+              double eps, const void* running_mean, const void* running_var) {
+  detail::check_size("batchnorm", "B", B);
+  detail::check_size("batchnorm", "T", T);
+  detail::check_size("batchnorm", "C", C);
+  detail::check_lengths("batchnorm", lengths, B, T);
+  check_eps("batchnorm", eps);
+  NL_CHECK(std::isfinite(momentum) && momentum >= 0 && momentum <= 1, "batchnorm: momentum must lie in [0, 1], got {}",
+           momentum);
+  NL_CHECK((running_mean == nullptr) == (running_var == nullptr),
+           "batchnorm: give both running_mean and running_var, or neither");
+  NL_CHECK(training || running_mean != nullptr, "batchnorm: eval mode needs the running statistics");
+}
+
+// The real rows (b, t < len_b) of a (B,T,C) tensor, in order: f(row index in (B·T), compact index).
+template <typename F>
+Index for_real_rows(std::span<const Index> lengths, Index B, Index T, F&& f) {
+  Index n = 0;
+  for (Index b = 0; b < B; ++b)
+    for (Index t = 0; t < detail::length_of(lengths, b, T); ++t) f(b * T + t, n++);
+  return n;
+}
+
+Index count_real(std::span<const Index> lengths, Index B, Index T) {
+  return for_real_rows(lengths, B, T, [](Index, Index) {});
+}
+
+BatchNormOptions bn_options(bool training, double momentum, double eps) {
+  BatchNormOptions o;
+  o.channel_axis = 1;  // the compact (n, C) rows: C is the channel axis, the n rows the batch
+  o.eps = eps;
+  o.momentum = momentum;
+  o.training = training;
+  return o;
+}
+
+// double path: per channel mean and biased variance over the real rows (two passes)
+void bn_moments(std::vector<double>& mean, std::vector<double>& var, const double* inp,
+                std::span<const Index> lengths, Index B, Index T, Index C) {
+  mean.assign(static_cast<std::size_t>(C), 0.0);
+  var.assign(static_cast<std::size_t>(C), 0.0);
+  const Index n = for_real_rows(lengths, B, T, [&](Index r, Index) {
+    for (Index c = 0; c < C; ++c) mean[static_cast<std::size_t>(c)] += inp[r * C + c];
+  });
+  for (double& m : mean) m /= static_cast<double>(n);
+  for_real_rows(lengths, B, T, [&](Index r, Index) {
+    for (Index c = 0; c < C; ++c) {
+      const double d = inp[r * C + c] - mean[static_cast<std::size_t>(c)];
+      var[static_cast<std::size_t>(c)] += d * d;
+    }
+  });
+  for (double& v : var) v /= static_cast<double>(n);
+}
+
+}  // namespace
+
+template <typename Real>
+void batchnorm_forward(Real* out, Real* running_mean, Real* running_var, const Real* inp, const Real* weight,
+                       const Real* bias, std::span<const Index> lengths, Index B, Index T, Index C, bool training,
+                       double momentum, double eps) {
+  // out, inp are (B,T,C); running_mean, running_var, weight, bias are (C)
+  check_bn(lengths, B, T, C, training, momentum, eps, running_mean, running_var);
+  const Index n = count_real(lengths, B, T);
+  NL_CHECK(!training || n >= 2, "batchnorm: training needs more than 1 value per channel, got {} real positions", n);
+  std::fill_n(out, B * T * C, Real(0));  // padded rows stay 0
+  if (n == 0) return;
+  if constexpr (std::is_same_v<Real, float>) {
+    const bool padded = n != B * T;
+    const float* x = inp;
+    float* y = out;
+    if (padded) {  // gather the real rows
+      float* xs = detail::scratch<float>(detail::kBnInp, n * C);
+      for_real_rows(lengths, B, T, [&](Index r, Index i) { std::copy_n(inp + r * C, C, xs + i * C); });
+      x = xs;
+      y = detail::scratch<float>(detail::kBnOut, n * C);
+    }
+    batch_norm_forward(View(y, {n, C}), View(), View(), vec_view(running_mean, C), vec_view(running_var, C), nullptr,
+                       ConstView(x, {n, C}), vec_view(weight, C), vec_view(bias, C), {},
+                       bn_options(training, momentum, eps));
+    if (padded) for_real_rows(lengths, B, T, [&](Index r, Index i) { std::copy_n(y + i * C, C, out + r * C); });
+  } else {
+    std::vector<double> mean, var;
+    if (training) {
+      bn_moments(mean, var, inp, lengths, B, T, C);
+      if (running_mean)
+        for (Index c = 0; c < C; ++c) {
+          const std::size_t k = static_cast<std::size_t>(c);
+          running_mean[c] = (1 - momentum) * running_mean[c] + momentum * mean[k];
+          running_var[c] = (1 - momentum) * running_var[c] +
+                           momentum * var[k] * static_cast<double>(n) / static_cast<double>(n - 1);
+        }
+    } else {
+      mean.assign(running_mean, running_mean + C);
+      var.assign(running_var, running_var + C);
+    }
+    for_real_rows(lengths, B, T, [&](Index r, Index) {
+      for (Index c = 0; c < C; ++c) {
+        const std::size_t k = static_cast<std::size_t>(c);
+        out[r * C + c] = (inp[r * C + c] - mean[k]) / std::sqrt(var[k] + eps) * (weight ? weight[c] : 1.0) +
+                         (bias ? bias[c] : 0.0);
+      }
+    });
+  }
+}
+
+template <typename Real>
+void batchnorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
+                        const Real* weight, const Real* running_mean, const Real* running_var,
+                        std::span<const Index> lengths, Index B, Index T, Index C, bool training, double eps) {
+  // dinp (nullable) (B,T,C); dweight, dbias (nullable) (C); dout, inp (B,T,C)
+  check_bn(lengths, B, T, C, training, 0.0, eps, running_mean, running_var);
+  const Index n = count_real(lengths, B, T);
+  if (n == 0) return;
+  if constexpr (std::is_same_v<Real, float>) {
+    const bool padded = n != B * T;
+    const float* x = inp;
+    const float* dy = dout;
+    if (padded) {
+      float* xs = detail::scratch<float>(detail::kBnInp, n * C);
+      float* dys = detail::scratch<float>(detail::kBnOut, n * C);
+      for_real_rows(lengths, B, T, [&](Index r, Index i) {
+        std::copy_n(inp + r * C, C, xs + i * C);
+        std::copy_n(dout + r * C, C, dys + i * C);
+      });
+      x = xs, dy = dys;
+    }
+    float* dx = detail::scratch<float>(detail::kBnDx, n * C);
+    const ConstView rm = running_mean ? ConstView(running_mean, {C}) : ConstView();
+    const ConstView rv = running_var ? ConstView(running_var, {C}) : ConstView();
+    batch_norm_backward(View(dx, {n, C}), vec_view(dweight, C), vec_view(dbias, C), ConstView(dy, {n, C}),
+                        ConstView(x, {n, C}), vec_view(weight, C), rm, rv, {}, bn_options(training, 0.1, eps),
+                        GradMode::kAccumulate);
+    if (dinp)
+      for_real_rows(lengths, B, T, [&](Index r, Index i) { accumulate(dinp + r * C, dx + i * C, C); });
+  } else {
+    std::vector<double> mean, var;
+    if (training) {
+      bn_moments(mean, var, inp, lengths, B, T, C);
+    } else {
+      mean.assign(running_mean, running_mean + C);
+      var.assign(running_var, running_var + C);
+    }
+    std::vector<double> rstd(static_cast<std::size_t>(C)), mg(static_cast<std::size_t>(C), 0.0),
+        mgx(static_cast<std::size_t>(C), 0.0);
+    for (Index c = 0; c < C; ++c) rstd[static_cast<std::size_t>(c)] = 1.0 / std::sqrt(var[static_cast<std::size_t>(c)] + eps);
+    // sums over the real rows: mean(g), mean(g·x̂) (training), dweight, dbias
+    for_real_rows(lengths, B, T, [&](Index r, Index) {
+      for (Index c = 0; c < C; ++c) {
+        const std::size_t k = static_cast<std::size_t>(c);
+        const double xh = (inp[r * C + c] - mean[k]) * rstd[k], dy = dout[r * C + c];
+        const double g = dy * (weight ? weight[c] : 1.0);
+        mg[k] += g;
+        mgx[k] += g * xh;
+        if (dweight) dweight[c] += dy * xh;
+        if (dbias) dbias[c] += dy;
+      }
+    });
+    if (!dinp) return;
+    for_real_rows(lengths, B, T, [&](Index r, Index) {
+      for (Index c = 0; c < C; ++c) {
+        const std::size_t k = static_cast<std::size_t>(c);
+        const double xh = (inp[r * C + c] - mean[k]) * rstd[k];
+        const double g = dout[r * C + c] * (weight ? weight[c] : 1.0);
+        dinp[r * C + c] += training ? rstd[k] * (g - mg[k] / static_cast<double>(n) - xh * mgx[k] / static_cast<double>(n))
+                                    : rstd[k] * g;
+      }
+    });
   }
 }
 
@@ -197,6 +379,11 @@ void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* i
   template void dyt_forward<Real>(Real*, const Real*, const Real*, const Real*, const Real*, Index, Index);    \
   template void dyt_backward<Real>(Real*, Real*, Real*, Real*, const Real*, const Real*, const Real*,          \
                                    const Real*, Index, Index);                                                 \
+  template void batchnorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*,           \
+                                        std::span<const Index>, Index, Index, Index, bool, double, double);    \
+  template void batchnorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*,          \
+                                         const Real*, const Real*, std::span<const Index>, Index, Index, Index, \
+                                         bool, double);                                                        \
   template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index,      \
                                         Index, double);                                                        \
   template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index,     \

@@ -5,12 +5,21 @@
 #include <normlab/error.h>
 #include <normlab/nn/optim.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+#include "parallel/parallel.h"
 
 namespace normlab::nn {
 
 namespace {
+
+constexpr Index kChunk = 16384;  // elements per parallel chunk of the optimizer updates
 
 std::vector<std::string_view> split_dots(std::string_view s) {
   std::vector<std::string_view> out;
@@ -79,7 +88,9 @@ void AdamW::step(double lr) {
     float* v = v_[i].data();
     const Index n = params_[i].numel();
     const bool wd = decay_[i] && opts_.weight_decay != 0;
-    for (Index j = 0; j < n; ++j) {
+    // One element, in float (PyTorch's single-tensor AdamW, the same operations in the same order):
+    //   p ← p·(1 − lr·wd);  m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g·g;  p ← p − (lr/bc1)·m/(√v/√bc2 + eps)
+    auto one = [&](Index j) {
       float pj = p[j];
       if (wd) pj = pj * decay;
       const float gj = g[j];
@@ -89,7 +100,30 @@ void AdamW::step(double lr) {
       m[j] = mj;
       v[j] = vj;
       p[j] = pj + neg_step * mj / denom;
-    }
+    };
+    // Elementwise: fixed chunks in parallel, the same bits for any thread count.
+    parallel::parallel_for((n + kChunk - 1) / kChunk, [&](Index c) {
+      Index j = c * kChunk;
+      const Index end = std::min(n, j + kChunk);
+#if defined(__SSE2__)
+      // Scalar math: one(j) for four elements at a time (IEEE sqrt and division give the same bits)
+      const __m128 vdecay = _mm_set1_ps(decay), vb1 = _mm_set1_ps(b1), vob1 = _mm_set1_ps(one_b1);
+      const __m128 vb2 = _mm_set1_ps(b2), vob2 = _mm_set1_ps(one_b2), vbc2 = _mm_set1_ps(bc2_sqrt);
+      const __m128 veps = _mm_set1_ps(eps), vstep = _mm_set1_ps(neg_step);
+      for (; j + 4 <= end; j += 4) {
+        __m128 pj = _mm_loadu_ps(p + j);
+        if (wd) pj = _mm_mul_ps(pj, vdecay);
+        const __m128 gj = _mm_loadu_ps(g + j);
+        const __m128 mj = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(m + j), vb1), _mm_mul_ps(vob1, gj));
+        const __m128 vj = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(v + j), vb2), _mm_mul_ps(_mm_mul_ps(vob2, gj), gj));
+        const __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vj), vbc2), veps);
+        _mm_storeu_ps(m + j, mj);
+        _mm_storeu_ps(v + j, vj);
+        _mm_storeu_ps(p + j, _mm_add_ps(pj, _mm_div_ps(_mm_mul_ps(vstep, mj), denom)));
+      }
+#endif
+      for (; j < end; ++j) one(j);
+    });
   }
 }
 

@@ -2,6 +2,7 @@
 #include <normlab/nn/layers.h>
 
 #include "nn/checks.h"
+#include "nn/elementwise.h"
 
 namespace normlab::nn {
 
@@ -9,17 +10,23 @@ template <typename Real>
 void residual_forward(Real* out, const Real* inp1, const Real* inp2, Index N) {
   // out, inp1, inp2 are (N)
   detail::check_size("residual", "N", N);
-  for (Index i = 0; i < N; ++i) out[i] = inp1[i] + inp2[i];
+  detail::for_chunks(N, [&](Index i0, Index i1) {
+    // Scalar math: out[i] = inp1[i] + inp2[i]
+    for (Index i = i0; i < i1; ++i) out[i] = inp1[i] + inp2[i];
+  });
 }
 
 template <typename Real>
 void residual_backward(Real* dinp1, Real* dinp2, const Real* dout, Index N) {
   // dinp1, dinp2 (each nullable), dout are (N); both accumulate (+=)
   detail::check_size("residual", "N", N);
-  if (dinp1)
-    for (Index i = 0; i < N; ++i) dinp1[i] += dout[i];
-  if (dinp2)
-    for (Index i = 0; i < N; ++i) dinp2[i] += dout[i];
+  detail::for_chunks(N, [&](Index i0, Index i1) {
+    // Scalar math: dinp1[i] += dout[i]; dinp2[i] += dout[i]
+    if (dinp1)
+      for (Index i = i0; i < i1; ++i) dinp1[i] += dout[i];
+    if (dinp2)
+      for (Index i = i0; i < i1; ++i) dinp2[i] += dout[i];
+  });
 }
 
 template void residual_forward<float>(float*, const float*, const float*, Index);

@@ -88,6 +88,13 @@ std::uint64_t sampler_seed(std::uint64_t seed) { return seed ^ 0x9E3779B97F4A7C1
 
 double evaluate(Model& model, const LmData& data, Index T, Index windows, Index batch) {
   NL_CHECK(batch >= 1, "evaluation batch must be ≥ 1, got {}", batch);
+  // eval mode (BatchNorm: running statistics, none updated), restored on the way out
+  struct EvalMode {
+    Model& m;
+    bool was;
+    explicit EvalMode(Model& model) : m(model), was(model.training()) { m.set_training(false); }
+    ~EvalMode() { m.set_training(was); }
+  } eval_mode(model);
   const std::vector<Index> offsets = data.validation_offsets(T, windows);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * T)), targets(tokens.size());
   double sum = 0;
@@ -165,7 +172,7 @@ TrainResult train(const TrainConfig& in, const std::function<void(const StepRepo
   res.unigram_val = unigram_cross_entropy(data.train(), data.val());
   std::int64_t start = 0;
   if (!cfg.resume_dir.empty()) {
-    const CheckpointMeta meta = load_checkpoint(cfg.resume_dir, cfg.model, params, opt.get());
+    const CheckpointMeta meta = load_checkpoint(cfg.resume_dir, cfg.model, params, opt.get(), model.buffers());
     start = meta.step;
     NL_CHECK(start <= cfg.steps, "checkpoint {} is at step {}, beyond --steps {}", checkpoint_file(cfg.resume_dir),
              start, cfg.steps);
@@ -196,7 +203,7 @@ TrainResult train(const TrainConfig& in, const std::function<void(const StepRepo
     meta.step = step;
     meta.rng_state = sampler.rng_state();
     meta.extra = extra;
-    save_checkpoint(cfg.checkpoint_dir, meta, params, opt.get());
+    save_checkpoint(cfg.checkpoint_dir, meta, params, opt.get(), model.buffers());
   };
 
   const Index B = cfg.batch, T = cfg.seq;

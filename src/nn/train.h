@@ -105,7 +105,8 @@ std::uint64_t sampler_seed(std::uint64_t seed);
 // is not an exception (see TrainResult::diverged).
 TrainResult train(const TrainConfig& cfg, const std::function<void(const StepReport&)>& progress = {});
 
-// Mean cross-entropy over `windows` fixed validation windows of T+1 bytes, `batch` windows per forward.
+// Mean cross-entropy over `windows` fixed validation windows of T+1 bytes, `batch` windows per forward,
+// in eval mode (BatchNorm: the running statistics); the model's mode is restored afterwards.
 double evaluate(Model& model, const LmData& data, Index T, Index windows, Index batch);
 
 }  // namespace normlab::nn

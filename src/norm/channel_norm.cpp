@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "norm/column_kernels.h"
 #include "norm/norm_plan.h"
 #include "norm/row_kernels.h"
 #include "parallel/parallel.h"
@@ -67,15 +68,29 @@ const float* seg_in(const Operand& o, const Plan& p, Index b, Index c, float* sc
   return scratch;
 }
 
-// Where to write the real elements of segment (b, c): the tensor itself, or scratch to scatter later.
-float* seg_out(const Operand& o, const Plan& p, Index b, Index c, float* scratch) {
-  return direct(o, p, b) ? reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c) : scratch;
+// Outputs at least this large are written with streaming stores: they would only evict the inputs
+// from the last-level cache.
+constexpr Index kStreamBytes = Index{16} << 20;
+
+bool stream_output(const Plan& p) {
+  return p.segments() * p.S * Index{sizeof(float)} >= kStreamBytes;
 }
 
-// Scatters scratch (when used) and writes 0 at the padded frames of segment (b, c).
+// Where to write the real elements of segment (b, c): the tensor itself, or scratch to scatter (or
+// stream) later.
+float* seg_out(const Operand& o, const Plan& p, Index b, Index c, float* scratch, bool stream) {
+  return direct(o, p, b) && !stream ? reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c) : scratch;
+}
+
+// Scatters or streams scratch (when used) and writes 0 at the padded frames of segment (b, c).
 void seg_finish(const Operand& o, const Plan& p, Index b, Index c, const float* written) {
   float* at = reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c);
-  if (written != at) plan::scatter(at, written, valid_shape(p, b), o.s_strides);
+  if (written != at) {
+    if (direct(o, p, b))
+      kernels::column_kernels().copy_stream(at, written, p.valid(b));
+    else
+      plan::scatter(at, written, valid_shape(p, b), o.s_strides);
+  }
   if (!p.masked()) return;
   const Index l = p.len[static_cast<std::size_t>(b)];
   if (l == p.T) return;
@@ -87,15 +102,17 @@ void seg_finish(const Operand& o, const Plan& p, Index b, Index c, const float* 
 
 // Runs f(b, c, seg, scratch) for every segment; `buffers` scratch rows of S floats per task when
 // `need_scratch`. Tasks are fixed chunks of segments (shape only).
+// `stream`: outputs go through scratch and streaming stores (fenced at the end of each task).
 template <typename F>
-void for_segments(const Plan& p, int buffers, bool need_scratch, F&& f) {
+void for_segments(const Plan& p, int buffers, bool need_scratch, F&& f, bool stream = false) {
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / p.S);
   const Index nseg = p.segments();
   const Index tasks = (nseg + per_task - 1) / per_task;
   parallel::parallel_for(tasks, [&](Index t) {
-    std::vector<float> scratch(need_scratch ? static_cast<std::size_t>(buffers * p.S) : 0);
+    std::vector<float> scratch(need_scratch || stream ? static_cast<std::size_t>(buffers * p.S) : 0);
     const Index end = std::min(nseg, (t + 1) * per_task);
     for (Index s = t * per_task; s < end; ++s) f(s / p.C, s % p.C, s, scratch.data());
+    if (stream) kernels::column_kernels().store_fence();
   });
 }
 
@@ -186,44 +203,121 @@ std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& p
   return out;
 }
 
-Moments moments(const Plan& p, ConstView x) {
-  const Operand xo = operand(x, p);
-  const kernels::RowKernels& k = kernels::row_kernels();
-  const bool gather = needs_gather(xo, p);
-  std::vector<double> seg(static_cast<std::size_t>(p.segments()));
+namespace {
+
+// Per-group moments from per-segment Σx and M2_s (see channel_norm.h), combined in segment order.
+Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std::vector<double>& m2) {
   Moments m;
   m.count = group_counts(p);
-  for_segments(p, 1, gather, [&](Index b, Index c, Index s, float* scratch) {
-    const Index n = p.valid(b);
-    seg[static_cast<std::size_t>(s)] = n ? k.sum(seg_in(xo, p, b, c, scratch), n) : 0.0;
-  });
-  m.mean = reduce_to_groups(p, seg);
+  m.mean = reduce_to_groups(p, sum);
   for (std::size_t g = 0; g < m.mean.size(); ++g) m.mean[g] = m.count[g] > 0 ? m.mean[g] / m.count[g] : 0.0;
-  for_segments(p, 1, gather, [&](Index b, Index c, Index s, float* scratch) {
-    const Index n = p.valid(b);
-    const double mu = m.mean[static_cast<std::size_t>(p.group_of(b, c))];
-    seg[static_cast<std::size_t>(s)] = n ? k.sum_sq_dev(seg_in(xo, p, b, c, scratch), n, mu) : 0.0;
-  });
-  m.var = reduce_to_groups(p, seg);
+  m.var.assign(m.mean.size(), 0.0);
+  for (Index b = 0; b < p.B; ++b) {
+    const double ns = static_cast<double>(p.valid(b));
+    if (ns == 0) continue;
+    for (Index c = 0; c < p.C; ++c) {
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
+                        g = static_cast<std::size_t>(p.group_of(b, c));
+      const double d = sum[s] / ns - m.mean[g];
+      m.var[g] += m2[s] + ns * d * d;
+    }
+  }
   for (std::size_t g = 0; g < m.var.size(); ++g) m.var[g] = m.count[g] > 0 ? m.var[g] / m.count[g] : 0.0;
   return m;
+}
+
+}  // namespace
+
+namespace {
+
+// One segment's sums around its first value c (column_kernels.h, segment_sums): Σx = n·c + Σ(x − c)
+// (n·c is exact in double), M2_s = Σ(x − c)² − (Σ(x − c))²/n. Since c is one of the segment's own
+// values, the subtraction loses at most the digits of ((mean_s − c)/σ_s)², a few in 16.
+struct SegmentMoments {
+  double sum, m2, c;
+};
+SegmentMoments segment_moments(const double* s, Index n, double c) {
+  const double nn = static_cast<double>(n);
+  const double m2 = s[1] - s[0] * s[0] / nn;
+  return {nn * c + s[0], m2 < 0 ? 0.0 : m2, c};  // rounding can leave −0.x ulp; a NaN stays NaN
+}
+
+}  // namespace
+
+Moments moments(const Plan& p, ConstView x) {
+  const Operand xo = operand(x, p);
+  const kernels::ColumnKernels& k = kernels::column_kernels();
+  std::vector<double> sum(static_cast<std::size_t>(p.segments()), 0.0), m2(sum.size(), 0.0);
+  for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
+    const Index n = p.valid(b);
+    if (!n) return;
+    const float* xs = seg_in(xo, p, b, c, scratch);
+    double sums[2];
+    k.segment_sums(sums, xs, nullptr, n, static_cast<double>(xs[0]));
+    const SegmentMoments sm = segment_moments(sums, n, static_cast<double>(xs[0]));
+    sum[static_cast<std::size_t>(s)] = sm.sum;
+    m2[static_cast<std::size_t>(s)] = sm.m2;
+  });
+  return combine_moments(p, sum, m2);
+}
+
+GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
+  const Operand xo = operand(x, p), dyo = operand(dy, p);
+  const kernels::ColumnKernels& k = kernels::column_kernels();
+  const std::size_t nseg = static_cast<std::size_t>(p.segments());
+  std::vector<double> sum(nseg, 0.0), m2(nseg, 0.0), shift(nseg, 0.0), sdyd(nseg, 0.0);
+  GradStats r;
+  r.sdy.assign(nseg, 0.0);
+  r.sdyxh.assign(nseg, 0.0);
+  for_segments(p, 2, needs_gather(xo, p) || needs_gather(dyo, p),
+               [&](Index b, Index c, Index s, float* scratch) {
+                 const Index n = p.valid(b);
+                 if (!n) return;
+                 const std::size_t si = static_cast<std::size_t>(s);
+                 const float* xs = seg_in(xo, p, b, c, scratch);
+                 const float* dys = seg_in(dyo, p, b, c, scratch + p.S);
+                 double sums[4];  // Σ(x − c), Σ(x − c)², Σdy, Σdy·(x − c)
+                 k.segment_sums(sums, xs, dys, n, static_cast<double>(xs[0]));
+                 const SegmentMoments sm = segment_moments(sums, n, static_cast<double>(xs[0]));
+                 sum[si] = sm.sum;
+                 m2[si] = sm.m2;
+                 shift[si] = sm.c;
+                 r.sdy[si] = sums[2];
+                 sdyd[si] = sums[3];
+               });
+  r.m = combine_moments(p, sum, m2);
+  r.rstd.resize(r.m.var.size());
+  for (std::size_t g = 0; g < r.rstd.size(); ++g)
+    r.rstd[g] = r.m.count[g] > 0 ? 1.0 / std::sqrt(r.m.var[g] + eps) : 0.0;
+  // Σdy·x̂ = rstd·Σdy·(x − mean) = rstd·(Σdy·(x − c) + (c − mean)·Σdy).
+  for (Index b = 0; b < p.B; ++b) {
+    if (p.valid(b) == 0) continue;
+    for (Index c = 0; c < p.C; ++c) {
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c), g = static_cast<std::size_t>(p.group_of(b, c));
+      r.sdyxh[s] = r.rstd[g] * (sdyd[s] + (shift[s] - r.m.mean[g]) * r.sdy[s]);
+    }
+  }
+  return r;
 }
 
 void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& mean,
                const std::vector<double>& rstd, const float* w, const float* b) {
   const Operand xo = operand(x, p), yo = operand(y, p);
   const kernels::RowKernels& k = kernels::row_kernels();
+  const bool stream = stream_output(p);
   for_segments(
-      p, 2, needs_gather(xo, p) || needs_gather(yo, p), [&](Index bi, Index c, Index, float* scratch) {
+      p, 2, needs_gather(xo, p) || needs_gather(yo, p),
+      [&](Index bi, Index c, Index, float* scratch) {
         const Index n = p.valid(bi);
         const std::size_t g = static_cast<std::size_t>(p.group_of(bi, c));
-        float* out = seg_out(yo, p, bi, c, scratch + p.S);
+        float* out = seg_out(yo, p, bi, c, scratch + p.S, stream);
         if (n) {
           const double wc = w ? static_cast<double>(w[c]) : 1.0, bc = b ? static_cast<double>(b[c]) : 0.0;
           k.forward_scalar(out, seg_in(xo, p, bi, c, scratch), n, mean[g], rstd[g], wc, bc);
         }
         seg_finish(yo, p, bi, c, out);
-      });
+      },
+      stream);
 }
 
 void grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
@@ -251,34 +345,41 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
   const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
-  for_segments(p, 3, gather, [&](Index b, Index c, Index, float* scratch) {
-    const Index n = p.valid(b);
-    const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
-    float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S);
-    if (n) {
-      const double wc = w ? static_cast<double>(w[c]) : 1.0;
-      k.backward_dx_scalar(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n, mean[g],
-                           rstd[g], wc, mean_g[g], mean_gx[g]);
-    }
-    seg_finish(dxo, p, b, c, out);
-  });
+  const bool stream = stream_output(p);
+  for_segments(
+      p, 3, gather,
+      [&](Index b, Index c, Index, float* scratch) {
+        const Index n = p.valid(b);
+        const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
+        float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S, stream);
+        if (n) {
+          const double wc = w ? static_cast<double>(w[c]) : 1.0;
+          k.backward_dx_scalar(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n,
+                               mean[g], rstd[g], wc, mean_g[g], mean_gx[g]);
+        }
+        seg_finish(dxo, p, b, c, out);
+      },
+      stream);
 }
 
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w) {
   const Operand dyo = operand(dy, p), dxo = operand(dx, p);
   const kernels::RowKernels& k = kernels::row_kernels();
-  for_segments(p, 2, needs_gather(dyo, p) || needs_gather(dxo, p),
-               [&](Index b, Index c, Index, float* scratch) {
-                 const Index n = p.valid(b);
-                 float* out = seg_out(dxo, p, b, c, scratch + p.S);
-                 if (n) {
-                   const double wc = w ? static_cast<double>(w[c]) : 1.0;
-                   // dx = (dy − 0)·rstd·γ + 0
-                   k.forward_scalar(out, seg_in(dyo, p, b, c, scratch), n, 0.0,
-                                    rstd[static_cast<std::size_t>(p.group_of(b, c))], wc, 0.0);
-                 }
-                 seg_finish(dxo, p, b, c, out);
-               });
+  const bool stream = stream_output(p);
+  for_segments(
+      p, 2, needs_gather(dyo, p) || needs_gather(dxo, p),
+      [&](Index b, Index c, Index, float* scratch) {
+        const Index n = p.valid(b);
+        float* out = seg_out(dxo, p, b, c, scratch + p.S, stream);
+        if (n) {
+          const double wc = w ? static_cast<double>(w[c]) : 1.0;
+          // dx = (dy − 0)·rstd·γ + 0
+          k.forward_scalar(out, seg_in(dyo, p, b, c, scratch), n, 0.0,
+                           rstd[static_cast<std::size_t>(p.group_of(b, c))], wc, 0.0);
+        }
+        seg_finish(dxo, p, b, c, out);
+      },
+      stream);
 }
 
 void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,

@@ -8,9 +8,12 @@
 //     kInstance  group b·C + c             (one segment)
 //     kGroup     group b·G + c/(C/G)       (segments (b, g·C/G) ... (b, (g+1)·C/G − 1) in c order)
 // Each pass runs the row kernels on every segment (gathered to a contiguous buffer when its valid
-// elements are not already n consecutive floats), stores one double per segment, and the per-group
+// elements are not already n consecutive floats), stores a few doubles per segment, and the per-group
 // values are then combined serially in segment order (b major, c minor). Segments are handed out in
-// chunks that depend on the shape only, so results are bitwise identical for any thread count.
+// chunks that depend on the shape only, so results are bitwise identical for any thread count. The
+// passes walk memory in order: a forward reads x twice (moments, normalize), a training backward reads
+// x and dy twice (grad_stats, input_grad). Outputs larger than the last-level cache are written with
+// streaming (non-temporal) stores.
 //
 // Contract of the passes: y, dx written = at every element (0 at padded frames); the per-segment
 // sums are written = into vectors of size B·C.
@@ -74,12 +77,24 @@ std::vector<double> group_counts(const Plan& p);
 // Combines per-segment values into per-group sums (serially, in segment order).
 std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& per_segment);
 
-// Per-group biased moments of x over real elements: mean = Σx/n, var = Σ(x−mean)²/n (two passes in
-// double). Empty groups (n = 0) get mean = var = 0.
+// Per-group biased moments of x over real elements: mean = Σx/n, var = Σ(x−mean)²/n, in double, in
+// one pass over memory: per segment s (n_s real elements, in cache) Σx and M2_s = Σ(x − mean_s)² with
+// mean_s = Σx/n_s (two passes over the segment); per group, in segment order,
+// mean = Σ_s Σx / n and M2 = Σ_s (M2_s + n_s·(mean_s − mean)²) (Chan et al.'s exact combination),
+// var = M2/n. Empty groups (n = 0) get mean = var = 0.
 struct Moments {
   std::vector<double> mean, var, count;
 };
 Moments moments(const Plan& p, ConstView x);
+
+// The statistics of a training backward in one pass over x and dy: the moments above, rstd per group
+// (0 for empty groups) and, per segment, sdy = Σ dy and sdyxh = Σ dy·x̂, formed from the segment's own
+// Σ dy·(x − mean_s) as rstd_g·(Σ dy·(x − mean_s) + (mean_s − mean_g)·Σ dy).
+struct GradStats {
+  Moments m;
+  std::vector<double> rstd, sdy, sdyxh;
+};
+GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps);
 
 // y = (x − mean_g)·rstd_g·γ_c + β_c at real elements, 0 at padded ones. mean, rstd per group; w, b
 // per channel or null. Groups with rstd_g given as an empty-group marker still get their elements

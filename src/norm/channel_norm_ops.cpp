@@ -3,9 +3,10 @@
 // Contract (include/normlab/norm.h): y, dx written = (0 at padded frames); save_mean/save_rstd
 // written =; running_mean/running_var updated in place (BatchNorm training); dweight, dbias written = or
 // += per GradMode. The three ops differ only in the grouping of (b, c) segments (channel_norm.h):
-//   forward:  mean_g, var_g = two-pass moments in double over the group's real elements,
-//             rstd_g = 1/√(var_g+eps), y = (x − mean_g)·rstd_g·γ_c + β_c.
-//   backward: with per-segment Σdy and Σdy·x̂ (double): mean(g)_g = Σ_seg γ_c·Σdy / n_g,
+//   forward:  mean_g, var_g = moments in double over the group's real elements (two passes over each
+//             segment in cache, segments combined exactly: chnorm::moments), rstd_g = 1/√(var_g+eps),
+//             y = (x − mean_g)·rstd_g·γ_c + β_c.
+//   backward: with per-segment Σdy and Σdy·x̂ (double, chnorm::grad_stats): mean(g)_g = Σ_seg γ_c·Σdy / n_g,
 //             mean(g·x̂)_g = Σ_seg γ_c·Σdy·x̂ / n_g; dx = rstd_g·(dy·γ_c − mean(g) − x̂·mean(g·x̂));
 //             dγ_c = Σ_b Σdy·x̂, dβ_c = Σ_b Σdy (b order).
 //   BatchNorm eval: the running statistics are constants: y as above with them, dx = dy·γ_c·rstd_c.
@@ -56,12 +57,12 @@ void train_forward(const Plan& p, View y, View save_mean, View save_rstd, ConstV
   chnorm::write_stats(save_rstd, rstd);
 }
 
-// The full backward with batch (group) statistics recomputed from x.
+// The full backward with batch (group) statistics recomputed from x (one pass over x and dy for the
+// statistics, one for dx).
 void train_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
-                    const float* w, const chnorm::Moments& m, double eps, GradMode mode) {
-  const std::vector<double> rstd = rstd_of(m, eps);
-  std::vector<double> sdy, sdyxh;
-  chnorm::grad_sums(p, dy, x, m.mean, rstd, sdy, sdyxh);
+                    const float* w, double eps, GradMode mode) {
+  const chnorm::GradStats st = chnorm::grad_stats(p, dy, x, eps);
+  const chnorm::Moments& m = st.m;
   // mean(g) and mean(g·x̂) per group, g = dy·γ_c: Σ over the group's segments in segment order.
   std::vector<double> mg(static_cast<std::size_t>(p.groups), 0.0), mgx(mg.size(), 0.0);
   for (Index b = 0; b < p.B; ++b)
@@ -69,15 +70,15 @@ void train_backward(const Plan& p, View dx, View dweight, View dbias, ConstView 
       const std::size_t s = static_cast<std::size_t>(b * p.C + c),
                         g = static_cast<std::size_t>(p.group_of(b, c));
       const double wc = w ? static_cast<double>(w[c]) : 1.0;
-      mg[g] += wc * sdy[s];
-      mgx[g] += wc * sdyxh[s];
+      mg[g] += wc * st.sdy[s];
+      mgx[g] += wc * st.sdyxh[s];
     }
   for (std::size_t g = 0; g < mg.size(); ++g) {
     mg[g] = m.count[g] > 0 ? mg[g] / m.count[g] : 0.0;
     mgx[g] = m.count[g] > 0 ? mgx[g] / m.count[g] : 0.0;
   }
-  chnorm::input_grad(p, dx, dy, x, m.mean, rstd, w, mg, mgx);
-  chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh, mode);
+  chnorm::input_grad(p, dx, dy, x, m.mean, st.rstd, w, mg, mgx);
+  chnorm::write_param_grads(p, dweight, dbias, st.sdy, st.sdyxh, mode);
 }
 
 // Running statistics [C] read in double, and the rstd they give.
@@ -197,9 +198,10 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
     if (dweight.defined() || dbias.defined()) chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh, mode);
     return;
   }
-  const chnorm::Moments m = chnorm::moments(p, x);
-  check_training_counts(p, m, x.shape());
-  train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), m, opt.eps, mode);
+  chnorm::Moments counts;
+  counts.count = chnorm::group_counts(p);
+  check_training_counts(p, counts, x.shape());
+  train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), opt.eps, mode);
 }
 
 // ---- InstanceNorm and GroupNorm -------------------------------------------------------------------
@@ -232,7 +234,7 @@ void grouped_backward(const Plan& p, View dx, View dweight, View dbias, ConstVie
   const Dims cs{p.C};
   chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
   chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
-  train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), chnorm::moments(p, x), eps, mode);
+  train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), eps, mode);
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 // src/simd/dispatch.cpp hands out the table of the active target. Every reduction accumulates in
 // double over kLanes interleaved lanes (element i goes to lane i % kLanes) and combines the lanes by a
 // fixed pairwise tree, so every target computes the same bits. Elementwise math is double with one
-// final rounding to float.
+// final rounding to float. The fused entries rows_forward / rows_backward (used by LayerNorm and
+// RMSNorm) work in float at full vector width with double accumulation where it matters; they are
+// written against simd/vec.h and also give the same bits on every target.
 #pragma once
 
 #include <normlab/tensor.h>
@@ -13,6 +15,51 @@
 namespace normlab::kernels {
 
 inline constexpr int kLanes = 16;
+
+// Rows of a fused kernel: `rows` rows of n contiguous floats, row r of x at x + r·ldx (likewise y).
+// LayerNorm (center) or RMSNorm (mean ≡ 0). w, b may be null (γ = 1, β = 0). mean and rstd, when not
+// null, receive float(mean) and float(rstd) of row r at r·ld_stats. y may equal x (ldy = ldx). stream:
+// non-temporal stores for y where a row is 64-byte aligned (same values, bypasses the cache).
+struct RowsForward {
+  float* y = nullptr;
+  Index ldy = 0;
+  const float* x = nullptr;
+  Index ldx = 0;
+  Index rows = 0, n = 0;
+  const float* w = nullptr;
+  const float* b = nullptr;
+  double eps = 0;
+  bool center = true;
+  bool stream = false;
+  float* mean = nullptr;
+  float* rstd = nullptr;
+  Index ld_stats = 0;
+};
+
+// Rows are taken in groups of kParamGradRowGroup from the first row of a call: per column, the
+// contributions dy·x̂ (the product rounded to float) and dy of the group's rows are summed in double, in
+// row order, from 0, and that sum is added to the double partial rows dw, db (or, with init, assigned
+// by the call's first group).
+inline constexpr int kParamGradRowGroup = 4;
+
+// Backward of the fused kernel: dx (may equal dy or x) from dy, x, w (may be null); mean and rstd are
+// recomputed from x exactly as the forward computes them. dw, db: double partial rows of n (may be null).
+struct RowsBackward {
+  float* dx = nullptr;
+  Index lddx = 0;
+  const float* dy = nullptr;
+  Index lddy = 0;
+  const float* x = nullptr;
+  Index ldx = 0;
+  Index rows = 0, n = 0;
+  const float* w = nullptr;
+  double eps = 0;
+  bool center = true;
+  bool stream = false;
+  double* dw = nullptr;
+  double* db = nullptr;
+  bool init = false;  // the first group assigns dw/db instead of adding
+};
 
 struct RowKernels {
   // Σ x[i]
@@ -35,6 +82,10 @@ struct RowKernels {
   // dx[i] = rstd·(dy[i]·w − mean_g − x̂[i]·mean_gx), x̂ = (x[i] − mean)·rstd, scalar w. dx may equal dy or x.
   void (*backward_dx_scalar)(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
                              double w, double mean_g, double mean_gx);
+  // Fused LayerNorm/RMSNorm forward over rows (docs/numerics.md): one call per block of rows.
+  void (*rows_forward)(const RowsForward& args);
+  // Fused backward: dx and the dγ/dβ partials of a block of rows.
+  void (*rows_backward)(const RowsBackward& args);
 };
 
 // The table for the active instruction set (see normlab/simd.h).

@@ -2,19 +2,25 @@
 //
 // Contract (see include/normlab/norm.h): y, dx written =; dweight, dbias written = or += (GradMode).
 // Algorithm per group (docs/numerics.md); RMSNorm is the same with centring off (mean ≡ 0, no β):
-//   forward:  mean = Σx/n (double), var = Σ(x−mean)²/n (double, second pass), rstd = 1/√(var+eps),
-//             y = (x−mean)·rstd·γ + β in double, rounded once to float.
-//   backward: mean and rstd recomputed in double; g = dy·γ, x̂ = (x−mean)·rstd;
-//             dx = rstd·(g − mean(g) − x̂·mean(g·x̂)); dγ = Σ_groups dy·x̂; dβ = Σ_groups dy.
-//             (RMSNorm: dx = rstd·(g − x̂·mean(g·x̂)).)
+//   forward:  mean = Σx/n in double; e = x − m_hi in float (m_hi = float(mean), m_lo = float(mean − m_hi));
+//             var = Σe²/n − m_lo² (float squares in blocks, double accumulation), rstd = 1/√(var+eps)
+//             in double; y = ((x − m_hi) − m_lo)·float(rstd)·γ + β in float.
+//   backward: mean and rstd recomputed exactly as in the forward; g = dy·γ, x̂ = d·rstd;
+//             dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) in float; dγ = Σ_groups dy·x̂; dβ = Σ_groups dy in
+//             double. (RMSNorm: dx = rstd·(g − x̂·mean(g·x̂)).)
+// Contiguous rows at a fixed stride (the common case) go to the fused kernels (RowKernels::rows_forward,
+// rows_backward) a block of rows per call; any other layout gathers each group into a contiguous row,
+// runs the same kernels on it, and scatters the result.
 // Parallelism: groups are independent (any schedule gives the same bits). dγ/dβ are reduced per fixed
-// chunk of groups (plan::param_grad_chunks, a function of the shape only) and the chunk partials are
-// then summed in chunk order.
+// chunk of groups (row_chunks or plan::param_grad_chunks, functions of the shape only) and the chunk
+// partials are then summed in chunk order, in parallel over columns.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "norm/row_norm.h"
 
+#include "norm/column_norm.h"
 #include "norm/norm_plan.h"
 #include "norm/row_kernels.h"
 #include "parallel/parallel.h"
@@ -38,6 +44,43 @@ struct GroupOutput {
 GroupOutput group_output(const plan::FullOperand& op, Index koff, float* scratch) {
   float* p = reinterpret_cast<float*>(op.base) + koff;
   return op.n_contiguous ? GroupOutput{p, false} : GroupOutput{scratch, true};
+}
+
+// Outputs of at least this many bytes are written with non-temporal stores: they would not stay in the
+// cache anyway (same values either way).
+constexpr Index kStreamMinBytes = Index{16} << 20;
+
+// True when group g of an operand starts at g·ld for every g (the kept axes collapse to one stride);
+// size-1 axes are ignored, and a single group gives ld = 0.
+bool linear_groups(const Dims& k_shape, const Dims& k_strides, Index* ld) {
+  *ld = 0;
+  Index span = 0;  // groups covered by the axes seen so far (0: none yet)
+  for (int d = k_shape.size() - 1; d >= 0; --d) {
+    if (k_shape[d] == 1) continue;
+    if (span == 0) {
+      *ld = k_strides[d];
+      span = k_shape[d];
+    } else {
+      if (k_strides[d] != *ld * span) return false;
+      span *= k_shape[d];
+    }
+  }
+  return true;
+}
+
+// Chunks of contiguous rows for the fused backward (a function of the shape only): at most 64 chunks,
+// at least 32 rows and 64 KiB of x each (so that a chunk's partial rows stay small next to its input),
+// a multiple of the kernel's row group, and at most ~64 MiB of double partials in all.
+plan::Chunks row_chunks(Index groups, Index n) {
+  const Index group = kernels::kParamGradRowGroup;
+  const Index by_memory = std::max<Index>(1, (Index{64} << 20) / (16 * n));
+  const Index max_chunks = std::min<Index>(64, by_memory);
+  Index size = std::max({(groups + max_chunks - 1) / max_chunks, Index{32}, ((Index{1} << 16) / 4 + n - 1) / n});
+  size = (size + group - 1) / group * group;
+  plan::Chunks c;
+  c.size = size;
+  c.count = std::max<Index>(1, (groups + size - 1) / size);
+  return c;
 }
 
 void check_eps(double eps, const char* op) {
@@ -78,31 +121,63 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   const std::vector<float> bv = b.defined ? plan::gather_part(b, s.n_shape) : std::vector<float>{};
   const float* wp = w.defined ? wv.data() : nullptr;
   const float* bp = b.defined ? bv.data() : nullptr;
+  // Strided normalized axes next to a contiguous kept axis ([B,F,T] over F): the column path.
+  if (column::applies(s, {&xo, &yo})) return column::forward(kind, s, yo, xo, wp, bp, pm, pr, eps);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !yo.n_contiguous;
-  const double n = static_cast<double>(s.n);
 
+  // Fast path: contiguous rows at a fixed stride (the last axes normalized, the kept axes collapsing to
+  // one stride), as are mean and rstd: one fused kernel call per block of rows.
+  Index ldx = 0, ldy = 0, ldm = 0, ldr = 0;
+  const bool rows_path = xo.n_contiguous && yo.n_contiguous && linear_groups(s.k_shape, xo.k_strides, &ldx) &&
+                         linear_groups(s.k_shape, yo.k_strides, &ldy) &&
+                         (!pm.defined || linear_groups(s.k_shape, pm.strides, &ldm)) &&
+                         (!pr.defined || linear_groups(s.k_shape, pr.strides, &ldr)) &&
+                         (!pm.defined || !pr.defined || ldm == ldr);
+  kernels::RowsForward args;
+  args.n = s.n;
+  args.w = wp;
+  args.b = bp;
+  args.eps = eps;
+  args.center = kind.center;
+  args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
   // One chunk of groups per task; the chunking only affects scheduling, never results.
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
   const Index tasks = (s.groups + per_task - 1) / per_task;
+  if (rows_path) {
+    parallel::parallel_for(tasks, [&](Index t) {
+      const Index g0 = t * per_task;
+      kernels::RowsForward a = args;
+      a.rows = std::min(s.groups, g0 + per_task) - g0;
+      a.x = reinterpret_cast<const float*>(xo.base) + g0 * ldx;
+      a.ldx = ldx;
+      a.y = reinterpret_cast<float*>(yo.base) + g0 * ldy;
+      a.ldy = ldy;
+      a.ld_stats = pm.defined ? ldm : ldr;
+      a.mean = pm.defined ? reinterpret_cast<float*>(pm.base) + g0 * ldm : nullptr;
+      a.rstd = pr.defined ? reinterpret_cast<float*>(pr.base) + g0 * ldr : nullptr;
+      k.rows_forward(a);
+    });
+    return;
+  }
+
+  args.stream = false;
+  args.rows = 1;
   parallel::parallel_for(tasks, [&](Index t) {
     std::vector<float> xs(scratch_needed ? static_cast<std::size_t>(s.n) : 0);
     std::vector<float> ys(scratch_needed ? static_cast<std::size_t>(s.n) : 0);
     const Index g_end = std::min(s.groups, (t + 1) * per_task);
     for (Index g = t * per_task; g < g_end; ++g) {
-      const float* xr = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());
-      const double mu = kind.center ? k.sum(xr, s.n) / n : 0.0;
-      const double var = k.sum_sq_dev(xr, s.n, mu) / n;
-      const double rs = 1.0 / std::sqrt(var + eps);
+      kernels::RowsForward a = args;
+      a.x = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());
       const GroupOutput yr = group_output(yo, plan::group_offset(g, s.k_shape, yo.k_strides), ys.data());
-      k.forward(yr.ptr, xr, s.n, mu, rs, wp, bp);
+      a.y = yr.ptr;
+      if (pm.defined) a.mean = reinterpret_cast<float*>(pm.base) + plan::group_offset(g, s.k_shape, pm.strides);
+      if (pr.defined) a.rstd = reinterpret_cast<float*>(pr.base) + plan::group_offset(g, s.k_shape, pr.strides);
+      k.rows_forward(a);
       if (yr.needs_scatter)
         plan::scatter(reinterpret_cast<float*>(yo.base) + plan::group_offset(g, s.k_shape, yo.k_strides), yr.ptr,
                       s.n_shape, yo.n_strides);
-      if (pm.defined)
-        reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = static_cast<float>(mu);
-      if (pr.defined)
-        reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = static_cast<float>(rs);
     }
   });
 }
@@ -141,52 +216,101 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   const plan::FullOperand dxo = plan::full_operand(dx, s, "dx");
   const std::vector<float> wv = w.defined ? plan::gather_part(w, s.n_shape) : std::vector<float>{};
   const float* wp = w.defined ? wv.data() : nullptr;
+  if (column::applies(s, {&xo, &dyo, &dxo}))  // see row_norm_forward
+    return column::backward(kind, s, dxo, dw, db, dyo, xo, wp, eps, mode);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !dyo.n_contiguous || !dxo.n_contiguous;
-  const double n = static_cast<double>(s.n);
   const bool param_grads = dw.defined || db.defined;
-
-  // Chunks of groups: each owns one partial row of dγ and dβ (double) when they are wanted.
-  const plan::Chunks ch = plan::param_grad_chunks(s.groups, s.n);
   const std::size_t nn = static_cast<std::size_t>(s.n);
-  std::vector<double> dw_part(dw.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
-  std::vector<double> db_part(db.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
-  parallel::parallel_for(ch.count, [&](Index c) {
-    std::vector<float> xs(scratch_needed ? nn : 0), dys(scratch_needed ? nn : 0), dxs(scratch_needed ? nn : 0);
-    double* dwc = dw.defined ? dw_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
-    double* dbc = db.defined ? db_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
-    const Index g_end = std::min(s.groups, (c + 1) * ch.size);
-    for (Index g = c * ch.size; g < g_end; ++g) {
-      const float* xr = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());
-      const float* dyr = group_input(dyo, plan::group_offset(g, s.k_shape, dyo.k_strides), s, dys.data());
-      const double mu = kind.center ? k.sum(xr, s.n) / n : 0.0;
-      const double rs = 1.0 / std::sqrt(k.sum_sq_dev(xr, s.n, mu) / n + eps);
-      double sums[2];
-      k.backward_sums(sums, dwc, dbc, dyr, xr, s.n, mu, rs, wp);
-      const Index dxoff = plan::group_offset(g, s.k_shape, dxo.k_strides);
-      const GroupOutput dxr = group_output(dxo, dxoff, dxs.data());
-      k.backward_dx(dxr.ptr, dyr, xr, s.n, mu, rs, wp, kind.center ? sums[0] / n : 0.0, sums[1] / n);
-      if (dxr.needs_scatter) plan::scatter(reinterpret_cast<float*>(dxo.base) + dxoff, dxr.ptr, s.n_shape, dxo.n_strides);
-    }
-  });
+
+  Index ldx = 0, lddy = 0, lddx = 0;
+  const bool rows_path = xo.n_contiguous && dyo.n_contiguous && dxo.n_contiguous &&
+                         linear_groups(s.k_shape, xo.k_strides, &ldx) && linear_groups(s.k_shape, dyo.k_strides, &lddy) &&
+                         linear_groups(s.k_shape, dxo.k_strides, &lddx);
+  kernels::RowsBackward args;
+  args.n = s.n;
+  args.w = wp;
+  args.eps = eps;
+  args.center = kind.center;
+
+  // Chunks of groups: each owns one partial row of dγ and dβ (double) when they are wanted. The
+  // partials of chunk c are in part[c·n, (c+1)·n) of each buffer.
+  plan::Chunks ch;
+  const double* dw_part = nullptr;
+  const double* db_part = nullptr;
+  std::vector<double> dw_zeroed, db_zeroed;
+  if (rows_path) {
+    ch = row_chunks(s.groups, s.n);
+    args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
+    // Every chunk's first row group assigns its partial rows (init), so the buffer is reused unzeroed.
+    thread_local std::vector<double> partials;
+    const std::size_t per = static_cast<std::size_t>(ch.count) * nn;
+    const std::size_t need = (dw.defined ? per : 0) + (db.defined ? per : 0);
+    if (partials.size() < need) partials.resize(need);
+    double* dwp = dw.defined ? partials.data() : nullptr;
+    double* dbp = db.defined ? partials.data() + (dw.defined ? per : 0) : nullptr;
+    dw_part = dwp;
+    db_part = dbp;
+    parallel::parallel_for(ch.count, [&](Index c) {
+      const Index g0 = c * ch.size;
+      kernels::RowsBackward a = args;
+      a.rows = std::min(s.groups, g0 + ch.size) - g0;
+      a.x = reinterpret_cast<const float*>(xo.base) + g0 * ldx;
+      a.ldx = ldx;
+      a.dy = reinterpret_cast<const float*>(dyo.base) + g0 * lddy;
+      a.lddy = lddy;
+      a.dx = reinterpret_cast<float*>(dxo.base) + g0 * lddx;
+      a.lddx = lddx;
+      a.dw = dwp ? dwp + static_cast<std::size_t>(c) * nn : nullptr;
+      a.db = dbp ? dbp + static_cast<std::size_t>(c) * nn : nullptr;
+      a.init = true;
+      k.rows_backward(a);
+    });
+  } else {
+    ch = plan::param_grad_chunks(s.groups, s.n);
+    dw_zeroed.resize(dw.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
+    db_zeroed.resize(db.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
+    dw_part = dw_zeroed.data();
+    db_part = db_zeroed.data();
+    args.rows = 1;
+    parallel::parallel_for(ch.count, [&](Index c) {
+      std::vector<float> xs(scratch_needed ? nn : 0), dys(scratch_needed ? nn : 0), dxs(scratch_needed ? nn : 0);
+      kernels::RowsBackward a = args;
+      a.dw = dw.defined ? dw_zeroed.data() + static_cast<std::size_t>(c) * nn : nullptr;
+      a.db = db.defined ? db_zeroed.data() + static_cast<std::size_t>(c) * nn : nullptr;
+      const Index g_end = std::min(s.groups, (c + 1) * ch.size);
+      for (Index g = c * ch.size; g < g_end; ++g) {
+        a.x = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());
+        a.dy = group_input(dyo, plan::group_offset(g, s.k_shape, dyo.k_strides), s, dys.data());
+        const Index dxoff = plan::group_offset(g, s.k_shape, dxo.k_strides);
+        const GroupOutput dxr = group_output(dxo, dxoff, dxs.data());
+        a.dx = dxr.ptr;
+        k.rows_backward(a);
+        if (dxr.needs_scatter) plan::scatter(reinterpret_cast<float*>(dxo.base) + dxoff, dxr.ptr, s.n_shape, dxo.n_strides);
+      }
+    });
+  }
   if (!param_grads) return;
 
-  // Sum the chunk partials in chunk order, then write (or add) once, in the weight's own layout.
-  const Index cols_per_task = 4096;
-  const Index col_tasks = (s.n + cols_per_task - 1) / cols_per_task;
+  // Sum the chunk partials in chunk order (per column: 0 + p_0 + p_1 + ...), in parallel over blocks of
+  // columns, then write (or add) once, in the weight's own layout.
+  constexpr Index kCols = 512;
+  const Index col_tasks = (s.n + kCols - 1) / kCols;
   std::vector<float> dw_row(dw.defined ? nn : 0), db_row(db.defined ? nn : 0);
-  parallel::parallel_for(col_tasks, [&](Index t) {
-    const Index j_end = std::min(s.n, (t + 1) * cols_per_task);
-    for (Index j = t * cols_per_task; j < j_end; ++j) {
-      double sw = 0, sb = 0;
-      for (Index c = 0; c < ch.count; ++c) {
-        const std::size_t at = static_cast<std::size_t>(c) * nn + static_cast<std::size_t>(j);
-        if (dw.defined) sw += dw_part[at];
-        if (db.defined) sb += db_part[at];
-      }
-      if (dw.defined) dw_row[static_cast<std::size_t>(j)] = static_cast<float>(sw);
-      if (db.defined) db_row[static_cast<std::size_t>(j)] = static_cast<float>(sb);
+  auto reduce = [&](const double* part, float* out, Index j0, Index j1) {
+    double acc[kCols] = {};
+    const Index m = j1 - j0;
+    for (Index c = 0; c < ch.count; ++c) {
+      const double* p = part + static_cast<std::size_t>(c) * nn + static_cast<std::size_t>(j0);
+      // Scalar math: acc[j] += part[c][j]  (columns are independent: one chain per column)
+      for (Index j = 0; j < m; ++j) acc[j] += p[j];
     }
+    for (Index j = 0; j < m; ++j) out[j0 + j] = static_cast<float>(acc[j]);
+  };
+  parallel::parallel_for(col_tasks, [&](Index t) {
+    const Index j0 = t * kCols, j1 = std::min(s.n, j0 + kCols);
+    if (dw.defined) reduce(dw_part, dw_row.data(), j0, j1);
+    if (db.defined) reduce(db_part, db_row.data(), j0, j1);
   });
   const bool acc = mode == GradMode::kAccumulate;
   auto write = [&](const plan::PartOperand& p, const std::vector<float>& row) {

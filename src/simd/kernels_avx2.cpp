@@ -1,4 +1,5 @@
 // Row kernels for the avx2 target: CMakeLists.txt compiles this file with the target's flags.
 #define NL_TARGET avx2
 #include "norm/row_kernels-inl.h"
+#include "norm/column_kernels-inl.h"
 #include "norm/convert_kernels-inl.h"

@@ -2,6 +2,7 @@
 // and src/feat/online-feature.cc (OnlineGenericBaseFeature::ComputeFeatures), restated; the contract is
 // in include/normlab/speech/fbank.h.
 #include <normlab/error.h>
+#include <normlab/simd.h>
 #include <normlab/speech/fbank.h>
 
 #include <algorithm>
@@ -10,19 +11,23 @@
 #include <complex>
 #include <kissfft/kissfft.hh>
 
+#include "speech/real_fft.h"
+
 namespace normlab::speech {
 
 void FbankOptions::Validate() const {
   frame_opts.Validate();
   NL_CHECK(std::isfinite(energy_floor) && energy_floor >= 0, "energy-floor must be ≥ 0, got {}",
            energy_floor);
+  NL_CHECK(std::isfinite(vtln_warp) && vtln_warp > 0, "vtln-warp must be > 0, got {}", vtln_warp);
 }
 
 std::string FbankOptions::ToString() const {
   return fmt::format(
-      "{} {} use_energy={} energy_floor={} raw_energy={} htk_compat={} use_log_fbank={} use_power={}",
+      "{} {} use_energy={} energy_floor={} raw_energy={} htk_compat={} use_log_fbank={} use_power={} "
+      "vtln_warp={}",
       frame_opts.ToString(), mel_opts.ToString(), use_energy, energy_floor, raw_energy, htk_compat,
-      use_log_fbank, use_power);
+      use_log_fbank, use_power, vtln_warp);
 }
 
 namespace {
@@ -36,18 +41,22 @@ const FbankOptions& validated(const FbankOptions& o) {
 }
 }  // namespace
 
-// The power spectrum |X_k|², k = 0..N/2, of a real frame of N samples, with kissfft's C++ template
-// (kissfft.hh) in double precision (why double: feature_window.h, "Precision"). Even N uses the real-input
-// transform (a complex FFT of N/2 points); odd N a complex FFT of N points.
+// The power spectrum |X_k|², k = 0..N/2, of a real frame of N samples, in double (why double:
+// feature_window.h, "Precision"). A power-of-two N (the default, --round-to-power-of-two) uses
+// src/speech/real_fft.h; any other N kissfft's C++ template (kissfft.hh): the real-input transform (a
+// complex FFT of N/2 points) for even N, a complex FFT of N points for odd N.
 struct FbankComputer::Fft {
   using Cpx = std::complex<double>;
   explicit Fft(int length)
       : n(length),
-        plan(static_cast<std::size_t>(length % 2 == 0 ? length / 2 : length), false),
-        in(static_cast<std::size_t>(length % 2 == 0 ? length : 2 * length)),
-        out(static_cast<std::size_t>(length)) {}
+        pow2(detail::RealFftPow2::Supports(length)),
+        plan(pow2 ? 1 : static_cast<std::size_t>(length % 2 == 0 ? length / 2 : length), false),
+        fast(pow2 ? length : 2),
+        in(pow2 ? 0 : static_cast<std::size_t>(length % 2 == 0 ? length : 2 * length)),
+        out(pow2 ? 0 : static_cast<std::size_t>(length)) {}
 
-  void PowerSpectrum(const double* x, double* power) {
+  // Not a power of two (kissfft).
+  void PowerSpectrumOther(const double* x, double* power) {
     if (n % 2 == 0) {
       for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = x[i];
       plan.transform_real(in.data(), out.data());  // out[0] = (X_0, X_{N/2}); out[k] = X_k, 0 < k < N/2
@@ -66,16 +75,40 @@ struct FbankComputer::Fft {
   }
 
   int n;
-  kissfft<double> plan;
-  std::vector<double> in;  // N reals (even N) or N interleaved complex values (odd N)
+  bool pow2;
+  kissfft<double> plan;      // not a power of two
+  detail::RealFftPow2 fast;  // a power of two
+  std::vector<double> in;    // N reals (even N) or N interleaved complex values (odd N)
   std::vector<Cpx> out;
 };
 
+namespace {
+// |FFT|² then the mel sums of one frame, compiled twice from one inline source: for the baseline x86-64
+// instruction set and with AVX2 enabled (GCC target attribute; no FMA, and -ffp-contract=off), chosen by
+// normlab::active_isa() (NORMLAB_ISA). The loops are elementwise (lanes never combine differently), so
+// both give the same bits; tests/speech/fbank_test.cpp checks it.
+[[gnu::always_inline]] inline void PowerAndMel(detail::RealFftPow2& fft, const MelBanks& mel_banks,
+                                               const double* x, double* power, double* mel) {
+  fft.PowerSpectrum(x, power);
+  mel_banks.ComputePadded(power, mel);
+}
+void PowerAndMelBaseline(detail::RealFftPow2& fft, const MelBanks& mel_banks, const double* x, double* power,
+                         double* mel) {
+  PowerAndMel(fft, mel_banks, x, power, mel);
+}
+[[gnu::target("avx2")]] void PowerAndMelAvx2(detail::RealFftPow2& fft, const MelBanks& mel_banks,
+                                             const double* x, double* power, double* mel) {
+  PowerAndMel(fft, mel_banks, x, power, mel);
+}
+}  // namespace
+
 FbankComputer::FbankComputer(const FbankOptions& opts)
     : opts_(validated(opts)),
-      mel_banks_(with_htk_mode(opts.mel_opts, opts.htk_compat), opts.frame_opts),
+      mel_banks_(with_htk_mode(opts.mel_opts, opts.htk_compat), opts.frame_opts, opts.vtln_warp),
       fft_(std::make_unique<Fft>(opts.frame_opts.PaddedWindowSize())),
-      power_(static_cast<std::size_t>(opts.frame_opts.PaddedWindowSize() / 2 + 1)),
+      // N/2 + 1 values, zeros after them up to the mel banks' padded reads.
+      power_(std::max(static_cast<std::size_t>(opts.frame_opts.PaddedWindowSize() / 2 + 1),
+                      mel_banks_.PaddedSpectrumSize())),
       mel_(static_cast<std::size_t>(opts.mel_opts.num_bins)) {}
 
 FbankComputer::~FbankComputer() = default;
@@ -92,16 +125,31 @@ void FbankComputer::Compute(float signal_raw_log_energy, std::span<double> windo
     for (double s : window) e += s * s;
     signal_raw_log_energy = static_cast<float>(std::log(std::max(e, static_cast<double>(FLT_MIN))));
   }
-  fft_->PowerSpectrum(window.data(), power_.data());
-  if (!opts_.use_power)
-    for (double& p : power_) p = std::sqrt(p);
-
-  mel_banks_.Compute(power_, mel_);
+  if (fft_->pow2 && opts_.use_power) {
+    (active_isa() == Isa::kScalar ? PowerAndMelBaseline : PowerAndMelAvx2)(fft_->fast, mel_banks_, window.data(),
+                                                                          power_.data(), mel_.data());
+  } else {
+    if (fft_->pow2)
+      fft_->fast.PowerSpectrum(window.data(), power_.data());
+    else
+      fft_->PowerSpectrumOther(window.data(), power_.data());
+    if (!opts_.use_power)
+      for (double& p : power_) p = std::sqrt(p);
+    mel_banks_.Compute(power_, mel_);
+  }
   const std::size_t mel_offset = (opts_.use_energy && !opts_.htk_compat) ? 1 : 0;
-  for (std::size_t b = 0; b < mel_.size(); ++b) {
-    const double m =
-        opts_.use_log_fbank ? std::log(std::max(mel_[b], static_cast<double>(FLT_EPSILON))) : mel_[b];
-    feature[mel_offset + b] = static_cast<float>(m);
+  // The log is taken in float, as Kaldi and torchaudio do (logf is about twice as fast as log): the mel
+  // energy rounded to float moves the log by ≤ 6e-8 and logf is within an ulp of it, so a feature is
+  // within ~2 float ulps (≤ 4e-6 for |feature| < 32) of the double log rounded to float. An energy beyond
+  // float's range (only from absurd float WAVs) keeps the double log rather than becoming +inf.
+  if (opts_.use_log_fbank) {
+    for (std::size_t b = 0; b < mel_.size(); ++b) {
+      const double m = std::max(mel_[b], static_cast<double>(FLT_EPSILON));
+      feature[mel_offset + b] =
+          m <= static_cast<double>(FLT_MAX) ? std::log(static_cast<float>(m)) : static_cast<float>(std::log(m));
+    }
+  } else {
+    for (std::size_t b = 0; b < mel_.size(); ++b) feature[mel_offset + b] = static_cast<float>(mel_[b]);
   }
   if (opts_.use_energy) {
     if (opts_.energy_floor > 0.0f)
@@ -122,6 +170,15 @@ void OnlineFbank::AcceptWaveform(float samp_freq, std::span<const float> samples
   if (samples.empty()) return;
   remainder_.insert(remainder_.end(), samples.begin(), samples.end());
   ComputeFeatures();
+}
+
+void OnlineFbank::Reset() {
+  dither_ = DitherState(opts_.frame_opts.dither_seed);
+  remainder_.clear();
+  waveform_offset_ = 0;
+  num_frames_ = 0;
+  finished_ = false;
+  features_.clear();
 }
 
 void OnlineFbank::InputFinished() {
@@ -168,25 +225,32 @@ void OnlineFbank::ComputeFeatures() {
 Tensor OnlineFbank::Features(FeatureLayout layout) const {
   const Index t = num_frames_, d = Dim();
   Tensor out(layout == FeatureLayout::kTF ? Dims{t, d} : Dims{d, t});
-  for (Index f = 0; f < t; ++f)
-    for (Index j = 0; j < d; ++j)
-      out[layout == FeatureLayout::kTF ? f * d + j : j * t + f] =
-          features_[static_cast<std::size_t>(f * d + j)];
+  float* o = out.data();
+  if (layout == FeatureLayout::kTF) {
+    std::copy_n(features_.data(), t * d, o);
+  } else {
+    for (Index f = 0; f < t; ++f)
+      for (Index j = 0; j < d; ++j) o[j * t + f] = features_[static_cast<std::size_t>(f * d + j)];
+  }
   return out;
 }
 
-Tensor ComputeFbank(const FbankOptions& opts, std::span<const float> samples, float samp_freq,
-                    FeatureLayout layout) {
-  OnlineFbank fbank(opts);
-  fbank.AcceptWaveform(samp_freq, samples);
-  fbank.InputFinished();
-  const FrameExtractionOptions& fo = opts.frame_opts;
-  NL_CHECK(fbank.NumFramesReady() > 0,
+Tensor FbankExtractor::Compute(std::span<const float> samples, float samp_freq, FeatureLayout layout) {
+  fbank_.Reset();
+  fbank_.AcceptWaveform(samp_freq, samples);
+  fbank_.InputFinished();
+  const FrameExtractionOptions& fo = opts_.frame_opts;
+  NL_CHECK(fbank_.NumFramesReady() > 0,
            "the waveform has {} samples ({:.1f} ms), too short for one {}-sample frame ({} ms at {} Hz{}); "
            "Kaldi would output 0 frames, normlab refuses",
            samples.size(), 1000.0 * static_cast<double>(samples.size()) / fo.samp_freq, fo.WindowSize(),
            fo.frame_length_ms, fo.samp_freq, fo.snip_edges ? ", snip-edges true" : ", snip-edges false");
-  return fbank.Features(layout);
+  return fbank_.Features(layout);
+}
+
+Tensor ComputeFbank(const FbankOptions& opts, std::span<const float> samples, float samp_freq,
+                    FeatureLayout layout) {
+  return FbankExtractor(opts).Compute(samples, samp_freq, layout);
 }
 
 }  // namespace normlab::speech

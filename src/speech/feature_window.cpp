@@ -1,6 +1,7 @@
 // Framing and per-frame processing. Semantics follow Kaldi's src/feat/feature-window.cc (restated, not
 // copied); the contract is in include/normlab/speech/feature_window.h.
 #include <normlab/error.h>
+#include <normlab/simd.h>
 #include <normlab/speech/feature_window.h>
 
 #include <algorithm>
@@ -108,6 +109,69 @@ FeatureWindowFunction::FeatureWindowFunction(const FrameExtractionOptions& opts)
   }
 }
 
+// Σ x[i] and Σ (x[i] − mean)², i < n, with eight partial sums (lane j takes i ≡ j mod 8) added pairwise
+// at the end: a fixed order, so the same bits everywhere, without a serial chain of n dependent adds.
+namespace {
+[[gnu::always_inline]] inline double CombineLanes(const double (&acc)[8]) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+[[gnu::always_inline]] inline double SumOfInline(const double* x, std::size_t n) {
+  double acc[8] = {};
+  std::size_t i = 0;
+  // Scalar math: acc[j] += x[i + j], eight independent lanes.
+  for (; i + 8 <= n; i += 8)
+    for (std::size_t j = 0; j < 8; ++j) acc[j] += x[i + j];
+  for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += x[i];
+  return CombineLanes(acc);
+}
+
+[[gnu::always_inline]] inline double SumOfSquaresAboutInline(const double* x, std::size_t n, double mean) {
+  double acc[8] = {};
+  std::size_t i = 0;
+  // Scalar math: acc[j] += (x[i + j] − mean)², eight independent lanes.
+  for (; i + 8 <= n; i += 8)
+    for (std::size_t j = 0; j < 8; ++j) acc[j] += (x[i + j] - mean) * (x[i + j] - mean);
+  for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += (x[i] - mean) * (x[i] - mean);
+  return CombineLanes(acc);
+}
+
+// ProcessWindow after the dither: DC removal, raw energy, pre-emphasis and window, compiled for the
+// baseline x86-64 instruction set and with AVX2 (chosen by normlab::active_isa(); lanes never combine
+// differently, so both give the same bits).
+//
+// DC removal, pre-emphasis (backwards: each step reads the previous sample before it is changed) and
+// the window function run in one pass: x[i] ← w[i]·((x[i] − mean) − c·(x[i−1] − mean)) for i = n−1..1,
+// x[0] ← w[0]·((x[0] − mean) − c·(x[0] − mean)). The same operations, in the same order, as the DC
+// removal followed by Preemphasize() and the window.
+[[gnu::always_inline]] inline void WindowKernel(double* x, std::size_t n, const double* w, double c,
+                                                bool remove_dc, double* energy) {
+  const double mean = remove_dc ? SumOfInline(x, n) / static_cast<double>(n) : 0.0;
+  if (energy != nullptr) *energy = SumOfSquaresAboutInline(x, n, mean);
+  if (c == 0.0) {
+    // Scalar math: x[i] = w[i]·(x[i] − mean).
+    for (std::size_t i = 0; i < n; ++i) x[i] = w[i] * (x[i] - mean);
+    return;
+  }
+  // Scalar math: x[i] = w[i]·((x[i] − mean) − c·(x[i−1] − mean)), i descending (x[i−1] is still unchanged).
+  for (std::size_t i = n - 1; i > 0; --i) x[i] = w[i] * ((x[i] - mean) - c * (x[i - 1] - mean));
+  x[0] = w[0] * ((x[0] - mean) - c * (x[0] - mean));
+}
+void WindowKernelBaseline(double* x, std::size_t n, const double* w, double c, bool remove_dc, double* energy) {
+  WindowKernel(x, n, w, c, remove_dc, energy);
+}
+[[gnu::target("avx2")]] void WindowKernelAvx2(double* x, std::size_t n, const double* w, double c,
+                                              bool remove_dc, double* energy) {
+  WindowKernel(x, n, w, c, remove_dc, energy);
+}
+}  // namespace
+
+double SumOf(const double* x, std::size_t n) { return SumOfInline(x, n); }
+
+double SumOfSquaresAbout(const double* x, std::size_t n, double mean) {
+  return SumOfSquaresAboutInline(x, n, mean);
+}
+
 void DitherState::Apply(std::span<double> samples, float dither) {
   for (double& s : samples) s += static_cast<double>(dither * normal_(rng_));
 }
@@ -121,23 +185,14 @@ void Preemphasize(std::span<double> x, float coeff) {
 void ProcessWindow(const FrameExtractionOptions& opts, const FeatureWindowFunction& window_function,
                    DitherState& dither, std::span<double> window, float* log_energy_pre_window) {
   const std::size_t n = static_cast<std::size_t>(opts.WindowSize());
-  NL_DCHECK(window.size() >= n && window_function.window().size() == n);
-  std::span<double> frame = window.first(n);
-  if (opts.dither != 0.0f) dither.Apply(frame, opts.dither);
-  if (opts.remove_dc_offset) {
-    double sum = 0;
-    for (double s : frame) sum += s;
-    const double mean = sum / static_cast<double>(n);
-    for (double& s : frame) s -= mean;
-  }
-  if (log_energy_pre_window != nullptr) {
-    double energy = 0;
-    for (double s : frame) energy += s * s;
+  NL_DCHECK(window.size() >= n && window_function.window().size() == n && n >= 2);
+  if (opts.dither != 0.0f) dither.Apply(window.first(n), opts.dither);
+  double energy = 0;
+  (active_isa() == Isa::kScalar ? WindowKernelBaseline : WindowKernelAvx2)(
+      window.data(), n, window_function.window().data(), opts.preemph_coeff, opts.remove_dc_offset,
+      log_energy_pre_window != nullptr ? &energy : nullptr);
+  if (log_energy_pre_window != nullptr)
     *log_energy_pre_window = static_cast<float>(std::log(std::max(energy, static_cast<double>(FLT_EPSILON))));
-  }
-  Preemphasize(frame, opts.preemph_coeff);
-  const std::span<const double> w = window_function.window();
-  for (std::size_t i = 0; i < n; ++i) frame[i] *= w[i];
 }
 
 void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std::int64_t frame,
@@ -148,9 +203,12 @@ void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std:
   const std::int64_t start = FirstSampleOfFrame(frame, opts) - sample_offset;  // in `wave` coordinates
   const std::int64_t n = static_cast<std::int64_t>(wave.size());
   NL_CHECK(n > 0, "cannot extract frame {} from an empty waveform buffer", frame);
-  window.assign(static_cast<std::size_t>(padded), 0.0);
+  if (window.size() != static_cast<std::size_t>(padded)) window.assign(static_cast<std::size_t>(padded), 0.0);
+  std::fill(window.begin() + length, window.end(), 0.0);  // the zero padding up to the FFT length
   if (start >= 0 && start + length <= n) {
-    std::copy_n(wave.begin() + start, length, window.begin());
+    // Scalar math: float → double.
+    for (std::int64_t s = 0; s < length; ++s)
+      window[static_cast<std::size_t>(s)] = wave[static_cast<std::size_t>(start + s)];
   } else {
     // Mirror at the stream's edges, in stream coordinates: −1 → 0, total → total−1 (repeated for very
     // short streams). The buffer's end is the stream's end whenever a frame reaches past it.

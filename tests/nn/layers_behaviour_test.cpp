@@ -137,6 +137,34 @@ TEST(NnAttention, SameBitsForOneTwoAndThreeThreads) {
   set_num_threads(saved);
 }
 
+// One (batch, head) chunk (it runs outside a parallel region) and many, at sizes where oneDNN would
+// thread a product: the float attention core gives the same bits at 1, 2 and 3 threads.
+TEST(NnAttention, GemmCoreSameBitsForAnyThreadCount) {
+  std::mt19937_64 rng(23);
+  for (const Index H : {Index{1}, Index{4}}) {
+    const Index B = 1, T = 96, C = 64;
+    std::vector<float> q = testing::cast_vec<float>(randn(static_cast<std::size_t>(B * T * C), rng));
+    std::vector<float> k = testing::cast_vec<float>(randn(q.size(), rng)), v = testing::cast_vec<float>(randn(q.size(), rng));
+    std::vector<float> dctx = testing::cast_vec<float>(randn(q.size(), rng));
+    auto run = [&](int nt) {
+      set_num_threads(nt);
+      std::vector<float> ctx(q.size()), att(static_cast<std::size_t>(B * H * T * T)), g(3 * q.size(), 0.0f);
+      sdpa_forward(ctx.data(), att.data(), q.data(), k.data(), v.data(), {}, B, T, C, H, true);
+      sdpa_backward(g.data(), g.data() + q.size(), g.data() + 2 * q.size(), dctx.data(), q.data(), k.data(), v.data(),
+                    att.data(), {}, B, T, C, H, true);
+      ctx.insert(ctx.end(), g.begin(), g.end());
+      return ctx;
+    };
+    const int saved = num_threads();
+    const std::vector<float> one = run(1);
+    for (int nt : {2, 3}) {
+      const std::vector<float> other = run(nt);
+      EXPECT_TRUE(same_bits(one.data(), other.data(), one.size())) << "H = " << H << ", " << nt << " threads";
+    }
+    set_num_threads(saved);
+  }
+}
+
 TEST(NnLayers, BadInputIsReported) {
   std::vector<float> buf(4096, 0.0f);
   float* p = buf.data();

@@ -297,6 +297,66 @@ TEST(NnLayers, DynamicTanh) {
               {{"inp", "alpha", "gamma", "beta"}, 8, 16}, rng);
 }
 
+// BatchNorm over the sequence: training (batch statistics over the real positions) and eval (given
+// running statistics), with and without padding. The padded rows of y and dinp are 0.
+TEST(NnLayers, BatchNormOverTheSequence) {
+  std::mt19937_64 rng(13);
+  const Index B = 3, T = 5, C = 7;
+  const std::vector<double> rm = randn(C, rng, 0.3, 0.2), rv = randn(C, rng, 0.2, 1.5);
+  for (bool training : {true, false})
+    for (const std::vector<Index>& lengths : {std::vector<Index>{}, std::vector<Index>{5, 2, 0}}) {
+      auto layer = [&](const auto& in, const auto* dy, auto* g) {
+        using R = ScalarOf<decltype(in)>;
+        std::vector<R> y(static_cast<std::size_t>(B * T * C)), mean(rm.begin(), rm.end()), var(rv.begin(), rv.end());
+        batchnorm_forward(y.data(), mean.data(), var.data(), in[0].data(), in[1].data(), in[2].data(), lengths, B, T,
+                          C, training);
+        if (dy) {
+          const std::vector<R> m0(rm.begin(), rm.end()), v0(rv.begin(), rv.end());
+          batchnorm_backward((*g)[0].data(), (*g)[1].data(), (*g)[2].data(), dy->data(), in[0].data(), in[1].data(),
+                             m0.data(), v0.data(), lengths, B, T, C, training);
+        }
+        return y;
+      };
+      SCOPED_TRACE(::testing::Message() << "training " << training << ", lengths " << lengths.size());
+      check_layer(layer, {randn(B * T * C, rng, 2.0, 0.5), randn(C, rng, 0.5, 1.0), randn(C, rng, 0.1)},
+                  {{"inp", "weight", "bias"}, 8, 16}, rng);
+      // padded rows: y and dinp are 0; the running statistics follow PyTorch's update in training
+      std::vector<double> x = randn(B * T * C, rng), y(x.size()), dx(x.size(), 0.0), dy = randn(x.size(), rng);
+      std::vector<double> mean(rm), var(rv), w(C, 1.0), dw(C, 0.0), db(C, 0.0);
+      batchnorm_forward(y.data(), mean.data(), var.data(), x.data(), w.data(), static_cast<const double*>(nullptr),
+                        lengths, B, T, C, training);
+      batchnorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), rm.data(), rv.data(),
+                         lengths, B, T, C, training);
+      Index n = 0;
+      std::vector<double> sum(C, 0.0);
+      for (Index b = 0; b < B; ++b)
+        for (Index t = 0; t < T; ++t)
+          for (Index c = 0; c < C; ++c) {
+            const std::size_t i = static_cast<std::size_t>((b * T + t) * C + c);
+            const bool real = lengths.empty() || t < lengths[static_cast<std::size_t>(b)];
+            if (!real) {
+              EXPECT_EQ(y[i], 0.0);
+              EXPECT_EQ(dx[i], 0.0);
+            } else {
+              sum[static_cast<std::size_t>(c)] += x[i];
+              if (c == 0) ++n;
+            }
+          }
+      for (Index c = 0; c < C; ++c) {
+        const double expect = training ? 0.9 * rm[static_cast<std::size_t>(c)] + 0.1 * sum[static_cast<std::size_t>(c)] / n
+                                       : rm[static_cast<std::size_t>(c)];
+        EXPECT_NEAR(mean[static_cast<std::size_t>(c)], expect, 1e-14);
+      }
+    }
+  // errors: eval without running statistics; training on one real position
+  std::vector<float> x(static_cast<std::size_t>(B * T * C), 1.0f), y(x.size());
+  EXPECT_NL_ERROR(batchnorm_forward<float>(y.data(), nullptr, nullptr, x.data(), nullptr, nullptr, {}, B, T, C, false),
+                  "eval mode needs the running statistics");
+  const std::vector<Index> one{1, 0, 0};
+  EXPECT_NL_ERROR(batchnorm_forward<float>(y.data(), nullptr, nullptr, x.data(), nullptr, nullptr, one, B, T, C, true),
+                  "more than 1 value per channel");
+}
+
 TEST(NnLayers, LayerNormAdapter) {
   std::mt19937_64 rng(12);
   const Index N = 5, C = 11;

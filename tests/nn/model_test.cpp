@@ -21,7 +21,7 @@ namespace {
 const Placement kImplemented[] = {Placement::kPost,  Placement::kPre,   Placement::kSandwich, Placement::kDeepNorm,
                                   Placement::kB2T,   Placement::kMixLN, Placement::kLNS,      Placement::kSiamese,
                                   Placement::kNone};
-const NormKind kNorms[] = {NormKind::kLayerNorm, NormKind::kRmsNorm, NormKind::kDyT};
+const NormKind kNorms[] = {NormKind::kLayerNorm, NormKind::kRmsNorm, NormKind::kDyT, NormKind::kBatchNorm};
 
 ModelConfig tiny(Placement p, NormKind n = NormKind::kLayerNorm) {
   ModelConfig c;
@@ -83,8 +83,14 @@ TEST(NnModel, EveryPlacementAndNormStartsNearLnV) {
 
 // Up to `probes` evenly spaced entries of every parameter tensor: |analytic − fd| ≤ 1e-6·max(|fd|, max|g|
 // of the tensor) + 1e-9 (h = 1e-5; the loss is O(1), so rounding in the difference is ~1e-11).
-void check_fd(const ModelConfig& c, const Batch& b, std::span<const Index> lengths = {}, int probes = 6) {
+// eval: BatchNorm in eval mode, its running statistics moved by 3 training forwards first.
+void check_fd(const ModelConfig& c, const Batch& b, std::span<const Index> lengths = {}, int probes = 6,
+              bool eval = false) {
   Transformer<double> net(c);
+  if (eval) {
+    for (int i = 0; i < 3; ++i) net.forward(b.tokens.data(), b.targets.data(), b.B, b.T, lengths);
+    net.set_training(false);
+  }
   net.forward(b.tokens.data(), b.targets.data(), b.B, b.T, lengths);
   net.backward();
   std::vector<std::vector<double>> g;
@@ -119,6 +125,49 @@ TEST(NnModel, BackwardMatchesFiniteDifferencesForEveryPlacement) {
 TEST(NnModel, BackwardMatchesFiniteDifferencesForRmsNormAndDyT) {
   for (Placement p : {Placement::kPost, Placement::kPre, Placement::kSandwich, Placement::kSiamese})
     for (NormKind n : {NormKind::kRmsNorm, NormKind::kDyT}) check_fd(tiny(p, n), make_batch(11, 2, 5, 12));
+}
+
+// BatchNorm over the sequence: training mode (batch statistics over all real positions), with and
+// without padding, and eval mode (the running statistics, here after a few training forwards).
+TEST(NnModel, BackwardMatchesFiniteDifferencesForBatchNorm) {
+  for (Placement p : {Placement::kPost, Placement::kPre, Placement::kSandwich, Placement::kSiamese}) {
+    check_fd(tiny(p, NormKind::kBatchNorm), make_batch(11, 2, 5, 14));
+    const std::vector<Index> lengths{5, 3};
+    check_fd(tiny(p, NormKind::kBatchNorm), make_batch(11, 2, 5, 15), lengths);
+  }
+}
+
+TEST(NnModel, BatchNormTrainEvalRunningStatsAndPadding) {
+  ModelConfig c = tiny(Placement::kPre, NormKind::kBatchNorm);
+  Transformer<double> net(c);
+  ASSERT_EQ(net.buffers().size(), 2u * (2 * 2 + 1));  // norm1, norm2 per block and ln_f: mean and var each
+  EXPECT_EQ(net.buffers()[0].name, "blocks.0.norm1.running_mean");
+  EXPECT_EQ(net.buffers()[1].name, "blocks.0.norm1.running_var");
+  const Batch b = make_batch(11, 2, 5, 16);
+  const std::vector<Index> lengths{5, 3};
+  // training: padded tokens take no part (loss and running statistics unchanged when they change)
+  const double loss = net.forward(b.tokens.data(), b.targets.data(), b.B, b.T, lengths);
+  std::vector<double> rs(net.buffers()[0].data, net.buffers()[0].data + c.d_model);
+  Transformer<double> net2(c);
+  Batch b2 = b;
+  b2.tokens[8] = (b2.tokens[8] + 1) % 11, b2.tokens[9] = (b2.tokens[9] + 5) % 11;  // sequence 1, t = 3, 4: padding
+  EXPECT_EQ(net2.forward(b2.tokens.data(), b2.targets.data(), b.B, b.T, lengths), loss);
+  for (Index i = 0; i < c.d_model; ++i) EXPECT_EQ(net2.buffers()[0].data[i], rs[static_cast<std::size_t>(i)]);
+  // eval: the running statistics; forwards no longer move them, and the loss differs from training's
+  net.set_training(false);
+  EXPECT_FALSE(net.training());
+  const double eval_loss = net.forward(b.tokens.data(), b.targets.data(), b.B, b.T, lengths);
+  for (Index i = 0; i < c.d_model; ++i) EXPECT_EQ(net.buffers()[0].data[i], rs[static_cast<std::size_t>(i)]);
+  EXPECT_EQ(net.forward(b.tokens.data(), b.targets.data(), b.B, b.T, lengths), eval_loss);
+  EXPECT_NE(eval_loss, loss);
+  check_fd(c, b, lengths, 6, /*eval=*/true);  // eval mode: running statistics from 3 training forwards
+  // the float Model: same train/eval switch and buffers
+  Model m(c);
+  EXPECT_TRUE(m.training());
+  m.set_training(false);
+  EXPECT_FALSE(m.training());
+  EXPECT_EQ(m.buffers().size(), net.buffers().size());
+  EXPECT_EQ(m.buffers()[0].grad, nullptr);
 }
 
 TEST(NnModel, BackwardMatchesFiniteDifferencesWithPaddingGeluLearnedPositionsAndMixLn) {
@@ -166,8 +215,10 @@ TEST(NnModel, ClassifierOverTokensAndFramesMatchesFiniteDifferences) {
 // ---- float Model vs double network ------------------------------------------------------------------------
 
 TEST(NnModel, FloatModelMatchesDoubleNetwork) {
-  for (Placement p : kImplemented) {
-    ModelConfig c = tiny(p);
+  for (Placement p : kImplemented)
+    for (NormKind n : {NormKind::kLayerNorm, NormKind::kBatchNorm}) {
+    if (n == NormKind::kBatchNorm && p == Placement::kNone) continue;
+    ModelConfig c = tiny(p, n);
     c.layers = 3, c.d_model = 16, c.ffn = 32, c.vocab = 20;
     Model m(c);
     Transformer<double> net(c);
@@ -177,8 +228,10 @@ TEST(NnModel, FloatModelMatchesDoubleNetwork) {
     for (std::size_t t = 0; t < pf.size(); ++t)  // same weights: the float ones
       for (Index i = 0; i < pf[t].numel(); ++i) pd[t].data[i] = pf[t].data[i];
     const Batch b = make_batch(c.vocab, 2, 8, 21);
-    const double lf = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
-    const double ld = net.forward(b.tokens.data(), b.targets.data(), b.B, b.T);
+    std::vector<Index> lengths;  // BatchNorm: with padding (its statistics skip the padded positions)
+    if (n == NormKind::kBatchNorm) lengths = {8, 5};
+    const double lf = m.forward(b.tokens.data(), b.targets.data(), b.B, b.T, lengths);
+    const double ld = net.forward(b.tokens.data(), b.targets.data(), b.B, b.T, lengths);
     EXPECT_NEAR(lf, ld, 64 * 1.2e-7 * ld) << label(c);
     m.backward();
     net.backward();
@@ -204,7 +257,6 @@ TEST(NnModel, BadConfigurationsThrowClearErrors) {
   EXPECT_NL_ERROR(parse_placement("postln"), "unknown placement 'postln'");
   EXPECT_NL_ERROR(parse_placement("postln"), "post|pre|sandwich|deepnorm|b2t|mixln|lns|siamese|spannorm|none");
   EXPECT_NL_ERROR(Model{tiny(Placement::kSpanNorm)}, "SpanNorm's block formula could not be verified");
-  EXPECT_NL_ERROR(Model{tiny(Placement::kPre, NormKind::kBatchNorm)}, "BatchNorm");
   c = tiny(Placement::kPre);
   c.layers = 0;
   EXPECT_NL_ERROR(Model{c}, "layers must be ≥ 1");

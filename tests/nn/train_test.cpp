@@ -171,6 +171,48 @@ TEST_F(NnTrain, ResumeWithConstantScheduleFromAShortRun) {
   EXPECT_NL_ERROR(train(wrong), "layers = 2 in the checkpoint, 3 here");
 }
 
+TEST_F(NnTrain, BatchNormResumeIsBitIdenticalWithItsRunningStatistics) {
+  // BatchNorm over the sequence: the validation loss uses the running statistics (eval mode), which
+  // the checkpoint carries; a resumed run matches the uninterrupted one in losses and validation losses.
+  const std::int64_t k = 6;
+  TrainConfig c = tiny(2 * k);
+  c.model.norm = NormKind::kBatchNorm;
+  c.eval_every = k;
+  c.log_path = (dir_ / "whole.jsonl").string();
+  const TrainResult whole = train(c);
+  TrainConfig first = c;
+  first.steps = k;
+  first.log_path = (dir_ / "first.jsonl").string();
+  first.checkpoint_dir = (dir_ / "ck").string();
+  const TrainResult a = train(first);
+  TrainConfig second = c;
+  second.log_path = (dir_ / "second.jsonl").string();
+  second.resume_dir = first.checkpoint_dir;
+  const TrainResult b = train(second);
+  std::vector<double> joined = a.losses;
+  joined.insert(joined.end(), b.losses.begin(), b.losses.end());
+  EXPECT_EQ(joined, whole.losses);
+  const auto lw = read_lines(dir_ / "whole.jsonl"), ls = read_lines(dir_ / "second.jsonl");
+  ASSERT_FALSE(lw.empty());
+  ASSERT_FALSE(ls.empty());
+  EXPECT_EQ(lw.back()["step"], ls.back()["step"]);
+  EXPECT_EQ(lw.back()["val_loss"], ls.back()["val_loss"]);
+  // the checkpoint holds the running statistics; a model loaded from it evaluates like the run did
+  Model m(read_checkpoint_meta(first.checkpoint_dir).model);
+  ASSERT_FALSE(m.buffers().empty());
+  load_checkpoint(first.checkpoint_dir, read_checkpoint_meta(first.checkpoint_dir).model, m.params(), nullptr,
+                  m.buffers());
+  bool moved = false;  // running_mean moved away from its initial 0
+  for (const ParamRef& r : m.buffers())
+    for (Index i = 0; i < r.numel(); ++i) moved |= r.name.ends_with("running_mean") && r.data[i] != 0.0f;
+  EXPECT_TRUE(moved);
+  // without the buffers the load is refused
+  Model m2(read_checkpoint_meta(first.checkpoint_dir).model);
+  EXPECT_NL_ERROR(load_checkpoint(first.checkpoint_dir, read_checkpoint_meta(first.checkpoint_dir).model, m2.params(),
+                                  nullptr),
+                  "buffers (running statistics)");
+}
+
 TEST_F(NnTrain, DivergenceStopsCleanlyAndKeepsTheLastGoodCheckpoint) {
   TrainConfig good = tiny(4);
   good.eval_every = 2;

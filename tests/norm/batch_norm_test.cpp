@@ -5,6 +5,7 @@
 #include <normlab/norm.h>
 #include <normlab/parallel.h>
 #include <normlab/reference.h>
+#include <normlab/simd.h>
 
 #include <cmath>
 #include <numeric>
@@ -431,6 +432,81 @@ TEST(BatchNormDeterminism, SameBitsForOneTwoAndThreeThreads) {
     for (std::size_t i = 0; i < out[0].size(); ++i)
       EXPECT_TRUE(bitwise_equal(out[0][i].cview(), out[t][i].cview(),
                                 fmt::format("{} threads, output {}", t + 1, i)));
+}
+
+TEST(BatchNormDeterminism, SameBitsOnEverySimdTarget) {
+  std::mt19937_64 rng(9);
+  Tensor x = testing::random_tensor({5, 7, 333}, rng, 2.0, 3.0), dy = testing::random_tensor({5, 7, 333}, rng, 1, 0);
+  Tensor w = testing::random_tensor({7}, rng, 1.0, 1.0), b = testing::random_tensor({7}, rng, 0.5, 0.0);
+  const Lengths len = random_lengths(rng, 5, 333);
+  const Isa saved = active_isa();
+  std::vector<std::vector<Tensor>> out;
+  for (const Isa isa : supported_isas()) {
+    set_isa(isa);
+    std::vector<Tensor> o;
+    for (const Lengths& l : {Lengths{}, len}) {
+      BnFwd f = bn_forward(x.cview(), w.cview(), b.cview(), nullptr, nullptr, l, {});
+      Grads g = bn_backward(dy.cview(), x.cview(), w.cview(), {}, {}, l, {});
+      for (Tensor* p : {&f.y, &f.mean, &f.rstd, &g.dx, &g.dw, &g.db}) o.push_back(std::move(*p));
+    }
+    out.push_back(std::move(o));
+  }
+  set_isa(saved);
+  for (std::size_t t = 1; t < out.size(); ++t)
+    for (std::size_t i = 0; i < out[0].size(); ++i)
+      EXPECT_TRUE(bitwise_equal(out[0][i].cview(), out[t][i].cview(),
+                                fmt::format("{}, output {}", isa_name(supported_isas()[t]), i)));
+}
+
+// Per-segment moments are taken around one of the segment's own values (channel_norm.cpp), so a large
+// common offset costs no accuracy: y within 1e-6 of float64 at 1e4 + N(0, 1), the backward within the
+// usual budget.
+TEST(BatchNormNumerics, OffsetTenThousandWithinOneMicro) {
+  std::mt19937_64 rng(8);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  Tensor x({8, 6, 300});
+  for (Index i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(1e4 + nd(rng));
+  Tensor dy = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
+  const BnFwd f = bn_forward(x.cview(), {}, {}, nullptr, nullptr, {}, {});
+  const ref::BatchNormOut r = ref::batch_norm_forward(x.cview(), {}, {}, {}, {}, 0, {}, {});
+  double worst = 0;
+  for (Index i = 0; i < x.numel(); ++i) worst = std::max(worst, std::fabs(f.y[i] - r.y[i]));
+  EXPECT_LE(worst, 1e-6) << "max abs error of y at offset 1e4";
+  const Grads g = bn_backward(dy.cview(), x.cview(), {}, {}, {}, {}, {});
+  const LayerNormGrads rg = ref::batch_norm_backward(dy.cview(), x.cview(), {}, {}, {}, {}, {});
+  EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), {})}, "dx at 1e4"));
+  EXPECT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{8, max_abs(rg.dweight)}, "dweight at 1e4"));
+}
+
+// Outputs of ≥ 16 MiB go through scratch and streaming stores (channel_norm.cpp) when a segment of the
+// output is consecutive floats: the same bits as the ordinary path, which an output with a step of 2
+// along T takes (its segments are scattered), at 1 and 2 threads. Also against the float64 reference.
+TEST(BatchNormDeterminism, StreamingStoresGiveTheSameBits) {
+  std::mt19937_64 rng(7);
+  const Index B = 4, C = 8, T = (Index{1} << 17) + 5;  // 16 MiB + 80 B; segments misaligned
+  Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, 3.0),
+         dy = testing::random_tensor({B, C, T}, rng, 1, 0);
+  Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 0.5, 0.0);
+  Tensor py({B, C, 2 * T}), pdx({B, C, 2 * T}), sm({C}), sr({C}), dw({C}), db({C});
+  View ys = py.view().slice(2, 0, 2 * T, 2), dxs = pdx.view().slice(2, 0, 2 * T, 2);
+  const int saved = num_threads();
+  for (int t : {1, 2}) {
+    set_num_threads(t);
+    const BnFwd a = bn_forward(x.cview(), w.cview(), b.cview(), nullptr, nullptr, {}, {});
+    batch_norm_forward(ys, sm.view(), sr.view(), {}, {}, nullptr, x.cview(), w.cview(), b.cview(), {}, {});
+    EXPECT_TRUE(bitwise_equal(a.y.cview(), ys, "y streamed vs ordinary stores"));
+    EXPECT_TRUE(bitwise_equal(a.rstd.cview(), sr.cview(), "rstd"));
+    const Grads ga = bn_backward(dy.cview(), x.cview(), w.cview(), {}, {}, {}, {});
+    batch_norm_backward(dxs, dw.view(), db.view(), dy.cview(), x.cview(), w.cview(), {}, {}, {}, {});
+    EXPECT_TRUE(bitwise_equal(ga.dx.cview(), dxs, "dx streamed vs ordinary stores"));
+    EXPECT_TRUE(bitwise_equal(ga.dw.cview(), dw.cview(), "dweight"));
+    EXPECT_TRUE(bitwise_equal(ga.db.cview(), db.cview(), "dbias"));
+    if (t == 1) {
+      const ref::BatchNormOut r = ref::batch_norm_forward(x.cview(), w.cview(), b.cview(), {}, {}, 0, {}, {});
+      EXPECT_TRUE(all_close(a.y.cview(), r.y, Tol{4, 1}, "y vs float64"));
+    }
+  }
+  set_num_threads(saved);
 }
 
 // ---- bad input ------------------------------------------------------------------------------------

@@ -369,6 +369,39 @@ TEST(ChannelNormDeterminism, InstanceAndGroupNormSameBitsForOneTwoAndThreeThread
 
 // ---- bad input ------------------------------------------------------------------------------------
 
+// Outputs of ≥ 16 MiB are streamed (channel_norm.cpp) when a segment of the output is consecutive
+// floats: the bits of the ordinary path, which an output with a step of 2 along T takes; masked
+// InstanceNorm with full lengths (input a sliced view) gives the unmasked bits.
+TEST(ChannelNormDeterminism, StreamingStoresGiveTheSameBits) {
+  std::mt19937_64 rng(17);
+  const Index B = 2, C = 8, T = (Index{1} << 18) + 3;
+  Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, -1.0),
+         dy = testing::random_tensor({B, C, T}, rng, 1, 0);
+  Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 0.5, 0.0);
+  Tensor py({B, C, 2 * T}), pdx({B, C, 2 * T}), m({B, 4}), r({B, 4}), dw({C}), db({C});
+  View ys = py.view().slice(2, 0, 2 * T, 2), dxs = pdx.view().slice(2, 0, 2 * T, 2);
+  const Fwd a = gn_forward(x.cview(), w.cview(), b.cview(), 4, {});
+  group_norm_forward(ys, m.view(), r.view(), x.cview(), w.cview(), b.cview(), 4, {});
+  EXPECT_TRUE(bitwise_equal(a.y.cview(), ys, "GroupNorm y"));
+  const Grads ga = gn_backward(dy.cview(), x.cview(), w.cview(), 4, {});
+  group_norm_backward(dxs, dw.view(), db.view(), dy.cview(), x.cview(), w.cview(), 4, {});
+  EXPECT_TRUE(bitwise_equal(ga.dx.cview(), dxs, "GroupNorm dx"));
+  EXPECT_TRUE(bitwise_equal(ga.dw.cview(), dw.cview(), "GroupNorm dweight"));
+  Tensor px({B, C, T + 2});
+  View xv = px.view().slice(2, 1, T + 1);
+  for (Index i = 0; i < B * C; ++i)
+    for (Index t = 0; t < T; ++t) xv.data()[i * (T + 2) + t] = x[i * T + t];
+  const Lengths full{T, T};
+  const Fwd ia = in_forward(x.cview(), w.cview(), b.cview(), {}, {}),
+            im = in_forward(xv, w.cview(), b.cview(), full, {});
+  EXPECT_TRUE(bitwise_equal(ia.y.cview(), im.y.cview(), "InstanceNorm y, masked full lengths"));
+  const Grads gi = in_backward(dy.cview(), x.cview(), w.cview(), {}, {}),
+              gm = in_backward(dy.cview(), xv, w.cview(), full, {});
+  EXPECT_TRUE(bitwise_equal(gi.dx.cview(), gm.dx.cview(), "InstanceNorm dx, masked full lengths"));
+  EXPECT_TRUE(all_close(ia.y.cview(), ref::instance_norm_forward(x.cview(), w.cview(), b.cview(), {}, {}).y,
+                        Tol{4, 1}, "InstanceNorm y vs float64"));
+}
+
 TEST(ChannelNormErrors, BadInputGetsClearMessages) {
   Tensor x({2, 6, 4}), y({2, 6, 4}), dx({2, 6, 4}), dy({2, 6, 4}), bad({5}), stats_bad({2, 3});
   EXPECT_NL_ERROR(group_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, 4),

@@ -18,6 +18,7 @@ namespace {
 
 using testing::all_close;
 using testing::bitwise_equal;
+using testing::dx_scale;
 using testing::max_abs;
 using testing::Tol;
 
@@ -153,16 +154,19 @@ TEST(LayerNormReference, ForwardAndBackwardMatchFloat64OnRandomLayouts) {
     ConstView w = c.use_w ? c.w.cview() : ConstView{}, b = c.use_b ? c.b.cview() : ConstView{};
     Fwd f = run_forward(c.x, w, b, c.axes, c.eps);
     ref::LayerNormOut r = ref::layer_norm_forward(c.x, w, b, c.axes, c.eps);
-    // y = x̂·γ + β with |x̂| up to √n: a few roundings of the output's own magnitude.
-    ASSERT_TRUE(all_close(f.y.cview(), r.y, Tol{4, 1}, "y"));
+    // y = x̂·γ + β computed in float (docs/numerics.md): at most 4 eps of |x̂·γ| plus half an eps of |y|.
+    // |x̂·γ| ≤ |y| + |β|, so the scale is max|y| + max|β| (at least 1).
+    const double y_scale = std::max(1.0, max_abs(r.y) + (c.use_b ? max_abs(c.b) : 0.0));
+    ASSERT_TRUE(all_close(f.y.cview(), r.y, Tol{4.5, y_scale}, "y"));
     ASSERT_TRUE(all_close(f.mean.cview(), r.mean, Tol{1, 1e-30}, "mean"));
     ASSERT_TRUE(all_close(f.rstd.cview(), r.rstd, Tol{2, 1e-30}, "rstd"));
 
     Tensor dy = testing::random_tensor(c.x.shape(), rng, 1.0, 0.0);
     Bwd g = run_backward(dy.cview(), c.x, w, c.axes, c.eps);
     ref::LayerNormGrads rg = ref::layer_norm_backward(dy.cview(), c.x, w, c.axes, c.eps);
-    // dx is a difference of O(rstd·|g|) terms: the bound scales with the largest |dx| of the case.
-    ASSERT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, max_abs(rg.dx)}, "dx"));
+    // dx is a difference of O(rstd·|g|) terms computed in float (docs/numerics.md): the bound scales with
+    // those terms, rstd·|dy|·|γ| (dx_scale), as for BatchNorm and GroupNorm.
+    ASSERT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), w)}, "dx"));
     ASSERT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{4, max_abs(rg.dweight)}, "dweight"));
     ASSERT_TRUE(all_close(g.db.cview(), rg.dbias, Tol{4, max_abs(rg.dbias)}, "dbias"));
   }
@@ -189,16 +193,24 @@ TEST(LayerNormReference, OneElementGroupsGiveZero) {
 }
 
 TEST(LayerNormReference, SpeechAxesWithoutTranspose) {
-  // [B,F,T] over F, over T and over (F,T); video [B,T,N,D] over D. Normalizing a strided axis must
-  // give exactly the bits of normalizing a physically transposed contiguous copy (same math, same
-  // order within the group).
+  // [B,F,T] over F, over T and over (F,T); video [B,T,N,D] over D. A strided axis whose groups are
+  // gathered (here T = 5 < 8 frames, too few for the column path) gives exactly the bits of normalizing
+  // a physically transposed contiguous copy (same row kernel, same order within the group). On the
+  // column path (T = 37) the elementwise math is double and the row path's is fp32 (docs/numerics.md):
+  // the two agree within the row path's budget.
   std::mt19937_64 rng(3);
+  Tensor xs = testing::random_tensor({4, 80, 5}, rng, 3.0, 5.0);
+  Tensor xst = Tensor::copy_of(xs.cview().permute({0, 2, 1}));  // [B,T,F] contiguous
+  Fwd gathered = run_forward(xs.cview(), {}, {}, {1}, 1e-5);
+  Fwd gathered_t = run_forward(xst.cview(), {}, {}, {2}, 1e-5);
+  EXPECT_TRUE(bitwise_equal(gathered.y.cview(), gathered_t.y.cview().permute({0, 2, 1}), "over F vs transposed"));
+  EXPECT_TRUE(bitwise_equal(gathered.mean.cview(), gathered_t.mean.cview(), "frame means"));
   Tensor x = testing::random_tensor({4, 80, 37}, rng, 3.0, 5.0);
-  Tensor xt = Tensor::copy_of(x.cview().permute({0, 2, 1}));  // [B,T,F] contiguous
+  Tensor xt = Tensor::copy_of(x.cview().permute({0, 2, 1}));
   Fwd over_f = run_forward(x.cview(), {}, {}, {1}, 1e-5);
   Fwd over_f_t = run_forward(xt.cview(), {}, {}, {2}, 1e-5);
-  EXPECT_TRUE(bitwise_equal(over_f.y.cview(), over_f_t.y.cview().permute({0, 2, 1}), "over F vs transposed"));
-  EXPECT_TRUE(bitwise_equal(over_f.mean.cview(), over_f_t.mean.cview(), "frame means"));
+  const Tensor over_f_t_back = Tensor::copy_of(over_f_t.y.cview().permute({0, 2, 1}));
+  EXPECT_TRUE(all_close(over_f.y.cview(), ref::to_double(over_f_t_back.cview()), Tol{4.5, 1}, "column vs row path"));
   for (const Axes& axes : {Axes{1}, Axes{2}, Axes{1, 2}, Axes{0, 2}}) {
     Fwd f = run_forward(x.cview(), {}, {}, axes, 1e-5);
     EXPECT_TRUE(all_close(f.y.cview(), ref::layer_norm_forward(x.cview(), {}, {}, axes, 1e-5).y, Tol{4, 1}));
@@ -356,6 +368,19 @@ TEST(LayerNormDeterminism, SameBitsOnEverySimdTarget) {
   set_isa(saved);
   ASSERT_FALSE(out.empty());
   for (std::size_t i = 1; i < out.size(); ++i) expect_same_bits(out[0], out[i], isa_name(isas[i]));
+  // Short rows (the small-D paths: blocks of rows, tails of the 16-lane vectors and 64-element blocks),
+  // with γ and β, on every target.
+  for (Index d : {1, 7, 64, 80, 100, 256}) {
+    Tensor xs = testing::random_tensor({29, d}, rng, 2.0, 1.0), dys = testing::random_tensor({29, d}, rng, 1.0, 0.0);
+    Tensor ws = testing::random_tensor({d}, rng, 1.0, 1.0);
+    std::vector<AllOutputs> o;
+    for (Isa isa : isas) {
+      set_isa(isa);
+      o.push_back(run_all(xs.cview(), ws.cview(), dys.cview(), {1}));
+    }
+    set_isa(saved);
+    for (std::size_t i = 1; i < o.size(); ++i) expect_same_bits(o[0], o[i], fmt::format("D={} {}", d, isa_name(isas[i])));
+  }
   // Each target also agrees with the float64 reference.
   EXPECT_TRUE(all_close(out.back().f.y.cview(), ref::layer_norm_forward(x.cview(), w.cview(), {}, {1}, 1e-5).y,
                         Tol{4, 1}));

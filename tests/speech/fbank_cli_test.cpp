@@ -92,6 +92,22 @@ TEST_F(FbankCliTest, KaldiFlagsReachTheOptions) {
   EXPECT_TRUE(bitwise_equal(load_npy(p("b.npy")).cview(), ref.cview()));
 }
 
+TEST_F(FbankCliTest, VtlnFlagsReachTheOptions) {
+  ASSERT_EQ(run(kFix + "tone16k.wav -o " + p("v.npy") + " --dither 0 --vtln-warp 1.1 --vtln-low 250 --vtln-high -800"),
+            0)
+      << err();
+  FbankOptions o;
+  o.frame_opts.dither = 0;
+  o.vtln_warp = 1.1f;
+  o.mel_opts.vtln_low = 250;
+  o.mel_opts.vtln_high = -800;
+  const Waveform w = read_wav(kFix + "tone16k.wav");
+  EXPECT_TRUE(bitwise_equal(load_npy(p("v.npy")).cview(), ComputeFbank(o, w.samples, w.samp_freq).cview()));
+  EXPECT_EQ(run(kFix + "tone16k.wav -o " + p("bad.npy") + " --dither 0 --vtln-warp 0.9 --vtln-low 10"), 1);
+  EXPECT_NE(err().find("bad VTLN options"), std::string::npos) << err();
+  EXPECT_FALSE(fs::exists(p("bad.npy")));
+}
+
 TEST_F(FbankCliTest, ListRunsEveryFileInParallel) {
   // The same clip under several names plus one 8 kHz clip resampled nowhere: list order and threads must not
   // matter.

@@ -130,13 +130,13 @@ TEST(MelBanks, TrianglesPeakAtTheirCentresAndSkipTheNyquistBin) {
     const auto w = mb.BinWeights(b);
     EXPECT_GE(mb.BinOffset(b), 0);
     EXPECT_LE(mb.BinOffset(b) + static_cast<int>(w.size()), 256);  // index 256 (Nyquist) never used
-    float mx = 0;
-    for (float v : w) {
-      EXPECT_GT(v, 0.0f);
-      EXPECT_LE(v, 1.0f);
+    double mx = 0;
+    for (double v : w) {
+      EXPECT_GT(v, 0.0);
+      EXPECT_LE(v, 1.0);
       mx = std::max(mx, v);
     }
-    EXPECT_GT(mx, 0.5f);
+    EXPECT_GT(mx, 0.5);
   }
   EXPECT_GT(mb.CenterFreqs()[0], 20.0f);
   EXPECT_LT(mb.CenterFreqs()[22], 8000.0f);
@@ -145,7 +145,7 @@ TEST(MelBanks, TrianglesPeakAtTheirCentresAndSkipTheNyquistBin) {
   mb.Compute(ones, mel);
   for (int b = 0; b < 23; ++b) {
     double s = 0;
-    for (float v : mb.BinWeights(b)) s += v;
+    for (double v : mb.BinWeights(b)) s += v;
     EXPECT_DOUBLE_EQ(mel[static_cast<std::size_t>(b)], s);
   }
 }

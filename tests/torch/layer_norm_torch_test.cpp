@@ -163,6 +163,8 @@ Results run_both(const Problem& p) {
 // Groups with a non-finite rstd (eps = 0 and constant) are NaN in every output and left out.
 struct Scales {
   double y = 0, mean = 0, rstd = 0, dx = 0, dw = 0, db = 0;
+  double dx_terms = 0;  // max rstd_g·max|dy·γ|: the terms normlab's dx cancels
+  double dw_terms = 0;  // max_j Σ_g |dy·x̂|: the terms normlab sums for dγ (those of dβ: db)
 };
 Scales torch_scales(const Problem& p, const ref::LayerNormOut& r) {
   const std::vector<int> perm = torch_perm(p.x.rank(), p.axes);
@@ -174,6 +176,7 @@ Scales torch_scales(const Problem& p, const ref::LayerNormOut& r) {
   auto wj = [&](Index j) { return p.w.defined() ? std::fabs(static_cast<double>(p.w.data()[j])) : 1.0; };
   auto bj = [&](Index j) { return p.b.defined() ? std::fabs(static_cast<double>(p.b.data()[j])) : 0.0; };
   std::vector<double> sum_w(static_cast<std::size_t>(n), 0), sum_b(static_cast<std::size_t>(n), 0);
+  std::vector<double> sum_xh(static_cast<std::size_t>(n), 0);
   Scales s;
   for (Index g = 0; g < groups; ++g) {
     const double mean = std::fabs(r.mean[g]), rstd = r.rstd[g];
@@ -189,14 +192,17 @@ Scales torch_scales(const Problem& p, const ref::LayerNormOut& r) {
     const double kappa = (xmax + mean) * rstd;
     s.rstd = std::max(s.rstd, rstd * kappa);
     s.dx = std::max(s.dx, rstd * gmax * kappa * kappa);
+    s.dx_terms = std::max(s.dx_terms, rstd * gmax);
     for (Index j = 0; j < n; ++j) {
       const auto i = static_cast<std::size_t>(g * n + j);
       const double a = (std::fabs(xs[i]) + mean) * rstd;
       s.y = std::max(s.y, wj(j) * a + bj(j));
       sum_w[static_cast<std::size_t>(j)] += std::fabs(dys[i]) * a;
+      sum_xh[static_cast<std::size_t>(j)] += std::fabs(dys[i] * (xs[i] - r.mean[g]) * rstd);
     }
   }
   s.dw = *std::max_element(sum_w.begin(), sum_w.end());
+  s.dw_terms = *std::max_element(sum_xh.begin(), sum_xh.end());
   s.db = *std::max_element(sum_b.begin(), sum_b.end());
   return s;
 }
@@ -220,7 +226,9 @@ void check(const std::string& what, ConstView nl, const at::Tensor& torch, const
   EXPECT_TRUE(all_close(tv, r, torch_tol, what + ": LibTorch vs float64"));
   EXPECT_TRUE(all_close(tv, ref::to_double(nl), torch_tol, what + ": LibTorch vs normlab"));
   const double e_nl = max_err(nl, r), e_t = max_err(tv, r);
-  EXPECT_LE(e_nl, e_t + kEps32 * mag) << what << ": normlab is less exact than LibTorch";
+  // normlab rounds in fp32 too (docs/numerics.md), so "as exact" is up to one ε of the magnitude its own
+  // budget is relative to (ordinary.scale: the terms of y, of dx, of the dγ/dβ sums).
+  EXPECT_LE(e_nl, e_t + kEps32 * std::max(mag, ordinary.scale)) << what << ": normlab is less exact than LibTorch";
   Worst& w = worst()[what];
   if (mag > 0) w.nl = std::max(w.nl, e_nl / (kEps32 * mag));
   if (mag > 0) w.torch = std::max(w.torch, e_t / (kEps32 * mag));
@@ -233,16 +241,21 @@ void check_problem(const Problem& p) {
   const ref::LayerNormGrads g = ref::layer_norm_backward(p.dy, p.x, p.w, p.axes, p.eps);
   const Scales s = torch_scales(p, r);
   // normlab's budgets are the unit tests' (tests/norm/layer_norm_test.cpp).
-  check("y", res.y.cview(), res.ty, r.y, Tol{4, 1}, s.y);
+  // y = x̂·γ + β in fp32: 4 ε of |x̂·γ| ≤ |y| + |β| and half an ε of |y| (docs/numerics.md).
+  const double y_scale = std::max(1.0, max_abs(r.y) + (p.b.defined() ? testing::max_abs(p.b) : 0.0));
+  check("y", res.y.cview(), res.ty, r.y, Tol{4.5, y_scale}, s.y);
   check("mean", res.mean.cview(), res.tmean, r.mean, Tol{1, 1e-30}, s.mean);
   check("rstd", res.rstd.cview(), res.trstd, r.rstd, Tol{2, 1e-30}, s.rstd);
-  check("dx", res.dx.cview(), res.tdx, g.dx, Tol{16, max_abs(g.dx)}, s.dx);
+  // dx is formed in fp32 from O(rstd·|dy·γ|) terms that cancel (docs/numerics.md): that is its scale.
+  check("dx", res.dx.cview(), res.tdx, g.dx, Tol{16, std::max(max_abs(g.dx), s.dx_terms)}, s.dx);
   if (p.w.defined()) {
-    check("dweight", res.dw.cview(), res.tdw, g.dweight, Tol{4, max_abs(g.dweight)}, s.dw);
-    check("dbias", res.db.cview(), res.tdb, g.dbias, Tol{4, max_abs(g.dbias)}, s.db);
+    // Sums over the groups whose terms are rounded and partly summed in fp32 (docs/numerics.md): the
+    // scale is the sum of the terms' magnitudes.
+    check("dweight", res.dw.cview(), res.tdw, g.dweight, Tol{4, std::max(max_abs(g.dweight), s.dw_terms)}, s.dw);
+    check("dbias", res.db.cview(), res.tdb, g.dbias, Tol{4, std::max(max_abs(g.dbias), s.db)}, s.db);
   } else {  // LibTorch computes no parameter gradients without γ; normlab's still match float64.
-    EXPECT_TRUE(all_close(res.dw.cview(), g.dweight, Tol{4, max_abs(g.dweight)}, "dweight (no γ)"));
-    EXPECT_TRUE(all_close(res.db.cview(), g.dbias, Tol{4, max_abs(g.dbias)}, "dbias (no γ)"));
+    EXPECT_TRUE(all_close(res.dw.cview(), g.dweight, Tol{4, std::max(max_abs(g.dweight), s.dw_terms)}, "dweight (no γ)"));
+    EXPECT_TRUE(all_close(res.db.cview(), g.dbias, Tol{4, std::max(max_abs(g.dbias), s.db)}, "dbias (no γ)"));
   }
 }
 

@@ -35,6 +35,18 @@ torch::Tensor tnorm(const ModelConfig& c, TParams& P, const std::string& name, c
     case NormKind::kRmsNorm:
       y = x * torch::rsqrt(x.pow(2).mean(-1, true) + c.norm_eps) * P[name + ".weight"];
       break;
+    case NormKind::kBatchNorm: {  // BatchNorm1d over (B·T) per channel, training mode, running stats updated
+      const int64_t C = c.d_model;
+      if (P.find(name + ".running_mean") == P.end()) {
+        P[name + ".running_mean"] = torch::zeros({C}, torch::kFloat64);
+        P[name + ".running_var"] = torch::ones({C}, torch::kFloat64);
+      }
+      y = F::batch_norm(x.reshape({-1, C}), P[name + ".running_mean"], P[name + ".running_var"],
+                        F::BatchNormFuncOptions().weight(P[name + ".weight"]).bias(P[name + ".bias"])
+                            .training(true).momentum(0.1).eps(c.norm_eps))
+              .view(x.sizes());
+      break;
+    }
     default:  // DyT
       y = P[name + ".weight"] * torch::tanh(P[name + ".alpha"] * x) + P[name + ".bias"];
       break;
@@ -169,6 +181,20 @@ void compare(const ModelConfig& c) {
   EXPECT_NEAR(lf, ref, 64 * 1.19e-7 * ref);
   EXPECT_NEAR(ld, ref, 1e-12 * ref);
 
+  // BatchNorm: the running statistics after this one training forward, LibTorch's update rule
+  std::vector<ParamRef> bf = m.buffers();
+  ASSERT_EQ(bf.size(), net.buffers().size());
+  for (std::size_t t = 0; t < bf.size(); ++t) {
+    ASSERT_TRUE(P.count(bf[t].name)) << bf[t].name;
+    const torch::Tensor r = P[bf[t].name];
+    const std::vector<double> ref_v(r.data_ptr<double>(), r.data_ptr<double>() + r.numel());
+    EXPECT_TRUE(testing::float_matches(std::vector<float>(bf[t].data, bf[t].data + bf[t].numel()), ref_v, 64,
+                                       bf[t].name + " (float)", 1.0));
+    for (Index i = 0; i < bf[t].numel(); ++i)
+      EXPECT_NEAR(net.buffers()[t].data[i], ref_v[static_cast<std::size_t>(i)], 1e-12 * (1 + std::fabs(ref_v[static_cast<std::size_t>(i)])))
+          << bf[t].name;
+  }
+
   std::vector<std::vector<double>> g_ref;
   double gmax = 0;
   for (const ParamRef& r : pf) {
@@ -216,6 +242,11 @@ TEST(NnModelTorch, EveryPlacementMatchesLibTorchAutograd) {
 TEST(NnModelTorch, RmsNormAndDyTMatchLibTorchAutograd) {
   for (Placement p : {Placement::kPost, Placement::kPre, Placement::kSandwich, Placement::kSiamese})
     for (NormKind n : {NormKind::kRmsNorm, NormKind::kDyT}) compare(small(p, n));
+}
+
+TEST(NnModelTorch, BatchNormOverTheSequenceMatchesLibTorchAutograd) {
+  for (Placement p : {Placement::kPost, Placement::kPre, Placement::kSandwich, Placement::kSiamese})
+    compare(small(p, NormKind::kBatchNorm));
 }
 
 TEST(NnModelTorch, MixLnWithPostBlocksMatchesLibTorchAutograd) {

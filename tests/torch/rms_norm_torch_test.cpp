@@ -107,8 +107,14 @@ TEST(TorchRmsNorm, ComposedRmsNormForwardAndAutogradOnRandomLayouts) {
         std::max(max_abs(rg.dweight), max_dy * max_xhat * static_cast<double>(x.numel() / ns.product()));
 
     ASSERT_TRUE(all_close(y.cview(), r.y, Tol{4, 1}, "normlab y"));
-    ASSERT_TRUE(all_close(dx.cview(), rg.dx, Tol{16, max_abs(rg.dx)}, "normlab dx"));
-    ASSERT_TRUE(all_close(dw.cview(), rg.dweight, Tol{4, max_abs(rg.dweight)}, "normlab dweight"));
+    // dx in fp32 from O(rstd·|dy·γ|) terms that cancel (docs/numerics.md): that is its scale.
+    ASSERT_TRUE(all_close(dx.cview(), rg.dx, Tol{16, std::max(max_abs(rg.dx), max_rstd * max_g)}, "normlab dx"));
+    // dγ = Σ_groups dy·x̂ with x̂ rounded in fp32: scale Σ|dy·x̂|, the reference dγ of |dy| and |x|.
+    Tensor ady = Tensor::copy_of(dy.cview()), ax = Tensor::copy_of(x);
+    for (Index k = 0; k < ady.numel(); ++k) ady[k] = std::fabs(ady[k]);
+    for (Index k = 0; k < ax.numel(); ++k) ax[k] = std::fabs(ax[k]);
+    const double dw_terms = max_abs(ref::rms_norm_backward(ady.cview(), ax.cview(), {}, axes, eps).dweight);
+    ASSERT_TRUE(all_close(dw.cview(), rg.dweight, Tol{4, std::max(max_abs(rg.dweight), dw_terms)}, "normlab dweight"));
     const ref::DTensor ty_d = to_dtensor(ty.detach()), tdx = to_dtensor(tx.grad());
     Tensor ty_f = Tensor::copy_of(TensorView<const double>(ty_d.data(), ty_d.shape()));
     Tensor tdx_f = Tensor::copy_of(TensorView<const double>(tdx.data(), tdx.shape()));

@@ -33,13 +33,6 @@ struct GradnormsOptions {
   bool json = false;
 };
 
-nn::NormKind parse_norm(const std::string& s) {
-  if (s == "layer") return nn::NormKind::kLayerNorm;
-  if (s == "rms") return nn::NormKind::kRmsNorm;
-  if (s == "dyt") return nn::NormKind::kDyT;
-  throw Error(fmt::format("unknown --norm '{}'; valid: layer|rms|dyt", s));
-}
-
 // "blocks.3.attn.q.weight" → (3, "attn.q"); "blocks.3.norm1.weight" → (3, "norm1.weight"); else (−1, name)
 std::pair<int, std::string> layer_key(const nn::ParamRef& p) {
   if (!p.name.starts_with("blocks.")) return {-1, p.name};
@@ -55,7 +48,7 @@ void run_gradnorms(const GradnormsOptions& o) {
   NL_CHECK(o.batch >= 1 && o.seq >= 1, "--batch and --seq must be ≥ 1, got {} and {}", o.batch, o.seq);
   nn::ModelConfig cfg;
   cfg.placement = nn::parse_placement(o.placement);
-  cfg.norm = parse_norm(o.norm);
+  cfg.norm = nn::parse_norm_kind(o.norm);
   cfg.layers = o.layers, cfg.d_model = o.d_model, cfg.heads = o.heads, cfg.ffn = o.ffn;
   cfg.vocab = 256, cfg.max_seq = o.seq, cfg.seed = o.seed;
   nn::Model model(cfg);
@@ -127,7 +120,7 @@ void add_gradnorms_command(CLI::App& app) {
   cmd->add_option("--placement", o->placement,
                   "Norm placement: post|pre|sandwich|deepnorm|b2t|mixln|lns|siamese|none (see docs/placements.md)")
       ->capture_default_str();
-  cmd->add_option("--norm", o->norm, "Norm kind: layer|rms|dyt")->capture_default_str();
+  cmd->add_option("--norm", o->norm, "Norm kind: layer|rms|dyt|batch (batch: BatchNorm over batch and sequence)")->capture_default_str();
   cmd->add_option("--layers", o->layers, "Number of blocks L")->capture_default_str();
   cmd->add_option("--d-model", o->d_model, "Model width d")->capture_default_str();
   cmd->add_option("--heads", o->heads, "Attention heads (must divide d)")->capture_default_str();

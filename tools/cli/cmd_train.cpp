@@ -1,7 +1,7 @@
 // `normlab train` and `normlab eval`: the Transformer lab's training loop (src/nn/train.h) and the
 // layer-removal evaluation of a trained checkpoint.
 //
-//   normlab train --placement pre --layers 6 --d-model 64 --heads 4 --ffn 256 --seq 64 --batch 32
+//   normlab train --placement pre [--norm layer|rms|dyt|batch] --layers 6 --d-model 64 --heads 4 --ffn 256 --seq 64 --batch 32
 //                 --lr 3e-3 --warmup 0 --schedule constant|linear|cosine|noam --steps 600 --seed 0
 //                 --data PATH|fortunes --log run.jsonl [--eval-every N] [--checkpoint DIR] [--resume DIR]
 //                 [--threads N] [--optimizer adamw|sgd] [--clip X] [--weight-decay W] [--lr-floor F]
@@ -37,6 +37,7 @@ using nn::TrainConfig;
 struct TrainOptions {
   TrainConfig cfg;
   std::string placement = "pre";
+  std::string norm = "layer";
   std::string schedule = "constant";
   std::string optimizer = "adamw";
 };
@@ -56,6 +57,7 @@ std::string format_rate(double r) {
 void run_train(TrainOptions& o) {
   TrainConfig cfg = o.cfg;
   cfg.model.placement = nn::parse_placement(o.placement);
+  cfg.model.norm = nn::parse_norm_kind(o.norm);
   cfg.schedule = nn::parse_schedule(o.schedule);
   cfg.optimizer = nn::parse_optimizer(o.optimizer);
   const bool tty = ::isatty(::fileno(stderr)) != 0;
@@ -120,7 +122,7 @@ void run_eval(const EvalOptions& o) {
     skipped.push_back(b);
   }
   nn::Model model(meta.model);
-  nn::load_checkpoint(o.checkpoint, meta.model, model.params(), nullptr);
+  nn::load_checkpoint(o.checkpoint, meta.model, model.params(), nullptr, model.buffers());
   const nn::LmData data = nn::LmData::load(o.data.empty() ? tc.data : o.data);
   const std::int64_t windows = o.val_windows > 0 ? o.val_windows : tc.val_windows;
   const double full = nn::evaluate(model, data, tc.seq, windows, tc.batch);
@@ -151,6 +153,10 @@ void add_train_command(CLI::App& app) {
       "at every evaluation; --resume DIR continues bit-identically (same flags, same --threads). A "
       "non-finite loss or gradient stops the run: exit 1, the last good checkpoint is kept.");
   cmd->add_option("--placement", o->placement, "Norm placement: post, pre, sandwich, deepnorm, b2t, mixln, lns, siamese, spannorm, none")
+      ->capture_default_str();
+  cmd->add_option("--norm", o->norm,
+                  "Norm kind: layer | rms | dyt | batch (BatchNorm over batch and sequence, running statistics for "
+                  "evaluation)")
       ->capture_default_str();
   cmd->add_option("--layers", c.model.layers, "Blocks")->capture_default_str();
   cmd->add_option("--d-model", c.model.d_model, "Model width")->capture_default_str();

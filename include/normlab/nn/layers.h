@@ -27,8 +27,8 @@
 //     parameter is absent. A bare nullptr does not deduce Real, so name the scalar type in such calls:
 //     linear_forward<float>(out, inp, weight, nullptr, N, C, OC).
 //   * Backward never modifies its inputs (dout, the saved activations, the parameters).
-//   Internal scratch (e.g. the FFN hidden gradient, the attention q/k/v gradients) is allocated inside
-//   the call and freed on return.
+//   Internal scratch (e.g. the FFN hidden gradient, the attention q/k/v gradients) lives in per-thread
+//   buffers that are reused from call to call (src/nn/scratch.h): no allocation per training step.
 //
 // Padding (lengths): where a layer takes `lengths`, it is either empty (no padding) or holds B entries,
 // 0 ≤ lengths[b] ≤ T; positions t ≥ lengths[b] of sequence b are padding. See attention and
@@ -116,7 +116,7 @@ void ffn_forward(Real* out, Real* h, Real* a, const Real* inp, const Real* w1, c
                  const Real* b2, Index N, Index C, Index F, Activation act);
 // The reverse: linear_backward(w2) → activation_backward → linear_backward(w1)       (all +=)
 // dinp (nullable) is (N,C); dw1 (F,C), db1 (nullable) (F); dw2 (C,F), db2 (nullable) (C)
-// dout is (N,C); inp, h, a, w1, w2 as in the forward. Allocates two (N,F) scratch buffers.
+// dout is (N,C); inp, h, a, w1, w2 as in the forward. Uses one (N,F) scratch buffer.
 template <typename Real>
 void ffn_backward(Real* dinp, Real* dw1, Real* db1, Real* dw2, Real* db2, const Real* dout, const Real* inp,
                   const Real* h, const Real* a, const Real* w1, const Real* w2, Index N, Index C, Index F,
@@ -198,7 +198,7 @@ void attention_forward(Real* out, const AttentionActs<Real>& acts, const Real* i
                        const AttentionParams<Real>& params, std::span<const Index> lengths, Index B, Index T,
                        Index C, Index H, bool causal);
 // dinp (nullable) (B,T,C) and grads (+=); dout is (B,T,C); inp, params, acts as in the forward.
-// Allocates 4 (B,T,C) scratch buffers.
+// Uses 4 (B,T,C) scratch buffers (5 with padding).
 template <typename Real>
 void attention_backward(Real* dinp, const AttentionGrads<Real>& grads, const Real* dout, const Real* inp,
                         const AttentionParams<Real>& params, const AttentionActs<Real>& acts,
@@ -262,5 +262,30 @@ void rmsnorm_forward(Real* out, Real* rstd, const Real* inp, const Real* weight,
 template <typename Real>
 void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* inp, const Real* weight,
                       Index N, Index C, double eps = 1e-6);
+
+// BatchNorm over the sequence (BatchNorm1d on (B,T,C): one group per channel c over all REAL positions
+// (b, t), t < lengths[b]; padded positions take no part, and out/dinp are written 0 there):
+//   training  mean_c, var_c = biased moments over the real positions; out = (x − mean)·rstd·weight + bias,
+//             rstd = 1/sqrt(var + eps); the running statistics (when given) are updated as PyTorch's:
+//             running_mean ← (1−momentum)·running_mean + momentum·mean,
+//             running_var  ← (1−momentum)·running_var + momentum·var·n/(n−1)  (n real positions)
+//   eval      the running statistics instead of the batch ones (required, read only)
+// float: normlab's batch_norm_forward/backward (include/normlab/norm.h) on the real rows; double: the
+// same formulas in plain double loops. Training needs n ≥ 2 real positions.
+// out, inp are (B,T,C); running_mean, running_var (nullable in training) are (C); weight, bias
+// (nullable) are (C)                                                              (=; running stats updated)
+template <typename Real>
+void batchnorm_forward(Real* out, Real* running_mean, Real* running_var, const Real* inp, const Real* weight,
+                       const Real* bias, std::span<const Index> lengths, Index B, Index T, Index C, bool training,
+                       double momentum = 0.1, double eps = 1e-5);
+// training: dinp += rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dout·weight, moments over the real positions
+// (recomputed from inp in double); eval: dinp += dout·weight·rstd_running.  dweight += Σ dout·x̂,
+// dbias += Σ dout over the real positions                                           (+=)
+// dinp (nullable) (B,T,C); dweight, dbias (nullable) (C); running_* as in the forward (eval only)
+template <typename Real>
+void batchnorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
+                        const Real* weight, const Real* running_mean, const Real* running_var,
+                        std::span<const Index> lengths, Index B, Index T, Index C, bool training,
+                        double eps = 1e-5);
 
 }  // namespace normlab::nn

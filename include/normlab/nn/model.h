@@ -38,7 +38,11 @@ enum class Placement {
 const char* placement_name(Placement p);
 Placement parse_placement(const std::string& name);  // throws normlab::Error listing the valid names
 
+// kBatchNorm: BatchNorm1d over the sequence (statistics per channel over every real position of the
+// batch, padding excluded), with running statistics (Model::buffers) and train/eval mode.
 enum class NormKind { kLayerNorm, kRmsNorm, kDyT, kBatchNorm };
+const char* norm_kind_name(NormKind n);                // "layer", "rms", "dyt", "batch"
+NormKind parse_norm_kind(const std::string& name);     // throws normlab::Error listing the valid names
 enum class Head { kLanguageModel, kClassifier };  // next-token LM (causal) or mean-pooled classifier
 enum class PositionKind { kSinusoidal, kLearned };
 enum class InitKind { kXavierUniform, kNormal };
@@ -90,6 +94,16 @@ class Model {
   double forward_frames(const float* frames, const std::int32_t* labels, Index B, Index T,
                         std::span<const Index> lengths = {});
   void backward();  // zero every gradient, then backpropagate the last forward's loss
+
+  // Buffers: state that is not trained by gradients, i.e. BatchNorm's running statistics
+  // ("blocks.l.norm1.running_mean", "….running_var", shape (d_model), grad = nullptr), in forward order;
+  // empty for the other norms. Checkpoints save them next to params().
+  std::vector<ParamRef> buffers();
+  // Train/eval mode (PyTorch's model.train()/model.eval()); only BatchNorm depends on it: training uses
+  // the batch statistics over all real positions and updates the running ones, eval uses the running
+  // ones. Default: training.
+  void set_training(bool training);
+  bool training() const;
 
   // Layer-removal test: blocks not run (identity) in subsequent forwards; empty = run all.
   void set_skipped_blocks(std::vector<int> skipped);

@@ -5,8 +5,11 @@
 // defaults mirror Kaldi's flags (--use-energy false --energy-floor 0 --raw-energy true --htk-compat false
 // --use-log-fbank true --use-power true, plus FrameExtractionOptions and MelBanksOptions); a test pins them.
 //
-// Per frame (after feature_window.h's ProcessWindow): |FFT|² of the zero-padded window (kissfft, double)
-// → mel banks (mel_banks.h) → log, floored at FLT_EPSILON (ln ε = −15.94), rounded to float. Input samples
+// Per frame (after feature_window.h's ProcessWindow): |FFT|² of the zero-padded window in double (a
+// power-of-two length, the default, with src/speech/real_fft.h; any other length with kissfft) → mel banks
+// (mel_banks.h, double) → the mel energy rounded to float, floored at FLT_EPSILON, log in float as Kaldi
+// does (ln ε = −15.94). The FFT, mel sums and window kernel are compiled for the baseline instruction set
+// and for AVX2 and chosen by NORMLAB_ISA (normlab/simd.h); both give the same bits. Input samples
 // are on Kaldi's int16 scale (±32768). With use_energy the raw log-energy is feature 0 (htk_compat: the last
 // feature); Dim() = num_bins + use_energy.
 //
@@ -36,6 +39,9 @@ struct FbankOptions {
   bool htk_compat = false;    // --htk-compat: energy last instead of first; HTK first-bin quirk
   bool use_log_fbank = true;  // --use-log-fbank
   bool use_power = true;      // --use-power: power (true) or magnitude (false) spectrum
+  // --vtln-warp: the VTLN warp factor of the mel banks (mel_banks.h; 1 = none). A compute-fbank-feats flag
+  // that Kaldi passes to FbankComputer::Compute per utterance; here it is one option for the whole run.
+  float vtln_warp = 1.0f;
 
   void Validate() const;  // throws normlab::Error naming the bad option and its valid range
   std::string ToString() const;
@@ -78,10 +84,16 @@ class OnlineFbank {
   // No more input: with snip_edges = false the final frames (mirrored at the end) become ready.
   void InputFinished();
 
+  // Starts a new waveform with the same options, keeping the mel banks, window and FFT plan: afterwards
+  // the object behaves exactly like a newly constructed one (the dither generator restarts from
+  // dither_seed).
+  void Reset();
+
   std::int32_t Dim() const { return computer_.Dim(); }
   std::int64_t NumFramesReady() const { return num_frames_; }
   bool IsLastFrame(std::int64_t frame) const { return finished_ && frame == num_frames_ - 1; }
   std::span<const float> GetFrame(std::int64_t frame) const;
+  const FbankOptions& GetOptions() const { return opts_; }
   // All frames ready so far as a [T, Dim()] or [Dim(), T] tensor.
   Tensor Features(FeatureLayout layout = FeatureLayout::kTF) const;
 
@@ -98,6 +110,20 @@ class OnlineFbank {
   bool finished_ = false;
   std::vector<float> features_;  // num_frames_ × Dim()
   std::vector<double> window_;   // scratch
+};
+
+// Whole waveforms one after another with the same options: the set-up (mel banks, window function, FFT
+// plan) is done once, which matters for short clips. Compute() returns exactly what ComputeFbank() does.
+// Not thread-safe: one per thread.
+class FbankExtractor {
+ public:
+  explicit FbankExtractor(const FbankOptions& opts) : fbank_(opts) {}
+  Tensor Compute(std::span<const float> samples, float samp_freq, FeatureLayout layout = FeatureLayout::kTF);
+  const FbankOptions& GetOptions() const { return opts_; }
+
+ private:
+  OnlineFbank fbank_;
+  FbankOptions opts_ = fbank_.GetOptions();
 };
 
 // The features of a whole waveform (int16 scale, rate samp_freq). Throws normlab::Error when samp_freq

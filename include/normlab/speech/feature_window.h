@@ -11,7 +11,8 @@
 // one frame followed by zeros up to PaddedWindowSize() (the FFT length).
 //
 // Precision: Kaldi processes a frame in float. normlab processes it in double (window function, DC
-// removal, pre-emphasis, FFT, mel) and rounds each feature to float once. A float pipeline's rounding acts
+// removal, pre-emphasis, FFT, mel weights and sums), rounds each mel energy to float once and takes its
+// log in float (within 2 float ulps of the double log, as fbank.h says). A float pipeline's rounding acts
 // like white noise at ~1e-7 of the frame's energy, which in weak bands (the lowest of 80 mel bins after
 // pre-emphasis, or a narrow-band dip) reaches 1e-3 in log-mel; in double the features are the algorithm's
 // values, and Kaldi's and torchaudio's float results each scatter around them (docs/PERFORMANCE.md and
@@ -96,6 +97,10 @@ void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std:
 // The in-place per-frame pipeline on the first WindowSize() samples of `window`.
 void ProcessWindow(const FrameExtractionOptions& opts, const FeatureWindowFunction& window_function,
                    DitherState& dither, std::span<double> window, float* log_energy_pre_window);
+
+// Σ x[i] and Σ (x[i] − mean)² over i < n, summed in a fixed order (eight interleaved partial sums).
+double SumOf(const double* x, std::size_t n);
+double SumOfSquaresAbout(const double* x, std::size_t n, double mean);
 
 // x[i] −= coeff·x[i−1] for i = n−1..1; x[0] −= coeff·x[0].
 void Preemphasize(std::span<double> x, float coeff);

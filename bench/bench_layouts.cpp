@@ -1,0 +1,586 @@
+// bench/bench_layouts.cpp — the layout fast paths in the normlab_bench binary (main is in bench_norm.cpp;
+// these benchmarks register themselves when the program starts):
+//   BM_LayerNormBwdBFT/{normlab,aten,onednn}/32x80x1000   dx, dγ, dβ over axis 1 (F) of a contiguous
+//                        [B, F, T]. normlab on the strided axis (its column path); ATen by the permute
+//                        route: x and dy permute(0,2,1).contiguous(), native_layer_norm_backward over the
+//                        last dim with mean/rstd of one forward made outside the loop, dx permuted back
+//                        .contiguous(), all of it timed; oneDNN on strided memory descriptors
+//   BM_RMSNormFwdBFT/{normlab,aten}/32x80x1000            y over F; ATen as users compose it over dim 1:
+//                        x·rsqrt(x.pow(2).mean(1, keepdim) + eps)·γ (no permute needed)
+//   BM_BatchNormFwd/{normlab,aten,onednn}/64x256x400       training forward on [N, C, T]: y and the batch
+//                        statistics (normlab and ATen also update running_mean/var; oneDNN
+//                        batch_normalization forward_training with use_scale | use_shift)
+//   BM_BatchNormBwd/{normlab,aten,onednn}/64x256x400       training backward: dx, dγ, dβ. ATen and oneDNN
+//                        take the saved mean and rstd (variance) of one forward made outside the loop;
+//                        normlab recomputes them from x, as its contract says
+//   BM_LayerNorm{Fwd,Bwd}/normlab/32000x80                the BFT problem's bytes as contiguous rows over
+//                        the last axis: what the strided path is measured against (normlab only)
+//   BM_Copy/copy/{64x256x400,32000x80}, BM_CopyStream/...  the copy roofline at those shapes (the BFT
+//                        shape's copies are in bench_norm.cpp)
+// Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).
+// Threads: whatever main set (NORMLAB_BENCH_THREADS) for normlab, ATen, oneDNN and the copies.
+// Before timing, each peer's output is compared once with normlab's on the benchmark's own shape; a peer
+// that differs by more than 1e-4 (relative to the largest value) is reported as an error, not timed.
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <dnnl.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
+
+namespace {
+
+using normlab::Index;
+constexpr double kEps = 1e-5;
+
+// ---- buffers: x, dy filled once from a fixed seed; y, dx first touched outside the timed loops ------
+
+struct AlignedFree {
+  void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
+};
+using Buffer = std::unique_ptr<float, AlignedFree>;
+
+Buffer Allocate(Index n) {
+  return Buffer(
+      static_cast<float*>(::operator new(static_cast<std::size_t>(n) * sizeof(float), std::align_val_t(64))));
+}
+
+void Fill(float* p, Index n, std::uint64_t seed, float lo, float hi) {
+  std::uint64_t s = seed;
+  for (Index i = 0; i < n; ++i) {
+    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = lo + (hi - lo) * static_cast<float>(static_cast<double>(z >> 40) * 0x1.0p-24);
+  }
+}
+
+struct Shape {
+  std::string name;
+  std::vector<Index> dims;
+  Index numel() const {
+    Index n = 1;
+    for (Index d : dims) n *= d;
+    return n;
+  }
+  Index channels() const { return dims[1]; }  // F of [B,F,T], C of [N,C,T]
+};
+
+struct Data {
+  Buffer x, y, dy, dx, gamma, beta;
+};
+
+Data& GetData(const Shape& s) {
+  static std::map<std::string, std::unique_ptr<Data>> all;
+  auto& d = all[s.name];
+  if (!d) {
+    d = std::make_unique<Data>();
+    const Index n = s.numel(), c = s.channels();
+    d->x = Allocate(n);
+    d->y = Allocate(n);
+    d->dy = Allocate(n);
+    d->dx = Allocate(n);
+    d->gamma = Allocate(c);
+    d->beta = Allocate(c);
+    Fill(d->x.get(), n, 11, -1.5f, 2.5f);
+    Fill(d->dy.get(), n, 12, -1.0f, 1.0f);
+    std::fill_n(d->y.get(), n, 0.0f);
+    std::fill_n(d->dx.get(), n, 0.0f);
+    Fill(d->gamma.get(), c, 13, 0.5f, 1.5f);
+    Fill(d->beta.get(), c, 14, -0.5f, 0.5f);
+  }
+  return *d;
+}
+
+const Shape kBft{"32x80x1000", {32, 80, 1000}};
+const Shape kRows{"32000x80", {32000, 80}};  // the BFT problem's bytes as contiguous rows over the last axis
+const Shape kBn{"64x256x400", {64, 256, 400}};
+
+// ---- implementations: Run() is timed; Result() gives the main output and (backward) dγ, dβ ----------
+
+struct Result {
+  const float* main;
+  const float* dgamma = nullptr;
+  const float* dbeta = nullptr;
+};
+
+class Impl {
+ public:
+  virtual ~Impl() = default;
+  virtual void Run() = 0;
+  virtual Result Get() = 0;
+  std::string label;  // oneDNN: the implementation it picked
+};
+
+at::Tensor Wrap(const float* p, const std::vector<Index>& shape) {
+  return at::from_blob(const_cast<float*>(p), at::IntArrayRef(shape), at::TensorOptions().dtype(at::kFloat));
+}
+normlab::Dims D(const std::vector<Index>& v) {
+  return normlab::Dims(v);
+}
+
+// Generic holder: a lambda to run and one to read the result.
+class Lambda : public Impl {
+ public:
+  Lambda(std::function<void()> run, std::function<Result()> get)
+      : run_(std::move(run)), get_(std::move(get)) {}
+  void Run() override { run_(); }
+  Result Get() override { return get_(); }
+
+ private:
+  std::function<void()> run_;
+  std::function<Result()> get_;
+};
+
+struct State {  // what an implementation keeps alive between calls
+  std::vector<float> a, b, c, d;
+  at::Tensor t0, t1, t2, t3, t4, t5, t6, t7;
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> out;
+  std::unordered_map<int, dnnl::memory> args;
+  dnnl::primitive prim;
+};
+
+dnnl::engine& Engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+dnnl::stream& Stream() {
+  static dnnl::stream s(Engine());
+  return s;
+}
+using dnnl::memory;
+const dnnl::normalization_flags kScaleShift =
+    dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+
+// [B, F, T] over F as oneDNN sees it: logical [B, T, F] with F's stride T.
+memory::desc BftDesc(const Shape& s) {
+  const Index B = s.dims[0], F = s.dims[1], T = s.dims[2];
+  return memory::desc({B, T, F}, memory::data_type::f32, memory::dims{F * T, 1, T});
+}
+
+enum class Bench { kLnBwdBft, kRmsFwdBft, kBnFwd, kBnBwd, kLnFwdRows, kLnBwdRows };
+
+std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
+  Data& d = GetData(s);
+  auto st = std::make_shared<State>();
+  const Index C = s.channels();
+  const std::vector<Index> cs{C};
+  if (b == Bench::kLnFwdRows || b == Bench::kLnBwdRows) {  // normlab only: the reference for the BFT path
+    const Index Dn = s.dims[1], R = s.dims[0];
+    st->a.resize(static_cast<std::size_t>(std::max(R, Dn)));
+    st->b.resize(static_cast<std::size_t>(std::max(R, Dn)));
+    if (b == Bench::kLnFwdRows)
+      return std::make_unique<Lambda>(
+          [&d, st, s, R, Dn] {
+            normlab::layer_norm_forward(
+                normlab::View(d.y.get(), D(s.dims)), normlab::View(st->a.data(), D({R})),
+                normlab::View(st->b.data(), D({R})), normlab::ConstView(d.x.get(), D(s.dims)),
+                normlab::ConstView(d.gamma.get(), D({Dn})), normlab::ConstView(d.beta.get(), D({Dn})), {1},
+                kEps);
+          },
+          [&d] { return Result{d.y.get()}; });
+    return std::make_unique<Lambda>(
+        [&d, st, s, Dn] {
+          normlab::layer_norm_backward(
+              normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({Dn})),
+              normlab::View(st->b.data(), D({Dn})), normlab::ConstView(d.dy.get(), D(s.dims)),
+              normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({Dn})), {1},
+              kEps);
+        },
+        [&d, st] {
+          return Result{d.dx.get(), st->a.data(), st->b.data()};
+        });
+  }
+  if (b == Bench::kLnBwdBft) {
+    const Index B = s.dims[0], T = s.dims[2];
+    if (impl == "normlab") {
+      st->a.resize(static_cast<std::size_t>(C));
+      st->b.resize(static_cast<std::size_t>(C));
+      return std::make_unique<Lambda>(
+          [&d, st, s, C] {
+            normlab::layer_norm_backward(
+                normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+                normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+                normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), {1},
+                kEps);
+          },
+          [&d, st] {
+            return Result{d.dx.get(), st->a.data(), st->b.data()};
+          });
+    }
+    if (impl == "aten") {
+      st->t0 = Wrap(d.x.get(), s.dims);
+      st->t1 = Wrap(d.dy.get(), s.dims);
+      st->t2 = Wrap(d.gamma.get(), cs);
+      st->t3 = Wrap(d.beta.get(), cs);
+      auto fwd = at::native_layer_norm(st->t0.permute({0, 2, 1}).contiguous(), {C}, st->t2, st->t3, kEps);
+      st->t4 = std::get<1>(fwd);
+      st->t5 = std::get<2>(fwd);
+      return std::make_unique<Lambda>(
+          [st, C] {
+            auto r = at::native_layer_norm_backward(st->t1.permute({0, 2, 1}).contiguous(),
+                                                    st->t0.permute({0, 2, 1}).contiguous(), {C}, st->t4,
+                                                    st->t5, st->t2, st->t3, {true, true, true});
+            std::get<0>(r) = std::get<0>(r).permute({0, 2, 1}).contiguous();
+            benchmark::DoNotOptimize(std::get<0>(r).data_ptr());
+            st->out = std::move(r);
+          },
+          [st] {
+            return Result{std::get<0>(st->out).data_ptr<float>(), std::get<1>(st->out).data_ptr<float>(),
+                          std::get<2>(st->out).data_ptr<float>()};
+          });
+    }
+    // oneDNN: strided descriptors; forward once for mean/variance, then the backward primitive.
+    const memory::desc data = BftDesc(s), stat({B, T}, memory::data_type::f32, memory::format_tag::ab),
+                       param({C}, memory::data_type::f32, memory::format_tag::a);
+    st->a.resize(static_cast<std::size_t>(B * T));
+    st->b.resize(static_cast<std::size_t>(B * T));
+    st->c.resize(static_cast<std::size_t>(C));
+    st->d.resize(static_cast<std::size_t>(C));
+    dnnl::engine& e = Engine();
+    const memory x(data, e, d.x.get()), mean(stat, e, st->a.data()), var(stat, e, st->b.data());
+    const memory g(param, e, d.gamma.get()), be(param, e, d.beta.get());
+    const dnnl::layer_normalization_forward::primitive_desc fpd(
+        dnnl::layer_normalization_forward::desc(dnnl::prop_kind::forward_training, data, stat,
+                                                static_cast<float>(kEps), kScaleShift),
+        e);
+    dnnl::layer_normalization_forward(fpd).execute(Stream(), {{DNNL_ARG_SRC, x},
+                                                              {DNNL_ARG_DST, memory(data, e, d.y.get())},
+                                                              {DNNL_ARG_MEAN, mean},
+                                                              {DNNL_ARG_VARIANCE, var},
+                                                              {DNNL_ARG_SCALE, g},
+                                                              {DNNL_ARG_SHIFT, be}});
+    Stream().wait();
+    const dnnl::layer_normalization_backward::primitive_desc bpd(
+        dnnl::layer_normalization_backward::desc(dnnl::prop_kind::backward, data, data, stat,
+                                                 static_cast<float>(kEps), kScaleShift),
+        e, fpd);
+    st->prim = dnnl::layer_normalization_backward(bpd);
+    std::string label = bpd.impl_info_str();
+    st->args = {{DNNL_ARG_SRC, x},
+                {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())},
+                {DNNL_ARG_MEAN, mean},
+                {DNNL_ARG_VARIANCE, var},
+                {DNNL_ARG_SCALE, g},
+                {DNNL_ARG_SHIFT, be},
+                {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())},
+                {DNNL_ARG_DIFF_SCALE, memory(param, e, st->c.data())},
+                {DNNL_ARG_DIFF_SHIFT, memory(param, e, st->d.data())}};
+    auto out = std::make_unique<Lambda>(
+        [st] {
+          st->prim.execute(Stream(), st->args);
+          Stream().wait();
+        },
+        [&d, st] {
+          return Result{d.dx.get(), st->c.data(), st->d.data()};
+        });
+    out->label = label;
+    return out;
+  }
+  if (b == Bench::kRmsFwdBft) {
+    if (impl == "normlab")
+      return std::make_unique<Lambda>(
+          [&d, s, C] {
+            normlab::rms_norm_forward(normlab::View(d.y.get(), D(s.dims)), {},
+                                      normlab::ConstView(d.x.get(), D(s.dims)),
+                                      normlab::ConstView(d.gamma.get(), D({C})), {1}, kEps);
+          },
+          [&d] { return Result{d.y.get()}; });
+    st->t0 = Wrap(d.x.get(), s.dims);
+    st->t1 = Wrap(d.gamma.get(), cs).view({1, C, 1});
+    return std::make_unique<Lambda>(
+        [st] {
+          st->t2 = st->t0 * at::rsqrt(st->t0.pow(2).mean({1}, true) + kEps) * st->t1;
+          benchmark::DoNotOptimize(st->t2.data_ptr());
+        },
+        [st] { return Result{st->t2.data_ptr<float>()}; });
+  }
+  // BatchNorm, training.
+  const bool fwd = b == Bench::kBnFwd;
+  if (impl == "normlab") {
+    for (auto* v : {&st->a, &st->b, &st->c, &st->d}) v->assign(static_cast<std::size_t>(C), 0.0f);
+    std::fill(st->d.begin(), st->d.end(), 1.0f);  // running_var
+    if (fwd)
+      return std::make_unique<Lambda>(
+          [&d, st, s, C] {
+            // save_mean, save_rstd, running_mean, running_var
+            normlab::batch_norm_forward(
+                normlab::View(d.y.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+                normlab::View(st->b.data(), D({C})), normlab::View(st->c.data(), D({C})),
+                normlab::View(st->d.data(), D({C})), nullptr, normlab::ConstView(d.x.get(), D(s.dims)),
+                normlab::ConstView(d.gamma.get(), D({C})), normlab::ConstView(d.beta.get(), D({C})), {},
+                normlab::BatchNormOptions{});
+          },
+          [&d] { return Result{d.y.get()}; });
+    return std::make_unique<Lambda>(
+        [&d, st, s, C] {
+          normlab::batch_norm_backward(
+              normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+              normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+              normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), {}, {}, {},
+              normlab::BatchNormOptions{});
+        },
+        [&d, st] {
+          return Result{d.dx.get(), st->a.data(), st->b.data()};
+        });
+  }
+  if (impl == "aten") {
+    st->t0 = Wrap(d.x.get(), s.dims);
+    st->t1 = Wrap(d.dy.get(), s.dims);
+    st->t2 = Wrap(d.gamma.get(), cs);
+    st->t3 = Wrap(d.beta.get(), cs);
+    st->t4 = at::zeros({C});
+    st->t5 = at::ones({C});
+    auto f = at::native_batch_norm(st->t0, st->t2, st->t3, st->t4, st->t5, true, 0.1, kEps);
+    st->t6 = std::get<1>(f);
+    st->t7 = std::get<2>(f);
+    if (fwd)
+      return std::make_unique<Lambda>(
+          [st] {
+            st->out = at::native_batch_norm(st->t0, st->t2, st->t3, st->t4, st->t5, true, 0.1, kEps);
+            benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
+          },
+          [st] { return Result{std::get<0>(st->out).data_ptr<float>()}; });
+    return std::make_unique<Lambda>(
+        [st] {
+          st->out = at::native_batch_norm_backward(st->t1, st->t0, st->t2, st->t4, st->t5, st->t6, st->t7,
+                                                   true, kEps, {true, true, true});
+          benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
+        },
+        [st] {
+          return Result{std::get<0>(st->out).data_ptr<float>(), std::get<1>(st->out).data_ptr<float>(),
+                        std::get<2>(st->out).data_ptr<float>()};
+        });
+  }
+  // oneDNN batch_normalization, ncw.
+  dnnl::engine& e = Engine();
+  const memory::desc data(s.dims, memory::data_type::f32, memory::format_tag::ncw),
+      stat({C}, memory::data_type::f32, memory::format_tag::a);
+  for (auto* v : {&st->a, &st->b, &st->c, &st->d}) v->assign(static_cast<std::size_t>(C), 0.0f);
+  const memory x(data, e, d.x.get()), mean(stat, e, st->a.data()), var(stat, e, st->b.data());
+  const memory g(stat, e, d.gamma.get()), be(stat, e, d.beta.get());
+  const dnnl::batch_normalization_forward::primitive_desc fpd(
+      dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data,
+                                              static_cast<float>(kEps), kScaleShift),
+      e);
+  std::unordered_map<int, memory> fargs = {{DNNL_ARG_SRC, x},     {DNNL_ARG_DST, memory(data, e, d.y.get())},
+                                           {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, var},
+                                           {DNNL_ARG_SCALE, g},   {DNNL_ARG_SHIFT, be}};
+  if (fwd) {
+    st->prim = dnnl::batch_normalization_forward(fpd);
+    st->args = fargs;
+    auto out = std::make_unique<Lambda>(
+        [st] {
+          st->prim.execute(Stream(), st->args);
+          Stream().wait();
+        },
+        [&d] { return Result{d.y.get()}; });
+    out->label = fpd.impl_info_str();
+    return out;
+  }
+  dnnl::batch_normalization_forward(fpd).execute(Stream(), fargs);
+  Stream().wait();
+  const dnnl::batch_normalization_backward::primitive_desc bpd(
+      dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, data, data,
+                                               static_cast<float>(kEps), kScaleShift),
+      e, fpd);
+  st->prim = dnnl::batch_normalization_backward(bpd);
+  st->args = {{DNNL_ARG_SRC, x},
+              {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())},
+              {DNNL_ARG_MEAN, mean},
+              {DNNL_ARG_VARIANCE, var},
+              {DNNL_ARG_SCALE, g},
+              {DNNL_ARG_SHIFT, be},
+              {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())},
+              {DNNL_ARG_DIFF_SCALE, memory(stat, e, st->c.data())},
+              {DNNL_ARG_DIFF_SHIFT, memory(stat, e, st->d.data())}};
+  auto out = std::make_unique<Lambda>(
+      [st] {
+        st->prim.execute(Stream(), st->args);
+        Stream().wait();
+      },
+      [&d, st] {
+        return Result{d.dx.get(), st->c.data(), st->d.data()};
+      });
+  out->label = bpd.impl_info_str();
+  return out;
+}
+
+// max |a − b| / max(1, max |b|)
+double RelError(const float* a, const float* b, Index n) {
+  double err = 0, scale = 1;
+  for (Index i = 0; i < n; ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return err / scale;
+}
+
+struct Copy3 {
+  std::vector<float> main, dg, db;
+};
+Copy3 Snapshot(Impl& impl, const Shape& s, bool grads) {
+  impl.Run();
+  const Result r = impl.Get();
+  Copy3 c;
+  c.main.assign(r.main, r.main + s.numel());
+  if (grads) {
+    c.dg.assign(r.dgamma, r.dgamma + s.channels());
+    c.db.assign(r.dbeta, r.dbeta + s.channels());
+  }
+  return c;
+}
+
+bool IsBackward(Bench b) {
+  return b == Bench::kLnBwdBft || b == Bench::kBnBwd || b == Bench::kLnBwdRows;
+}
+
+// The bytes the ideal kernel moves: forward x, y; backward x, dy, dx.
+std::int64_t Bytes(Bench b, const Shape& s) {
+  return (IsBackward(b) ? 3 : 2) * static_cast<std::int64_t>(sizeof(float)) * s.numel();
+}
+
+void Run(benchmark::State& state, Bench b, const std::string& impl, const Shape& s) {
+  std::unique_ptr<Impl> p;
+  try {
+    p = Make(b, impl, s);
+    if (impl != "normlab") {  // self-check against normlab on this shape, then the timed loop
+      std::unique_ptr<Impl> ref = Make(b, "normlab", s);
+      const bool g = IsBackward(b);
+      const Copy3 want = Snapshot(*ref, s, g), got = Snapshot(*p, s, g);
+      double err = RelError(got.main.data(), want.main.data(), s.numel());
+      if (g) {
+        err = std::max(err, RelError(got.dg.data(), want.dg.data(), s.channels()));
+        err = std::max(err, RelError(got.db.data(), want.db.data(), s.channels()));
+      }
+      state.counters["selfcheck_err"] = err;
+      if (!(err <= 1e-4)) {
+        state.SkipWithError(("self-check failed: differs from normlab by " + std::to_string(err)).c_str());
+        return;
+      }
+    }
+    if (!p->label.empty()) state.SetLabel(p->label);
+    p->Run();  // untimed warm-up
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  for (auto _ : state) {
+    p->Run();
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * Bytes(b, s));
+}
+
+// ---- copy roofline at the BatchNorm shape -----------------------------------------------------------
+
+__attribute__((target("avx512f"))) void CopyStore(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+__attribute__((target("avx512f"))) void CopyStream(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = src[i];
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+}
+__attribute__((target("avx"))) void CopyStoreAvx(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+__attribute__((target("avx"))) void CopyStreamAvx(float* dst, const float* src, Index n) {
+  Index i = 0;
+  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 31) != 0; ++i) dst[i] = src[i];
+  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+  _mm_sfence();
+}
+
+using CopyFn = void (*)(float*, const float*, Index);
+struct CopyJob {
+  CopyFn fn;
+  float* dst;
+  const float* src;
+  Index n;
+};
+void CopyPart(void* arg) {
+  const auto* job = static_cast<const CopyJob*>(arg);
+  const Index t = omp_get_thread_num(), nt = omp_get_num_threads();
+  const Index blocks = (job->n + 15) / 16;
+  const Index begin = std::min(job->n, blocks * t / nt * 16),
+              end = std::min(job->n, blocks * (t + 1) / nt * 16);
+  job->fn(job->dst + begin, job->src + begin, end - begin);
+}
+
+void RunCopy(benchmark::State& state, bool stream, const Shape& s) {
+  Data& d = GetData(s);
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  CopyJob job{stream ? (avx512 ? CopyStream : CopyStreamAvx) : (avx512 ? CopyStore : CopyStoreAvx), d.y.get(),
+              d.x.get(), s.numel()};
+  const int threads = normlab::num_threads();
+  auto copy = [&] {
+    if (threads <= 1)
+      job.fn(job.dst, job.src, job.n);
+    else
+      GOMP_parallel(CopyPart, &job, static_cast<unsigned>(threads), 0);
+  };
+  copy();
+  for (auto _ : state) {
+    copy();
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * static_cast<std::int64_t>(sizeof(float)) * s.numel());
+}
+
+// ---- registration (at program start; main runs them with the other benchmarks) ----------------------
+
+template <typename F>
+void Register(const std::string& name, F&& fn) {
+  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(fn))
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+const bool kRegistered = [] {
+  for (const char* impl : {"normlab", "aten", "onednn"})
+    Register(std::string("BM_LayerNormBwdBFT/") + impl + "/" + kBft.name,
+             [impl](benchmark::State& st) { Run(st, Bench::kLnBwdBft, impl, kBft); });
+  Register("BM_Copy/copy/" + kRows.name, [](benchmark::State& st) { RunCopy(st, false, kRows); });
+  Register("BM_CopyStream/copy/" + kRows.name, [](benchmark::State& st) { RunCopy(st, true, kRows); });
+  Register("BM_LayerNormFwd/normlab/" + kRows.name,
+           [](benchmark::State& st) { Run(st, Bench::kLnFwdRows, "normlab", kRows); });
+  Register("BM_LayerNormBwd/normlab/" + kRows.name,
+           [](benchmark::State& st) { Run(st, Bench::kLnBwdRows, "normlab", kRows); });
+  for (const char* impl : {"normlab", "aten"})
+    Register(std::string("BM_RMSNormFwdBFT/") + impl + "/" + kBft.name,
+             [impl](benchmark::State& st) { Run(st, Bench::kRmsFwdBft, impl, kBft); });
+  Register("BM_Copy/copy/" + kBn.name, [](benchmark::State& st) { RunCopy(st, false, kBn); });
+  Register("BM_CopyStream/copy/" + kBn.name, [](benchmark::State& st) { RunCopy(st, true, kBn); });
+  for (const char* impl : {"normlab", "aten", "onednn"})
+    Register(std::string("BM_BatchNormFwd/") + impl + "/" + kBn.name,
+             [impl](benchmark::State& st) { Run(st, Bench::kBnFwd, impl, kBn); });
+  for (const char* impl : {"normlab", "aten", "onednn"})
+    Register(std::string("BM_BatchNormBwd/") + impl + "/" + kBn.name,
+             [impl](benchmark::State& st) { Run(st, Bench::kBnBwd, impl, kBn); });
+  return true;
+}();
+
+}  // namespace

@@ -1,0 +1,29 @@
+// The column path of LayerNorm and RMSNorm (internal): normalized axes whose elements are strided while
+// the innermost kept axis is contiguous, e.g. [B,F,T] over F with T contiguous. The reduction runs down
+// the rows of a tile of neighbouring groups, vectorized along the contiguous axis: no transpose, no
+// gather. row_norm_forward/backward call it after their checks (see row_norm.cpp).
+#pragma once
+
+#include <initializer_list>
+
+#include "norm/norm_plan.h"
+#include "norm/row_norm.h"
+
+namespace normlab::column {
+
+// Whether the column path handles this split: the normalized elements are not contiguous, and the
+// innermost kept axis has at least 8 elements and stride 1 in every given full operand.
+bool applies(const plan::AxisSplit& s, std::initializer_list<const plan::FullOperand*> ops);
+
+// The forward of row_norm_forward on the column path; w, b are the normalized-shaped parameters
+// gathered row-major (or null).
+void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::FullOperand& y,
+             const plan::FullOperand& x, const float* w, const float* b, const plan::PartOperand& mean,
+             const plan::PartOperand& rstd, double eps);
+
+// The backward of row_norm_backward on the column path (writes dx, dweight, dbias per mode).
+void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::FullOperand& dx,
+              const plan::PartOperand& dweight, const plan::PartOperand& dbias, const plan::FullOperand& dy,
+              const plan::FullOperand& x, const float* w, double eps, GradMode mode);
+
+}  // namespace normlab::column

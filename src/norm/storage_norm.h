@@ -14,9 +14,10 @@
 // Units of work: when every full-shaped operand is contiguous with the normalized axes last (group g
 // at element g·n), a run of up to kUnitElems elements of consecutive groups is converted in one call
 // (vector conversions over whole rows, non-temporal stores for outputs larger than kStreamBytes) and
-// normalized by one fp32 call; otherwise one group at a time, gathered through its strides. The units
-// only change the schedule, never the arithmetic: the same bits for any layout, thread count and SIMD
-// target.
+// normalized by one fp32 call. Any other layout goes whole to the fp32 function (see "layouts other
+// than ..." below); the memory-efficient backward takes it one group at a time, gathered through its
+// strides. The units only change the schedule, never the arithmetic: the same bits for any thread count
+// and SIMD target.
 #pragma once
 
 #include <normlab/norm.h>
@@ -216,6 +217,25 @@ void for_units(Index t0, Index t1, Index n, bool flat, Unit&& unit) {
   for (Index g = t0; g < t1; g += per) unit(g, std::min(t1, g + per));
 }
 
+// ---- layouts other than "contiguous, normalized axes last" ------------------------------------------
+//
+// There the fp32 functions may take another route than row by row (e.g. the column kernels for a strided
+// normalized axis), so the engine does not cut the problem into rows: it hands the whole problem to the
+// fp32 function, on the caller's own views for fp32 storage, or on contiguous fp32 copies (widened
+// exactly) for bf16/fp16, and narrows the result once. Temporary memory: up to four fp32 copies of x.
+
+// Writes src (contiguous fp32, x's shape) into v (any strides), rounding to T.
+template <typename T>
+void write_all(TensorView<T> v, const Tensor& src) {
+  const float* p = src.data();
+  for_each_offset(v.shape(), v.strides(), [&](Index off) {
+    if constexpr (format_of<T>() < 0)
+      v.data()[off] = *p++;
+    else
+      v.data()[off] = T(*p++);
+  });
+}
+
 // ---- forward -------------------------------------------------------------------------------------------
 
 struct FwdNames {
@@ -263,6 +283,34 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
   const Operand<const T> xo = make_operand(x, s), ro = make_operand(residual, s);
   const Operand<T> yo = make_operand(y, s), so = make_operand(s_out, s);
   const bool flat = xo.flat && yo.flat && (!fused || (ro.flat && so.flat));
+  if (!flat) {
+    // s (written first: x and residual are copied before any output is written, for exact aliasing).
+    Tensor in = Tensor::copy_of(x);
+    if (fused) {
+      const Tensor r = Tensor::copy_of(residual);
+      for (Index i = 0; i < in.numel(); ++i) {
+        in[i] = in[i] + r[i];  // fp32 add; rounded once to T below
+        if constexpr (format_of<T>() >= 0) in[i] = static_cast<float>(T(in[i]));
+      }
+      write_all(s_out, in);
+    }
+    if constexpr (format_of<T>() < 0) {
+      // fp32: exactly the fp32 function on the caller's views (s for the fused op).
+      const ConstView src = fused ? ConstView(s_out) : ConstView(x);
+      if (nm.center)
+        normlab::layer_norm_forward(y, mean, rstd, src, weight, bias, axes, eps);
+      else
+        normlab::rms_norm_forward(y, rstd, src, weight, axes, eps);
+    } else {
+      Tensor out(x.shape());
+      if (nm.center)
+        normlab::layer_norm_forward(out.view(), mean, rstd, in.cview(), weight, bias, axes, eps);
+      else
+        normlab::rms_norm_forward(out.view(), rstd, in.cview(), weight, axes, eps);
+      write_all(y, out);
+    }
+    return;
+  }
   const std::vector<float> wv = w.defined ? plan::gather_part(w, s.n_shape) : std::vector<float>{};
   const std::vector<float> bv = b.defined ? plan::gather_part(b, s.n_shape) : std::vector<float>{};
   const float* wp = w.defined ? wv.data() : nullptr;
@@ -375,6 +423,28 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   const Operand<const T> so = make_operand(src, s), dyo = make_operand(dy, s), dso = make_operand(ds, s);
   const Operand<T> dxo = make_operand(dx, s);
   const bool flat = so.flat && dyo.flat && dxo.flat && (!ds.defined() || dso.flat);
+  if (!flat && !from_output) {
+    // dnorm from the fp32 backward (dγ, dβ written by it, per mode), then dx = dnorm + ds in fp32.
+    Tensor dn(src.shape());
+    if constexpr (format_of<T>() < 0) {
+      if (nm.center)
+        normlab::layer_norm_backward(dn.view(), dweight, dbias, dy, src, weight, axes, eps, mode);
+      else
+        normlab::rms_norm_backward(dn.view(), dweight, dy, src, weight, axes, eps, mode);
+    } else {
+      const Tensor xf = Tensor::copy_of(src), dyf = Tensor::copy_of(dy);
+      if (nm.center)
+        normlab::layer_norm_backward(dn.view(), dweight, dbias, dyf.cview(), xf.cview(), weight, axes, eps, mode);
+      else
+        normlab::rms_norm_backward(dn.view(), dweight, dyf.cview(), xf.cview(), weight, axes, eps, mode);
+    }
+    if (ds.defined()) {
+      const Tensor dsf = Tensor::copy_of(ds);
+      for (Index i = 0; i < dn.numel(); ++i) dn[i] = dn[i] + dsf[i];
+    }
+    write_all(dx, dn);
+    return;
+  }
   const kernels::RowKernels& k = kernels::row_kernels();
   const kernels::ConvertKernels& cv = kernels::convert_kernels();
   const double n = static_cast<double>(s.n);

@@ -317,7 +317,7 @@ TYPED_TEST(StorageNorm, OddLengthsContiguousAndMisaligned) {
   }
 }
 
-TYPED_TEST(StorageNorm, StridedAxisEqualsTransposedCopy) {
+TYPED_TEST(StorageNorm, StridedAxisMatchesTransposedCopy) {
   using T = TypeParam;
   std::mt19937_64 rng(13);
   // [B, F, T] over F (the speech layout) against the contiguous [B, T, F] copy over the last axis.
@@ -328,7 +328,9 @@ TYPED_TEST(StorageNorm, StridedAxisEqualsTransposedCopy) {
   layer_norm_forward(y.view(), {}, {}, x.cview(), w.cview(), {}, {1}, 1e-5);
   layer_norm_forward(yt.view(), {}, {}, xt.cview(), w.cview(), {}, {2}, 1e-5);
   const BasicTensor<T> back = BasicTensor<T>::copy_of(yt.cview().transpose(1, 2));
-  EXPECT_TRUE(within_ulps<T>(y.cview(), back.cview(), 0, "over F vs transposed"));
+  // The fp32 functions normalize a strided axis with their own (column) kernels, within fp32 rounding of
+  // the row kernels' result: after one rounding to T, at most one ulp apart.
+  EXPECT_TRUE(within_ulps<T>(y.cview(), back.cview(), 1, "over F vs transposed"));
   // In place (y = x) gives the same bits.
   BasicTensor<T> inplace = x.clone();
   layer_norm_forward(inplace.view(), {}, {}, inplace.cview(), w.cview(), {}, {1}, 1e-5);

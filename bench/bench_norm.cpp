@@ -77,6 +77,8 @@
 #include <utility>
 #include <vector>
 
+#include "bench_support.h"
+
 // libgomp's entry point for `#pragma omp parallel num_threads(n)`. This target is not compiled with
 // -fopenmp, so the copy kernels call it directly; it runs them on the same OpenMP thread pool that
 // normlab, ATen and oneDNN use.
@@ -85,6 +87,9 @@ extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_thread
 namespace {
 
 using normlab::Index;
+using normlab::bench::AllocateFloats;
+using normlab::bench::Buffer;
+using normlab::bench::FillUniform;
 
 constexpr double kEps = 1e-5;
 constexpr double kRmsEps = 1e-6;
@@ -96,29 +101,7 @@ constexpr const char* kDefaultMinTime = "--benchmark_min_time=0.2";
 
 int g_threads = 1;
 
-// ---- buffers ----------------------------------------------------------------------------------------
-
-struct AlignedFree {
-  void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
-};
-using Buffer = std::unique_ptr<float, AlignedFree>;
-
-Buffer AllocateFloats(Index n) {
-  return Buffer(
-      static_cast<float*>(::operator new(static_cast<std::size_t>(n) * sizeof(float), std::align_val_t(64))));
-}
-
-// Deterministic uniform values in [lo, hi) (splitmix64; fast enough to fill 128 MiB in a blink).
-void FillUniform(float* p, Index n, std::uint64_t seed, float lo, float hi) {
-  std::uint64_t s = seed;
-  for (Index i = 0; i < n; ++i) {
-    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    p[i] = lo + (hi - lo) * static_cast<float>(static_cast<double>(z >> 40) * 0x1.0p-24);
-  }
-}
+// ---- buffers (AllocateFloats, FillUniform: bench_support.h) ------------------------------------------
 
 // The four full-size tensors of one size class; every shape of that class is a view of their first
 // elements, so the out-of-cache class costs 4 × 128 MiB in all.
@@ -875,6 +858,7 @@ int main(int argc, char** argv) {
 
   const std::string onednn_bft = RegisterAll();
   const double check_err = SelfCheck(onednn_bft.rfind("not supported", 0) != 0);
+  const normlab::bench::LowPrecisionContext lowp = normlab::bench::RegisterLowPrecision();  // bench_norm_lowp.cpp
 
   benchmark::AddCustomContext("threads", std::to_string(g_threads));
   benchmark::AddCustomContext("isa", normlab::isa_name(normlab::active_isa()));
@@ -884,6 +868,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("malloc", malloc_mode);
   benchmark::AddCustomContext("onednn_bft", onednn_bft);
   benchmark::AddCustomContext("selfcheck", fmt::format("ok (worst peer vs normlab: {:.2g})", check_err));
+  benchmark::AddCustomContext("onednn_bf16", lowp.onednn_bf16);
+  benchmark::AddCustomContext("selfcheck_lowp", lowp.selfcheck);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

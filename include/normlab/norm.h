@@ -200,4 +200,99 @@ void group_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
 Dims instance_stats_shape(const Dims& x_shape, int channel_axis = 1);        // [axes before C..., C]
 Dims group_stats_shape(const Dims& x_shape, int groups, int channel_axis = 1);  // [axes before C..., G]
 
+// ---- bf16 / fp16 storage: LayerNorm and RMSNorm -------------------------------------------------
+//
+// The same functions with x, y, dy, dx stored as bfloat16 or float16 (normlab/tensor.h). Everything
+// else is fp32: γ, β, dγ, dβ, mean and rstd, as in PyTorch's mixed-precision recipe (an fp16/bf16
+// activation with fp32 parameters: torch.autocast keeps layer_norm in fp32, Apex's MixedFusedLayerNorm
+// and ATen's CPU layer_norm (PyTorch ≥ 2.0) take bf16 input with fp32 γ/β and return fp32 mean/rstd).
+// A caller with 16-bit γ/β widens them once (they are O(normalized size)).
+// Numerics: each group is widened exactly to fp32 and goes through the fp32 kernels (moments in
+// double); each output element is rounded ONCE from the fp32 kernels' result to the storage type
+// (round to nearest even). So y_bf16 = round_bf16(layer_norm_forward(fp32 x widened from x_bf16)):
+// within half a storage ulp of the fp32 result, at most 1 ulp from the exact value.
+// dγ, dβ: the fp32 backward's sums over fixed units of rows (a function of the shape), each rounded once
+// to fp32, added in double: within the fp32 backward's own budget. NaN/Inf policy as above.
+void layer_norm_forward(BF16View y, View mean, View rstd, ConstBF16View x, ConstView weight, ConstView bias,
+                        const Axes& axes, double eps = 1e-5);
+void layer_norm_forward(F16View y, View mean, View rstd, ConstF16View x, ConstView weight, ConstView bias,
+                        const Axes& axes, double eps = 1e-5);
+void layer_norm_backward(BF16View dx, View dweight, View dbias, ConstBF16View dy, ConstBF16View x,
+                         ConstView weight, const Axes& axes, double eps = 1e-5, GradMode mode = GradMode::kOverwrite);
+void layer_norm_backward(F16View dx, View dweight, View dbias, ConstF16View dy, ConstF16View x, ConstView weight,
+                         const Axes& axes, double eps = 1e-5, GradMode mode = GradMode::kOverwrite);
+void rms_norm_forward(BF16View y, View rstd, ConstBF16View x, ConstView weight, const Axes& axes,
+                      double eps = kRmsNormEps);
+void rms_norm_forward(F16View y, View rstd, ConstF16View x, ConstView weight, const Axes& axes,
+                      double eps = kRmsNormEps);
+void rms_norm_backward(BF16View dx, View dweight, ConstBF16View dy, ConstBF16View x, ConstView weight,
+                       const Axes& axes, double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
+void rms_norm_backward(F16View dx, View dweight, ConstF16View dy, ConstF16View x, ConstView weight,
+                       const Axes& axes, double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
+
+// ---- Fused residual add + norm (pre-norm Transformer blocks) --------------------------------------
+//
+// Forward, one pass over memory:
+//     s = x + residual      (fp32 add; for bf16/fp16 storage rounded once to the storage type)
+//     y = norm(s)           (exactly layer_norm_forward / rms_norm_forward applied to the stored s)
+//   s:    output, like x: the new residual stream, returned to the caller (written =). It may be
+//         x or residual itself (same view: the residual stream updated in place).
+//   y:    output, like x (written =); must not overlap s.
+//   mean, rstd, weight, bias, axes, eps: as layer_norm_forward.
+// fp32: s and y are bitwise those of the unfused composition (add, then layer_norm_forward on s).
+//
+// Backward. In a block, s feeds two paths: the norm (y = norm(s)) and the skip connection to the next
+// residual add. The gradient of the loss with respect to s is the sum of both:
+//     dx = dresidual = norm_backward(dy; s) + ds
+//   dx:     output, like x (written =): the gradient of x and of residual alike (both are summed into s).
+//           It may be ds itself (the residual stream's gradient updated in place) or dy.
+//   dy:     the gradient flowing into y (from the sublayer)
+//   ds:     optional: the gradient flowing into s from the skip path (undefined = 0)
+//   s:      the forward's s (the backward reads s, never x or residual)
+//   dweight, dbias, weight, eps, mode: as layer_norm_backward.
+// fp32: dx is bitwise the unfused composition (layer_norm_backward, then dx + ds in fp32). bf16/fp16:
+// dnorm + ds is added in fp32 and rounded once (the unfused composition would round twice).
+void add_layer_norm_forward(View s, View y, View mean, View rstd, ConstView x, ConstView residual,
+                            ConstView weight, ConstView bias, const Axes& axes, double eps = 1e-5);
+void add_layer_norm_forward(BF16View s, BF16View y, View mean, View rstd, ConstBF16View x,
+                            ConstBF16View residual, ConstView weight, ConstView bias, const Axes& axes,
+                            double eps = 1e-5);
+void add_layer_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView ds, ConstView s,
+                             ConstView weight, const Axes& axes, double eps = 1e-5,
+                             GradMode mode = GradMode::kOverwrite);
+void add_layer_norm_backward(BF16View dx, View dweight, View dbias, ConstBF16View dy, ConstBF16View ds,
+                             ConstBF16View s, ConstView weight, const Axes& axes, double eps = 1e-5,
+                             GradMode mode = GradMode::kOverwrite);
+void add_rms_norm_forward(View s, View y, View rstd, ConstView x, ConstView residual, ConstView weight,
+                          const Axes& axes, double eps = kRmsNormEps);
+void add_rms_norm_forward(BF16View s, BF16View y, View rstd, ConstBF16View x, ConstBF16View residual,
+                          ConstView weight, const Axes& axes, double eps = kRmsNormEps);
+void add_rms_norm_backward(View dx, View dweight, ConstView dy, ConstView ds, ConstView s, ConstView weight,
+                           const Axes& axes, double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
+void add_rms_norm_backward(BF16View dx, View dweight, ConstBF16View dy, ConstBF16View ds, ConstBF16View s,
+                           ConstView weight, const Axes& axes, double eps = kRmsNormEps,
+                           GradMode mode = GradMode::kOverwrite);
+
+// ---- Memory-efficient backward (recompute x̂ from the output) -------------------------------------
+//
+// The backward without x: x̂ = (y − β)/γ is recovered from the forward's OUTPUT y and the forward's
+// saved rstd (Apex's and Triton's "memory_efficient" LayerNorm), so a training step can free x and
+// keep only y (which the next layer keeps anyway). Per group, in double:
+//     x − mean = (y − β)/(γ·rstd)   (rounded to fp32), x̂ = (x − mean)·rstd,
+//     dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  dγ = Σ dy·x̂,  dβ = Σ dy     (RMSNorm: no mean(g), no β)
+//   dx:      output, like y (written =)
+//   dy, y:   inputs, like x; y exactly as the forward wrote it (same weight and bias)
+//   rstd:    the forward's rstd output (kept axes), required
+//   weight γ, bias β: the forward's; optional (γ = 1, β = 0)
+// Failure mode: where γ = 0, y = β carries no information about x and x̂ cannot be recovered: any zero
+// entry in γ throws normlab::Error (naming its index); use the backward that reads x there.
+// Accuracy: y is rounded to fp32, so x̂ carries an extra error of about ulp(y)/(2|γ|), i.e. relative
+// FLT_EPSILON·(|γ·x̂| + |β|)/|γ·x̂|: small |γ| or |β| ≫ |γ·x̂| loses digits that the standard backward
+// keeps, and rstd is the forward's fp32 value instead of a double recomputation.
+void layer_norm_backward_from_output(View dx, View dweight, View dbias, ConstView dy, ConstView y,
+                                     ConstView rstd, ConstView weight, ConstView bias, const Axes& axes,
+                                     GradMode mode = GradMode::kOverwrite);
+void rms_norm_backward_from_output(View dx, View dweight, ConstView dy, ConstView y, ConstView rstd,
+                                   ConstView weight, const Axes& axes, GradMode mode = GradMode::kOverwrite);
+
 }  // namespace normlab

@@ -5,8 +5,8 @@
 //   * a stride may be negative (reversed views) or 0 (broadcast inputs); outputs must not have a
 //     0 stride on an axis longer than 1 (every output element must be written exactly once);
 //   * TensorView<T> never owns memory; BasicTensor<T> owns a 64-byte aligned buffer.
-// Element types: float today. Views and tensors are templates on the element type so that bf16/fp16
-// storage types can be added without touching the shape logic.
+// Element types: float (and double in the references); the 16-bit storage types bfloat16 and float16
+// are defined at the end of this file. Views and tensors are templates on the element type.
 #pragma once
 
 #include <normlab/error.h>
@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <new>
@@ -302,5 +303,101 @@ class BasicTensor {
 };
 
 using Tensor = BasicTensor<float>;
+
+// ---- 16-bit storage types -------------------------------------------------------------------------
+//
+// bfloat16 (1 sign, 8 exponent, 7 mantissa bits: fp32's range, 8 significant bits) and float16 (IEEE
+// binary16: 1, 5, 10; largest finite 65504, subnormals down to 2^-24). They are STORAGE types: normlab
+// widens them to fp32 (exactly) and computes in fp32/double; there is no arithmetic on them.
+//
+// Conversions (the same bits on every SIMD target; the vectorized kernels are tested against these):
+//   to float:   exact. bfloat16: the bits shifted left by 16 (a NaN stays the same NaN). float16: as
+//               x86 F16C (vcvtph2ps) does it: subnormals exact, a NaN keeps its sign and payload and
+//               becomes quiet (mantissa bit 9 → float bit 22 set).
+//   from float: round to nearest, ties to even. Values beyond the largest finite value round to ±Inf
+//               when they are at or above halfway to the next power of two (bfloat16: |x| ≥ 0x1.FF8p127;
+//               float16: |x| ≥ 65520), as IEEE rounding requires; tiny values round to subnormals or ±0.
+//               A NaN stays a NaN with its sign and the top payload bits, made quiet (bfloat16: the upper
+//               16 bits | 0x0040; float16: as F16C vcvtps2ph, sign | 0x7E00 | top 9 payload bits). Note
+//               that PyTorch's c10::BFloat16 maps every NaN to 0x7FC0 (sign and payload dropped).
+namespace detail {
+inline std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float bits_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline std::uint16_t bf16_bits_from_float(float f) {
+  const std::uint32_t x = float_bits(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);  // NaN
+  return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);  // RNE; carries into the exponent
+}
+inline float float_from_bf16_bits(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
+inline std::uint16_t f16_bits_from_float(float f) {
+  const std::uint32_t x = float_bits(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u | ((ax >> 13) & 0x3FFu));  // NaN
+  if (ax >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // ≥ 65520 (and Inf) → Inf
+  if (ax >= 0x38800000u) {                                                   // normal: ≥ 2^-14
+    const std::uint32_t r = ax + 0xFFFu + ((ax >> 13) & 1u) - (std::uint32_t{112} << 23);
+    return static_cast<std::uint16_t>(sign | (r >> 13));
+  }
+  // Subnormal or zero: count units of 2^-24, rounding to nearest even.
+  const std::uint32_t e = ax >> 23;
+  if (e < 102) return static_cast<std::uint16_t>(sign);  // |x| < 2^-25: rounds to ±0
+  const std::uint32_t mant = (ax & 0x7FFFFFu) | 0x800000u, shift = 126 - e;  // 14 ≤ shift ≤ 24
+  std::uint32_t r = mant >> shift;
+  const std::uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (r & 1u))) ++r;
+  return static_cast<std::uint16_t>(sign | r);
+}
+inline float float_from_f16_bits(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0x1F) return bits_float(sign | 0x7F800000u | (m << 13) | (m ? 0x400000u : 0u));  // Inf, NaN (quiet)
+  if (e != 0) return bits_float(sign | ((e + 112) << 23) | (m << 13));
+  if (m == 0) return bits_float(sign);
+  int p = 9;  // subnormal m·2^-24: the leading bit of m is bit p
+  while (!(m >> p)) --p;
+  return bits_float(sign | (static_cast<std::uint32_t>(p + 103) << 23) | ((m << (23 - p)) & 0x7FFFFFu));
+}
+}  // namespace detail
+
+struct bfloat16 {
+  std::uint16_t bits;
+  bfloat16() = default;  // bfloat16{} is +0
+  explicit bfloat16(float f) : bits(detail::bf16_bits_from_float(f)) {}
+  explicit operator float() const { return detail::float_from_bf16_bits(bits); }
+  static bfloat16 from_bits(std::uint16_t b) {
+    bfloat16 h;
+    h.bits = b;
+    return h;
+  }
+};
+
+struct float16 {
+  std::uint16_t bits;
+  float16() = default;  // float16{} is +0
+  explicit float16(float f) : bits(detail::f16_bits_from_float(f)) {}
+  explicit operator float() const { return detail::float_from_f16_bits(bits); }
+  static float16 from_bits(std::uint16_t b) {
+    float16 h;
+    h.bits = b;
+    return h;
+  }
+};
+static_assert(sizeof(bfloat16) == 2 && sizeof(float16) == 2 && std::is_trivially_copyable_v<bfloat16> &&
+              std::is_trivially_copyable_v<float16>);
+
+using BF16View = TensorView<bfloat16>;
+using ConstBF16View = TensorView<const bfloat16>;
+using F16View = TensorView<float16>;
+using ConstF16View = TensorView<const float16>;
+using BF16Tensor = BasicTensor<bfloat16>;
+using F16Tensor = BasicTensor<float16>;
 
 }  // namespace normlab

@@ -2,3 +2,4 @@
 #define NL_TARGET avx512
 #include "norm/row_kernels-inl.h"
 #include "norm/column_kernels-inl.h"
+#include "norm/convert_kernels-inl.h"

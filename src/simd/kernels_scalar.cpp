@@ -2,3 +2,4 @@
 #define NL_TARGET scalar
 #include "norm/row_kernels-inl.h"
 #include "norm/column_kernels-inl.h"
+#include "norm/convert_kernels-inl.h"

@@ -1,0 +1,50 @@
+// bench/bench_support.h — helpers shared by the benchmark sources of normlab_bench (bench_norm.cpp,
+// bench_norm_lowp.cpp): aligned buffers, deterministic fills, and the hook that registers the bf16/fp16
+// and fused benchmarks.
+#pragma once
+
+#include <normlab/tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <string>
+
+namespace normlab::bench {
+
+struct AlignedFree {
+  void operator()(void* p) const { ::operator delete(p, std::align_val_t(64)); }
+};
+template <typename T>
+using BufferOf = std::unique_ptr<T, AlignedFree>;
+using Buffer = BufferOf<float>;
+
+// n elements of T, 64-byte aligned, uninitialized.
+template <typename T>
+BufferOf<T> Allocate(Index n) {
+  return BufferOf<T>(static_cast<T*>(::operator new(static_cast<std::size_t>(n) * sizeof(T), std::align_val_t(64))));
+}
+inline Buffer AllocateFloats(Index n) { return Allocate<float>(n); }
+
+// Deterministic uniform values in [lo, hi) (splitmix64; fast enough to fill 128 MiB in a blink).
+inline void FillUniform(float* p, Index n, std::uint64_t seed, float lo, float hi) {
+  std::uint64_t s = seed;
+  for (Index i = 0; i < n; ++i) {
+    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = lo + (hi - lo) * static_cast<float>(static_cast<double>(z >> 40) * 0x1.0p-24);
+  }
+}
+
+// bench_norm_lowp.cpp: registers BM_LayerNormFwdBF16, ... (after the fp32 benchmarks) and checks its peers
+// on small shapes; exits when a peer disagrees. Returns the context lines' values: oneDNN bf16 support and
+// the self-check's worst difference.
+struct LowPrecisionContext {
+  std::string onednn_bf16;
+  std::string selfcheck;
+};
+LowPrecisionContext RegisterLowPrecision();
+
+}  // namespace normlab::bench

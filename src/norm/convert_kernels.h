@@ -1,0 +1,39 @@
+// Storage-conversion kernels for bf16/fp16 storage and the elementwise helpers of the fused norms
+// (internal).
+//
+// One source file (convert_kernels-inl.h) is compiled once per instruction set next to the row kernels
+// (src/simd/kernels_*.cpp include it); convert_kernels() hands out the table of the active target
+// (normlab::active_isa()). Every entry produces the same bits on every target: the conversions are the
+// exact ones of normlab::bfloat16 / normlab::float16 (include/normlab/tensor.h; AVX-512 and AVX2 use
+// F16C for fp16 and integer round-to-nearest-even for bf16), and the arithmetic entries are IEEE
+// operations in a fixed order, compiled with -ffp-contract=off.
+#pragma once
+
+#include <normlab/tensor.h>
+
+#include <cstdint>
+
+namespace normlab::kernels {
+
+// Index into the per-format entries below.
+enum StorageFormat : int { kBf16 = 0, kF16 = 1 };
+
+struct ConvertKernels {
+  // dst[i] = float(src[i]) (exact)
+  void (*widen[2])(float* dst, const std::uint16_t* src, Index n);
+  // dst[i] = round-to-nearest-even(src[i]); non-temporal stores when `stream` (for outputs that do not
+  // fit in cache; the caller has no use for them in cache afterwards). dst must not overlap src.
+  void (*narrow[2])(std::uint16_t* dst, const float* src, Index n, bool stream);
+  // x[i] = float(round(x[i])): the value the storage type would hold, widened back.
+  void (*round_trip[2])(float* x, Index n);
+  // s[i] = x[i] + r[i] in fp32 (s may equal x or r).
+  void (*add)(float* s, const float* x, const float* r, Index n);
+  // xc[i] = float((y[i] − b[i]) / (w[i]·rstd)) in double: the centred input x − mean recovered from a
+  // norm's output (w, b may be null: γ = 1, β = 0). xc may equal y.
+  void (*recover_centered)(float* xc, const float* y, Index n, double rstd, const float* w, const float* b);
+};
+
+// The table for the active instruction set (see normlab/simd.h).
+const ConvertKernels& convert_kernels();
+
+}  // namespace normlab::kernels

@@ -1,0 +1,542 @@
+// The row-group engine for storage types other than fp32 and for the fused variants (internal):
+// bf16/fp16 LayerNorm and RMSNorm, residual add + norm, and the memory-efficient backward.
+//
+// Every group is brought into an fp32 scratch row (widened exactly from bf16/fp16, or the fp32 data
+// itself) and goes through normlab's own fp32 LayerNorm/RMSNorm (the public layer_norm_forward /
+// layer_norm_backward on a [rows, n] view of the scratch, whatever kernels they use), and its outputs are
+// narrowed once (round to nearest even) into the storage type. So a bf16 y or dx is exactly round(the fp32
+// functions' result on the widened inputs), and mean/rstd are exactly theirs. dγ/dβ: the fp32 backward's
+// per-unit sums (rounded once to fp32) are added in double into one partial row per fixed chunk of groups,
+// and the chunks are summed in chunk order (units and chunks depend on the shape only). The
+// memory-efficient backward, which has no x to recompute from, runs the row kernels backward_sums /
+// backward_dx (row_kernels.h) on the recovered x − mean.
+//
+// Units of work: when every full-shaped operand is contiguous with the normalized axes last (group g
+// at element g·n), a run of up to kUnitElems elements of consecutive groups is converted in one call
+// (vector conversions over whole rows, non-temporal stores for outputs larger than kStreamBytes) and
+// normalized by one fp32 call. Any other layout goes whole to the fp32 function (see "layouts other
+// than ..." below); the memory-efficient backward takes it one group at a time, gathered through its
+// strides. The units only change the schedule, never the arithmetic: the same bits for any thread count
+// and SIMD target.
+#pragma once
+
+#include <normlab/norm.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "norm/convert_kernels.h"
+#include "norm/norm_plan.h"
+#include "norm/row_kernels.h"
+#include "parallel/parallel.h"
+
+namespace normlab::storage {
+
+inline constexpr Index kUnitElems = Index{1} << 15;  // elements per unit (flat layouts): 128 KiB fp32 rows in L2
+inline constexpr std::int64_t kStreamBytes = std::int64_t{16} << 20;  // outputs this large bypass the cache
+
+// The format index of a 16-bit storage type (kernels::kBf16 / kF16); -1 for float.
+template <typename T>
+constexpr int format_of() {
+  if constexpr (std::is_same_v<std::remove_const_t<T>, bfloat16>) return kernels::kBf16;
+  else if constexpr (std::is_same_v<std::remove_const_t<T>, float16>) return kernels::kF16;
+  else return -1;
+}
+
+// A full-shaped operand (shape of x) of element type T (float, bfloat16 or float16).
+template <typename T>
+struct Operand {
+  bool defined = false;
+  T* base = nullptr;  // T may be const
+  Dims k_strides, n_strides;
+  bool n_contiguous = false;  // a group's n elements are consecutive, in N's row-major order
+  bool flat = false;          // contiguous with the normalized axes last: group g starts at g·n
+};
+
+template <typename T>
+Operand<T> make_operand(const TensorView<T>& v, const plan::AxisSplit& s) {
+  Operand<T> o;
+  if (!v.defined()) return o;
+  o.defined = true;
+  o.base = v.data();
+  for (int d : s.k_axes) o.k_strides.push_back(v.stride(d));
+  for (int d : s.n_axes) o.n_strides.push_back(v.stride(d));
+  Index expect = 1;
+  bool contiguous = true;
+  for (int i = s.n_shape.size() - 1; i >= 0; --i) {
+    if (s.n_shape[i] == 1) continue;
+    if (o.n_strides[i] != expect) contiguous = false;
+    expect *= s.n_shape[i];
+  }
+  o.n_contiguous = contiguous;
+  bool trailing = true;  // every normalized axis comes after every kept axis of size > 1
+  for (int i = 0; i < s.k_axes.size(); ++i)
+    if (s.k_shape[i] > 1 && s.n_axes.size() > 0 && s.k_axes[i] > s.n_axes[0]) trailing = false;
+  o.flat = v.is_contiguous() && trailing;
+  return o;
+}
+
+// Byte range [lo, hi) touched by a view.
+template <typename T>
+std::pair<std::uintptr_t, std::uintptr_t> byte_range(const TensorView<T>& v) {
+  Index lo = 0, hi = 0;
+  for (int d = 0; d < v.rank(); ++d) {
+    const Index ext = (v.size(d) - 1) * v.stride(d);
+    (ext < 0 ? lo : hi) += ext;
+  }
+  const auto p = reinterpret_cast<std::uintptr_t>(v.data());
+  return {p + static_cast<std::uintptr_t>(lo * static_cast<Index>(sizeof(T))),
+          p + static_cast<std::uintptr_t>((hi + 1) * static_cast<Index>(sizeof(T)))};
+}
+
+// An output must either be exactly an input (same data, shape, strides, type) or not overlap it.
+// With `exact_ok` false, no overlap at all is allowed.
+template <typename A, typename B>
+void check_overlap(const TensorView<A>& out, const TensorView<B>& in, const char* out_name, const char* in_name,
+                   const char* op, bool exact_ok = true) {
+  if (!out.defined() || !in.defined() || out.empty() || in.empty()) return;
+  if (exact_ok && sizeof(A) == sizeof(B) && static_cast<const void*>(out.data()) == static_cast<const void*>(in.data()) &&
+      out.shape() == in.shape() && out.strides() == in.strides())
+    return;
+  const auto [olo, ohi] = byte_range(out);
+  const auto [ilo, ihi] = byte_range(in);
+  if (exact_ok)
+    NL_CHECK(ohi <= ilo || ihi <= olo,
+             "{}: output {} overlaps input {} without being the same view (same data and strides)", op, out_name,
+             in_name);
+  else
+    NL_CHECK(ohi <= ilo || ihi <= olo, "{}: {} and {} must not overlap", op, out_name, in_name);
+}
+
+// A full-shaped output: shape, writability.
+template <typename T>
+void check_full_output(const TensorView<T>& v, const Dims& x_shape, const char* name, const char* op) {
+  NL_CHECK(v.defined(), "{}: {} is required", op, name);
+  plan::check_same_shape(x_shape, v.shape(), name, op);
+  plan::check_writable(v.shape(), v.strides(), name, op);
+}
+
+inline void check_eps(double eps, const char* op) {
+  NL_CHECK(std::isfinite(eps) && eps >= 0, "{}: eps must be finite and ≥ 0, got {}", op, eps);
+}
+
+// Per-thread scratch, grown on demand and never cleared: fp32 rows f[0..3] of `len`, f[4] of 2·len (row
+// statistics), and one 16-bit row of `len`.
+struct Scratch {
+  std::unique_ptr<float[]> f_mem;
+  std::unique_ptr<std::uint16_t[]> h_mem;
+  Index cap = 0;
+  float* f[5] = {};
+  std::uint16_t* h = nullptr;
+  static Scratch& get(Index len) {
+    thread_local Scratch sc;
+    if (len > sc.cap) {
+      sc.f_mem.reset(new float[static_cast<std::size_t>(6 * len)]);  // f[4] has 2·len
+      sc.h_mem.reset(new std::uint16_t[static_cast<std::size_t>(len)]);
+      sc.cap = len;
+    }
+    for (int i = 0; i < 5; ++i) sc.f[i] = sc.f_mem.get() + i * sc.cap;
+    sc.h = sc.h_mem.get();
+    return sc;
+  }
+};
+
+// Where a unit lives in one operand: the element offset and whether it is one contiguous run of len.
+struct Where {
+  Index off;
+  bool contiguous;
+};
+
+template <typename T>
+Where where(const Operand<T>& o, Index g0, bool flat, Index n, const Dims& k_shape) {
+  if (flat) return {g0 * n, true};
+  return {plan::group_offset(g0, k_shape, o.k_strides), o.n_contiguous};
+}
+
+// The unit's values as fp32: the tensor's own memory when it is contiguous fp32, else `buf`.
+template <typename T>
+const float* load(const Operand<T>& o, Where w, Index len, const Dims& n_shape, float* buf, std::uint16_t* hbuf,
+                  const kernels::ConvertKernels& cv) {
+  const T* p = o.base + w.off;
+  if constexpr (format_of<T>() < 0) {
+    if (w.contiguous) return p;
+    plan::gather(buf, p, n_shape, o.n_strides);
+    return buf;
+  } else {
+    const std::uint16_t* src;
+    if (w.contiguous) {
+      src = reinterpret_cast<const std::uint16_t*>(p);
+    } else {
+      std::uint16_t* d = hbuf;
+      for_each_offset(n_shape, o.n_strides, [&](Index off) { std::memcpy(d++, p + off, 2); });
+      src = hbuf;
+    }
+    cv.widen[format_of<T>()](buf, src, len);
+    return buf;
+  }
+}
+
+// Where to compute an output unit in fp32: the tensor itself (contiguous fp32) or `buf`.
+template <typename T>
+float* out_row(const Operand<T>& o, Where w, float* buf) {
+  if constexpr (format_of<T>() < 0) {
+    if (w.contiguous) return o.base + w.off;
+  }
+  return buf;
+}
+
+// Writes an fp32 unit computed by out_row into the tensor (narrowing, scattering) when it is not there.
+template <typename T>
+void store(const Operand<T>& o, Where w, Index len, const Dims& n_shape, const float* row, std::uint16_t* hbuf,
+           bool stream, const kernels::ConvertKernels& cv) {
+  T* p = o.base + w.off;
+  if constexpr (format_of<T>() < 0) {
+    if (!w.contiguous) plan::scatter(p, row, n_shape, o.n_strides);
+  } else {
+    if (w.contiguous) {
+      cv.narrow[format_of<T>()](reinterpret_cast<std::uint16_t*>(p), row, len, stream);
+    } else {
+      cv.narrow[format_of<T>()](hbuf, row, len, false);
+      const std::uint16_t* s = hbuf;
+      for_each_offset(n_shape, o.n_strides, [&](Index off) { std::memcpy(p + off, s++, 2); });
+    }
+  }
+}
+
+// Runs unit(g0, g1, flat) over the groups of one task [t0, t1): runs of consecutive groups of at most
+// kUnitElems elements when every operand is flat, else one group at a time.
+template <typename Unit>
+void for_units(Index t0, Index t1, Index n, bool flat, Unit&& unit) {
+  const Index per = flat ? std::max<Index>(1, kUnitElems / n) : 1;
+  for (Index g = t0; g < t1; g += per) unit(g, std::min(t1, g + per));
+}
+
+// ---- layouts other than "contiguous, normalized axes last" ------------------------------------------
+//
+// There the fp32 functions may take another route than row by row (e.g. the column kernels for a strided
+// normalized axis), so the engine does not cut the problem into rows: it hands the whole problem to the
+// fp32 function, on the caller's own views for fp32 storage, or on contiguous fp32 copies (widened
+// exactly) for bf16/fp16, and narrows the result once. Temporary memory: up to four fp32 copies of x.
+
+// Writes src (contiguous fp32, x's shape) into v (any strides), rounding to T.
+template <typename T>
+void write_all(TensorView<T> v, const Tensor& src) {
+  const float* p = src.data();
+  for_each_offset(v.shape(), v.strides(), [&](Index off) {
+    if constexpr (format_of<T>() < 0)
+      v.data()[off] = *p++;
+    else
+      v.data()[off] = T(*p++);
+  });
+}
+
+// ---- forward -------------------------------------------------------------------------------------------
+
+struct FwdNames {
+  const char* op;
+  bool center;
+};
+
+// y = norm(s) with s = x (residual undefined) or s = round(x + residual) written to `s_out`.
+// T: the storage type of x, residual, s, y.
+template <typename T>
+void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean, View rstd,
+             TensorView<const T> x, TensorView<const T> residual, ConstView weight, ConstView bias,
+             const Axes& axes, double eps) {
+  const char* op = nm.op;
+  NL_CHECK(x.defined(), "{}: x is required", op);
+  const plan::AxisSplit s = plan::split_axes(x.shape(), axes, op);
+  check_eps(eps, op);
+  check_full_output(y, x.shape(), "y", op);
+  check_overlap(y, x, "y", "x", op);
+  const bool fused = residual.defined();
+  if (fused) {
+    plan::check_same_shape(x.shape(), residual.shape(), "residual", op);
+    check_full_output(s_out, x.shape(), "s", op);
+    check_overlap(s_out, x, "s", "x", op);
+    check_overlap(s_out, residual, "s", "residual", op);
+    check_overlap(y, residual, "y", "residual", op);
+    check_overlap(y, s_out, "y", "s", op, /*exact_ok=*/false);
+  }
+  const plan::PartOperand w = plan::part_operand(weight, s.n_shape, "weight", op);
+  const plan::PartOperand b = plan::part_operand(bias, s.n_shape, "bias", op);
+  const plan::PartOperand pm = plan::part_operand(mean, s.k_shape, "mean", op);
+  const plan::PartOperand pr = plan::part_operand(rstd, s.k_shape, "rstd", op);
+  NL_CHECK(nm.center || !pm.defined, "{}: there is no mean to write (the norm does not centre)", op);
+  NL_CHECK(nm.center || !b.defined, "{}: takes no bias", op);
+  for (const auto& [v, name] : {std::pair{mean, "mean"}, std::pair{rstd, "rstd"}}) {
+    if (!v.defined()) continue;
+    plan::check_writable(v.shape(), v.strides(), name, op);
+    check_overlap(v, x, name, "x", op, false);
+    check_overlap(v, y, name, "y", op, false);
+    if (fused) check_overlap(v, residual, name, "residual", op, false);
+    if (fused) check_overlap(v, s_out, name, "s", op, false);
+  }
+  if (mean.defined() && rstd.defined()) check_overlap(mean, rstd, "mean", "rstd", op, false);
+
+  const Operand<const T> xo = make_operand(x, s), ro = make_operand(residual, s);
+  const Operand<T> yo = make_operand(y, s), so = make_operand(s_out, s);
+  const bool flat = xo.flat && yo.flat && (!fused || (ro.flat && so.flat));
+  if (!flat) {
+    // s (written first: x and residual are copied before any output is written, for exact aliasing).
+    Tensor in = Tensor::copy_of(x);
+    if (fused) {
+      const Tensor r = Tensor::copy_of(residual);
+      for (Index i = 0; i < in.numel(); ++i) {
+        in[i] = in[i] + r[i];  // fp32 add; rounded once to T below
+        if constexpr (format_of<T>() >= 0) in[i] = static_cast<float>(T(in[i]));
+      }
+      write_all(s_out, in);
+    }
+    if constexpr (format_of<T>() < 0) {
+      // fp32: exactly the fp32 function on the caller's views (s for the fused op).
+      const ConstView src = fused ? ConstView(s_out) : ConstView(x);
+      if (nm.center)
+        normlab::layer_norm_forward(y, mean, rstd, src, weight, bias, axes, eps);
+      else
+        normlab::rms_norm_forward(y, rstd, src, weight, axes, eps);
+    } else {
+      Tensor out(x.shape());
+      if (nm.center)
+        normlab::layer_norm_forward(out.view(), mean, rstd, in.cview(), weight, bias, axes, eps);
+      else
+        normlab::rms_norm_forward(out.view(), rstd, in.cview(), weight, axes, eps);
+      write_all(y, out);
+    }
+    return;
+  }
+  const std::vector<float> wv = w.defined ? plan::gather_part(w, s.n_shape) : std::vector<float>{};
+  const std::vector<float> bv = b.defined ? plan::gather_part(b, s.n_shape) : std::vector<float>{};
+  const float* wp = w.defined ? wv.data() : nullptr;
+  const float* bp = b.defined ? bv.data() : nullptr;
+  const kernels::ConvertKernels& cv = kernels::convert_kernels();
+  const bool stream = x.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
+  // fp32 LayerNorm/RMSNorm of `rows` contiguous rows of n: y, and each row's mean and rstd.
+  const ConstView wrow = wp ? ConstView(wp, Dims{s.n}) : ConstView{}, brow = bp ? ConstView(bp, Dims{s.n}) : ConstView{};
+  auto norm_rows = [&](float* yr, const float* xr, Index rows, float* mu, float* rs) {
+    const View yv(yr, Dims{rows, s.n});
+    const ConstView xv(xr, Dims{rows, s.n});
+    if (nm.center)
+      normlab::layer_norm_forward(yv, View(mu, Dims{rows}), View(rs, Dims{rows}), xv, wrow, brow, {1}, eps);
+    else
+      normlab::rms_norm_forward(yv, View(rs, Dims{rows}), xv, wrow, {1}, eps);
+  };
+  constexpr bool kNarrow = format_of<T>() >= 0;
+
+  const Index per_task = std::max<Index>(1, kUnitElems / s.n);
+  const Index tasks = (s.groups + per_task - 1) / per_task;
+  parallel::parallel_for(tasks, [&](Index t) {
+    const Index t0 = t * per_task, t1 = std::min(s.groups, t0 + per_task);
+    Scratch& sc = Scratch::get(flat ? std::min((t1 - t0) * s.n, std::max(kUnitElems, s.n)) : s.n);
+    for_units(t0, t1, s.n, flat, [&](Index g0, Index g1) {
+      const Index len = (g1 - g0) * s.n;
+      const Where wx = where(xo, g0, flat, s.n, s.k_shape), wy = where(yo, g0, flat, s.n, s.k_shape);
+      const float* in = load(xo, wx, len, s.n_shape, sc.f[0], sc.h, cv);
+      if (fused) {
+        const Where wr = where(ro, g0, flat, s.n, s.k_shape), ws = where(so, g0, flat, s.n, s.k_shape);
+        const float* rr = load(ro, wr, len, s.n_shape, sc.f[1], sc.h, cv);
+        float* sr = out_row(so, ws, sc.f[2]);
+        cv.add(sr, in, rr, len);  // fp32 sum; for bf16/fp16 rounded once to the storage type
+        if constexpr (kNarrow) cv.round_trip[format_of<T>()](sr, len);
+        store(so, ws, len, s.n_shape, sr, sc.h, stream, cv);
+        in = sr;
+      }
+      float* out = out_row(yo, wy, sc.f[3]);
+      const Index rows = g1 - g0;
+      float* mu = sc.f[4];
+      float* rs = sc.f[4] + rows;
+      norm_rows(out, in, rows, mu, rs);
+      for (Index g = g0; g < g1; ++g) {
+        if (pm.defined) reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = mu[g - g0];
+        if (pr.defined) reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = rs[g - g0];
+      }
+      store(yo, wy, len, s.n_shape, out, sc.h, stream, cv);
+    });
+  });
+}
+
+// ---- backward ------------------------------------------------------------------------------------------
+
+struct BwdNames {
+  const char* op;
+  bool center;
+};
+
+// Three modes:
+//   standard     (x given):            statistics recomputed from x in double, as row_norm.cpp;
+//   from output  (y and rstd given):   x − mean recovered as (y − β)/(γ·rstd), rstd taken as saved;
+// and in either, when ds is given, dx = dnorm + ds (the residual stream's gradient), added in fp32
+// before the one rounding to the storage type.
+template <typename T>
+void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, TensorView<const T> dy,
+              TensorView<const T> ds, TensorView<const T> x, TensorView<const T> y, ConstView rstd,
+              ConstView weight, ConstView bias, const Axes& axes, double eps, GradMode mode) {
+  const char* op = nm.op;
+  const bool from_output = !x.defined();
+  const TensorView<const T>& src = from_output ? y : x;  // the operand the statistics come from
+  const char* src_name = from_output ? "y" : "x";
+  NL_CHECK(src.defined() && dy.defined(), "{}: {} and dy are required", op, src_name);
+  const plan::AxisSplit s = plan::split_axes(src.shape(), axes, op);
+  if (!from_output) check_eps(eps, op);
+  plan::check_same_shape(src.shape(), dy.shape(), "dy", op);
+  check_full_output(dx, src.shape(), "dx", op);
+  check_overlap(dx, src, "dx", src_name, op);
+  check_overlap(dx, dy, "dx", "dy", op);
+  if (ds.defined()) {
+    plan::check_same_shape(src.shape(), ds.shape(), "ds", op);
+    check_overlap(dx, ds, "dx", "ds", op);
+  }
+  const plan::PartOperand w = plan::part_operand(weight, s.n_shape, "weight", op);
+  const plan::PartOperand b = plan::part_operand(bias, s.n_shape, "bias", op);
+  const plan::PartOperand dw = plan::part_operand(dweight, s.n_shape, "dweight", op);
+  const plan::PartOperand db = plan::part_operand(dbias, s.n_shape, "dbias", op);
+  const plan::PartOperand pr = plan::part_operand(rstd, s.k_shape, "rstd", op);
+  NL_CHECK(nm.center || !db.defined, "{}: there is no bias gradient (the norm has no bias)", op);
+  NL_CHECK(nm.center || !b.defined, "{}: takes no bias", op);
+  if (from_output) NL_CHECK(pr.defined, "{}: rstd (saved by the forward pass) is required", op);
+  for (const auto& [v, name] : {std::pair{dweight, "dweight"}, std::pair{dbias, "dbias"}}) {
+    if (!v.defined()) continue;
+    plan::check_writable(v.shape(), v.strides(), name, op);
+    check_overlap(v, src, name, src_name, op, false);
+    check_overlap(v, dy, name, "dy", op, false);
+    check_overlap(v, dx, name, "dx", op, false);
+  }
+  if (dweight.defined() && dbias.defined()) check_overlap(dweight, dbias, "dweight", "dbias", op, false);
+
+  const std::vector<float> wv = w.defined ? plan::gather_part(w, s.n_shape) : std::vector<float>{};
+  const std::vector<float> bv = b.defined ? plan::gather_part(b, s.n_shape) : std::vector<float>{};
+  const float* wp = w.defined ? wv.data() : nullptr;
+  const float* bp = b.defined ? bv.data() : nullptr;
+  if (from_output && wp)
+    for (std::size_t j = 0; j < wv.size(); ++j)
+      NL_CHECK(wv[j] != 0.0f,
+               "{}: weight[{}] (flat index, in the normalized axes' row-major order) is 0: x̂ = (y − β)/γ cannot be "
+               "recovered from the output there; use the backward that reads x",
+               op, j);
+
+  const Operand<const T> so = make_operand(src, s), dyo = make_operand(dy, s), dso = make_operand(ds, s);
+  const Operand<T> dxo = make_operand(dx, s);
+  const bool flat = so.flat && dyo.flat && dxo.flat && (!ds.defined() || dso.flat);
+  if (!flat && !from_output) {
+    // dnorm from the fp32 backward (dγ, dβ written by it, per mode), then dx = dnorm + ds in fp32.
+    Tensor dn(src.shape());
+    if constexpr (format_of<T>() < 0) {
+      if (nm.center)
+        normlab::layer_norm_backward(dn.view(), dweight, dbias, dy, src, weight, axes, eps, mode);
+      else
+        normlab::rms_norm_backward(dn.view(), dweight, dy, src, weight, axes, eps, mode);
+    } else {
+      const Tensor xf = Tensor::copy_of(src), dyf = Tensor::copy_of(dy);
+      if (nm.center)
+        normlab::layer_norm_backward(dn.view(), dweight, dbias, dyf.cview(), xf.cview(), weight, axes, eps, mode);
+      else
+        normlab::rms_norm_backward(dn.view(), dweight, dyf.cview(), xf.cview(), weight, axes, eps, mode);
+    }
+    if (ds.defined()) {
+      const Tensor dsf = Tensor::copy_of(ds);
+      for (Index i = 0; i < dn.numel(); ++i) dn[i] = dn[i] + dsf[i];
+    }
+    write_all(dx, dn);
+    return;
+  }
+  const kernels::RowKernels& k = kernels::row_kernels();
+  const kernels::ConvertKernels& cv = kernels::convert_kernels();
+  const double n = static_cast<double>(s.n);
+  const bool stream = src.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
+  const float* rstd_base = pr.defined ? reinterpret_cast<const float*>(pr.base) : nullptr;
+  const ConstView wrow = wp ? ConstView(wp, Dims{s.n}) : ConstView{};
+
+  const plan::Chunks ch = plan::param_grad_chunks(s.groups, s.n);
+  const std::size_t nn = static_cast<std::size_t>(s.n);
+  std::vector<double> dw_part(dw.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
+  std::vector<double> db_part(db.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
+  parallel::parallel_for(ch.count, [&](Index c) {
+    const Index t0 = c * ch.size, t1 = std::min(s.groups, t0 + ch.size);
+    Scratch& sc = Scratch::get(flat ? std::min((t1 - t0) * s.n, std::max(kUnitElems, s.n)) : s.n);
+    double* dwc = dw.defined ? dw_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
+    double* dbc = db.defined ? db_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
+    for_units(t0, t1, s.n, flat, [&](Index g0, Index g1) {
+      const Index len = (g1 - g0) * s.n;
+      const Where wsrc = where(so, g0, flat, s.n, s.k_shape), wdy = where(dyo, g0, flat, s.n, s.k_shape);
+      const Where wdx = where(dxo, g0, flat, s.n, s.k_shape);
+      const float* in = load(so, wsrc, len, s.n_shape, sc.f[0], sc.h, cv);
+      const float* dyr = load(dyo, wdy, len, s.n_shape, sc.f[1], sc.h, cv);
+      // With ds, dnorm goes to scratch first: dx may be ds itself (the residual gradient updated in place).
+      float* out = ds.defined() ? sc.f[2] : out_row(dxo, wdx, sc.f[2]);
+      float* xc = sc.f[3];  // from output: x − mean of one group
+      const Index rows = g1 - g0;
+      if (from_output) {
+        for (Index g = g0; g < g1; ++g) {
+          const Index o = (g - g0) * s.n;
+          const double rs = static_cast<double>(rstd_base[plan::group_offset(g, s.k_shape, pr.strides)]);
+          cv.recover_centered(xc, in + o, s.n, rs, wp, bp);
+          double sums[2];
+          k.backward_sums(sums, dwc, dbc, dyr + o, xc, s.n, 0.0, rs, wp);
+          k.backward_dx(out + o, dyr + o, xc, s.n, 0.0, rs, wp, nm.center ? sums[0] / n : 0.0, sums[1] / n);
+        }
+      } else {
+        // dx (and this unit's dγ, dβ, rounded once to fp32): normlab's fp32 backward of these rows, which
+        // recomputes the statistics from x. The unit partials are summed into the chunk's partials in double.
+        const View dxv(out, Dims{rows, s.n});
+        const ConstView dyv(dyr, Dims{rows, s.n}), xv(in, Dims{rows, s.n});
+        const View udw = dwc ? View(sc.f[4], Dims{s.n}) : View{};
+        const View udb = dbc ? View(sc.f[4] + s.n, Dims{s.n}) : View{};
+        if (nm.center)
+          normlab::layer_norm_backward(dxv, udw, udb, dyv, xv, wrow, {1}, eps);
+        else
+          normlab::rms_norm_backward(dxv, udw, dyv, xv, wrow, {1}, eps);
+        // Scalar math: dw[j] += double(unit dγ[j]); db[j] += double(unit dβ[j])
+        if (dwc)
+          for (Index j = 0; j < s.n; ++j) dwc[j] += static_cast<double>(sc.f[4][j]);
+        if (dbc)
+          for (Index j = 0; j < s.n; ++j) dbc[j] += static_cast<double>(sc.f[4][s.n + j]);
+      }
+      if (ds.defined()) {
+        const Where wds = where(dso, g0, flat, s.n, s.k_shape);
+        // ds is read into f[3] (xc is free again); dx is computed where it goes, then stored.
+        const float* dsr = load(dso, wds, len, s.n_shape, sc.f[3], sc.h, cv);
+        float* dst = out_row(dxo, wdx, sc.f[0]);  // f[0] (the input rows) is no longer needed
+        cv.add(dst, out, dsr, len);
+        out = dst;
+      }
+      store(dxo, wdx, len, s.n_shape, out, sc.h, stream, cv);
+    });
+  });
+  if (!dw.defined && !db.defined) return;
+
+  // Sum the chunk partials in chunk order, round once, then write (or add) in the weight's own layout.
+  std::vector<float> dw_row(dw.defined ? nn : 0), db_row(db.defined ? nn : 0);
+  const Index cols_per_task = 4096;
+  parallel::parallel_for((s.n + cols_per_task - 1) / cols_per_task, [&](Index t) {
+    const Index j_end = std::min(s.n, (t + 1) * cols_per_task);
+    for (Index j = t * cols_per_task; j < j_end; ++j) {
+      double sw = 0, sb = 0;
+      for (Index c = 0; c < ch.count; ++c) {
+        const std::size_t at = static_cast<std::size_t>(c) * nn + static_cast<std::size_t>(j);
+        if (dw.defined) sw += dw_part[at];
+        if (db.defined) sb += db_part[at];
+      }
+      if (dw.defined) dw_row[static_cast<std::size_t>(j)] = static_cast<float>(sw);
+      if (db.defined) db_row[static_cast<std::size_t>(j)] = static_cast<float>(sb);
+    }
+  });
+  const bool acc = mode == GradMode::kAccumulate;
+  auto write = [&](const plan::PartOperand& p, const std::vector<float>& row) {
+    float* base = reinterpret_cast<float*>(p.base);
+    const float* r = row.data();
+    for_each_offset(s.n_shape, p.strides, [&](Index off) {
+      base[off] = acc ? base[off] + *r : *r;
+      ++r;
+    });
+  };
+  if (dw.defined) write(dw, dw_row);
+  if (db.defined) write(db, db_row);
+}
+
+}  // namespace normlab::storage

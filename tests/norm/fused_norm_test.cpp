@@ -1,0 +1,320 @@
+// Fused residual add + LayerNorm/RMSNorm against the unfused composition (bitwise in fp32, where the
+// arithmetic is the same), bf16 storage, float64 finite differences of the fused backward, aliasing; and
+// the memory-efficient backward (x̂ recovered from y) against the standard backward within a bound
+// derived from the extra rounding, with its γ = 0 failure mode.
+#include <normlab/norm.h>
+#include <normlab/reference.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <random>
+
+#include "norm/lowp_support.h"
+#include "support/finite_diff.h"
+#include "support/random.h"
+#include "support/tolerance.h"
+
+namespace normlab {
+namespace {
+
+using testing::all_close;
+using testing::bitwise_equal;
+using testing::max_abs;
+using testing::Tol;
+
+Tensor add(ConstView a, ConstView b) {
+  Tensor ca = Tensor::copy_of(a), cb = Tensor::copy_of(b), s(a.shape());
+  for (Index i = 0; i < s.numel(); ++i) s[i] = ca[i] + cb[i];
+  return s;
+}
+
+// A random strided view (sliced and/or transposed) of a fresh parent.
+struct Strided {
+  Tensor parent;
+  ConstView v;
+};
+Strided strided(const Dims& shape, std::mt19937_64& rng, double scale, double offset, bool transpose) {
+  Dims pshape = shape;
+  pshape[0] += 1;
+  Strided s{testing::random_tensor(pshape, rng, scale, offset), {}};
+  s.v = s.parent.cview().slice(0, 1, pshape[0]);
+  if (transpose) {
+    // Same logical shape, other memory order: a transposed parent, transposed back.
+    Tensor t = Tensor::copy_of(s.v.transpose(0, shape.size() - 1));
+    s.parent = std::move(t);
+    s.v = s.parent.cview().transpose(0, shape.size() - 1);
+  }
+  return s;
+}
+
+TEST(FusedAddNorm, Fp32IsTheUnfusedCompositionBitwise) {
+  std::mt19937_64 rng(21);
+  int cases = 0;
+  for (const Dims& shape : {Dims{5, 33}, Dims{4, 7, 3}, Dims{3, 1025}, Dims{1, 1}, Dims{8, 64}})
+    for (const Axes& axes : {Axes{-1}, Axes{0}, Axes{1}})
+      for (bool center : {true, false})
+        for (int layout = 0; layout < 3; ++layout) {
+          if (axes[0] >= shape.size()) continue;
+          ++cases;
+          SCOPED_TRACE(fmt::format("shape {} axes [{}] centre={} layout {}", shape.str(), axes[0], center, layout));
+          const Strided x = strided(shape, rng, 1.0, 0.5, layout == 1), r = strided(shape, rng, 2.0, -1.0, layout == 2);
+          const Dims ns = normalized_shape(shape, axes), ks = kept_shape(shape, axes);
+          const Tensor w = testing::random_tensor(ns, rng, 0.5, 1.0), b = testing::random_tensor(ns, rng, 0.5, 0.0);
+          const Tensor dy = testing::random_tensor(shape, rng, 1.0, 0.0), ds = testing::random_tensor(shape, rng, 1.0, 0.0);
+          const ConstView bv = center ? b.cview() : ConstView{};
+          // unfused
+          const Tensor s_ref = add(x.v, r.v);
+          Tensor y_ref(shape), mean_ref(ks), rstd_ref(ks), dn(shape), dw_ref(ns), db_ref(ns);
+          if (center) {
+            layer_norm_forward(y_ref.view(), mean_ref.view(), rstd_ref.view(), s_ref.cview(), w.cview(), bv, axes);
+            layer_norm_backward(dn.view(), dw_ref.view(), db_ref.view(), dy.cview(), s_ref.cview(), w.cview(), axes);
+          } else {
+            rms_norm_forward(y_ref.view(), rstd_ref.view(), s_ref.cview(), w.cview(), axes);
+            rms_norm_backward(dn.view(), dw_ref.view(), dy.cview(), s_ref.cview(), w.cview(), axes);
+          }
+          const Tensor dx_ref = add(dn.cview(), ds.cview());
+          // fused
+          Tensor s(shape), y(shape), mean(ks), rstd(ks), dx(shape), dw(ns), db(ns);
+          if (center) {
+            add_layer_norm_forward(s.view(), y.view(), mean.view(), rstd.view(), x.v, r.v, w.cview(), bv, axes);
+            add_layer_norm_backward(dx.view(), dw.view(), db.view(), dy.cview(), ds.cview(), s.cview(), w.cview(), axes);
+          } else {
+            add_rms_norm_forward(s.view(), y.view(), rstd.view(), x.v, r.v, w.cview(), axes);
+            add_rms_norm_backward(dx.view(), dw.view(), dy.cview(), ds.cview(), s.cview(), w.cview(), axes);
+          }
+          EXPECT_TRUE(bitwise_equal(s.cview(), s_ref.cview(), "s"));
+          EXPECT_TRUE(bitwise_equal(y.cview(), y_ref.cview(), "y"));
+          EXPECT_TRUE(bitwise_equal(rstd.cview(), rstd_ref.cview(), "rstd"));
+          if (center) {
+            EXPECT_TRUE(bitwise_equal(mean.cview(), mean_ref.cview(), "mean"));
+          }
+          EXPECT_TRUE(bitwise_equal(dx.cview(), dx_ref.cview(), "dx = dnorm + ds"));
+          // dγ, dβ: sums over the groups of dy·x̂ and dy. The fp32 backward may round each product to fp32
+          // before summing, so the budget is relative to Σ|dy·x̂| ≤ groups·max|dy|·max|x̂| (x̂ ≤ √n).
+          const double groups = static_cast<double>(shape.product() / ns.product());
+          const double max_xhat = std::sqrt(static_cast<double>(ns.product()));
+          EXPECT_TRUE(all_close(dw.cview(), ref::to_double(dw_ref.cview()), Tol{8, groups * max_abs(dy) * max_xhat}, "dγ"));
+          if (center) {
+            EXPECT_TRUE(all_close(db.cview(), ref::to_double(db_ref.cview()), Tol{8, groups * max_abs(dy)}, "dβ"));
+          }
+          // Without ds the fused backward is the plain backward.
+          Tensor dx0(shape);
+          if (center)
+            add_layer_norm_backward(dx0.view(), {}, {}, dy.cview(), {}, s.cview(), w.cview(), axes);
+          else
+            add_rms_norm_backward(dx0.view(), {}, dy.cview(), {}, s.cview(), w.cview(), axes);
+          EXPECT_TRUE(bitwise_equal(dx0.cview(), dn.cview(), "dx without ds"));
+        }
+  EXPECT_GT(cases, 30);
+}
+
+TEST(FusedAddNorm, ResidualStreamUpdatedInPlace) {
+  std::mt19937_64 rng(22);
+  const Dims shape{6, 80};
+  const Tensor x = testing::random_tensor(shape, rng, 1.0, 0.0), w = testing::random_tensor(Dims{80}, rng, 0.5, 1.0);
+  const Tensor r0 = testing::random_tensor(shape, rng, 1.0, 0.0), dy = testing::random_tensor(shape, rng, 1.0, 0.0);
+  Tensor s(shape), y(shape), yi(shape);
+  add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r0.cview(), w.cview(), {}, {1});
+  Tensor r = r0.clone();  // s written over the residual stream itself
+  add_layer_norm_forward(r.view(), yi.view(), {}, {}, x.cview(), r.cview(), w.cview(), {}, {1});
+  EXPECT_TRUE(bitwise_equal(r.cview(), s.cview(), "s in place"));
+  EXPECT_TRUE(bitwise_equal(yi.cview(), y.cview(), "y"));
+  // dx written over ds (the residual gradient accumulated in place).
+  const Tensor ds = testing::random_tensor(shape, rng, 1.0, 0.0);
+  Tensor dx(shape), inplace = ds.clone();
+  add_layer_norm_backward(dx.view(), {}, {}, dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
+  add_layer_norm_backward(inplace.view(), {}, {}, dy.cview(), inplace.cview(), s.cview(), w.cview(), {1});
+  EXPECT_TRUE(bitwise_equal(inplace.cview(), dx.cview(), "dx in place over ds"));
+  EXPECT_NL_ERROR(add_layer_norm_forward(s.view(), s.view(), {}, {}, x.cview(), r0.cview(), {}, {}, {1}),
+                  "y and s must not overlap");
+}
+
+TEST(FusedAddNorm, BackwardMatchesFiniteDifferences) {
+  // L = Σ dy·y + Σ ds·s with s = x + residual, y = LayerNorm(s): ∂L/∂x = ∂L/∂residual = dnorm + ds.
+  std::mt19937_64 rng(23);
+  for (bool center : {true, false}) {
+    const Dims shape{3, 7};
+    const Tensor x = testing::random_tensor(shape, rng, 1.0, 0.3), r = testing::random_tensor(shape, rng, 1.0, 0.0);
+    const Tensor w = testing::random_tensor(Dims{7}, rng, 0.5, 1.0);
+    const Tensor dy = testing::random_tensor(shape, rng, 1.0, 0.0), ds = testing::random_tensor(shape, rng, 1.0, 0.0);
+    Tensor s(shape), y(shape), dx(shape), dw(Dims{7});
+    if (center) {
+      add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r.cview(), w.cview(), {}, {1});
+      add_layer_norm_backward(dx.view(), dw.view(), {}, dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
+    } else {
+      add_rms_norm_forward(s.view(), y.view(), {}, x.cview(), r.cview(), w.cview(), {1});
+      add_rms_norm_backward(dx.view(), dw.view(), dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
+    }
+    ref::DTensor xd = ref::to_double(x.cview()), rd = ref::to_double(r.cview()), wd = ref::to_double(w.cview());
+    const ref::DTensor dyd = ref::to_double(dy.cview()), dsd = ref::to_double(ds.cview());
+    auto loss = [&]() {
+      ref::DTensor sd(shape);
+      for (Index i = 0; i < sd.numel(); ++i) sd[i] = xd[i] + rd[i];
+      const ref::LayerNormOut o = center ? ref::layer_norm_forward(sd.view(), wd.view(), {}, {1}, 1e-5)
+                                         : ref::rms_norm_forward(sd.view(), wd.view(), {1}, kRmsNormEps);
+      double l = 0;
+      for (Index i = 0; i < sd.numel(); ++i) l += dyd[i] * o.y[i] + dsd[i] * sd[i];
+      return l;
+    };
+    ref::DTensor fdx(shape), fdr(shape), fdw(Dims{7});
+    for (Index i = 0; i < xd.numel(); ++i) {
+      fdx[i] = testing::central_difference(xd[i], loss, 1e-6);
+      fdr[i] = testing::central_difference(rd[i], loss, 1e-6);
+    }
+    for (Index i = 0; i < wd.numel(); ++i) fdw[i] = testing::central_difference(wd[i], loss, 1e-6);
+    // fp32 outputs: the budget of LayerNormGradients.KernelBackwardMatchesFiniteDifferencesOfTheReference.
+    EXPECT_TRUE(all_close(dx.cview(), fdx, Tol{64, max_abs(fdx)}, "dx vs FD in x"));
+    EXPECT_TRUE(all_close(dx.cview(), fdr, Tol{64, max_abs(fdr)}, "dx vs FD in residual"));
+    EXPECT_TRUE(all_close(dw.cview(), fdw, Tol{64, max_abs(fdw)}, "dγ vs FD"));
+  }
+}
+
+TEST(FusedAddNorm, Bf16RoundsTheSumOnceAndNormalizesTheStoredSum) {
+  std::mt19937_64 rng(24);
+  for (const Dims& shape : {Dims{7, 33}, Dims{3, 1025}, Dims{64, 256}}) {
+    for (bool center : {true, false}) {
+      SCOPED_TRACE(fmt::format("shape {} centre={}", shape.str(), center));
+      const Index d = shape[1];
+      const BF16Tensor x = testing::convert_copy<bfloat16>(testing::random_tensor(shape, rng, 1.0, 0.5).cview());
+      const BF16Tensor r = testing::convert_copy<bfloat16>(testing::random_tensor(shape, rng, 3.0, 0.0).cview());
+      const BF16Tensor dy = testing::convert_copy<bfloat16>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
+      const BF16Tensor ds = testing::convert_copy<bfloat16>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
+      const Tensor w = testing::random_tensor(Dims{d}, rng, 0.5, 1.0), b = testing::random_tensor(Dims{d}, rng, 0.5, 0.0);
+      const ConstView bv = center ? b.cview() : ConstView{};
+      BF16Tensor s(shape), y(shape), dx(shape), y_ref(shape);
+      Tensor dw(Dims{d}), dn32(shape);
+      // s = round(float(x) + float(residual)), as PyTorch's bf16 add
+      const Tensor s32 = add(Tensor::copy_of(x.cview()).cview(), Tensor::copy_of(r.cview()).cview());
+      const BF16Tensor s_ref = testing::convert_copy<bfloat16>(s32.cview());
+      if (center) {
+        add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r.cview(), w.cview(), bv, {1});
+        layer_norm_forward(y_ref.view(), {}, {}, s_ref.cview(), w.cview(), bv, {1});
+        add_layer_norm_backward(dx.view(), dw.view(), {}, dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
+        layer_norm_backward(dn32.view(), {}, {}, Tensor::copy_of(dy.cview()).cview(), Tensor::copy_of(s.cview()).cview(),
+                            w.cview(), {1});
+      } else {
+        add_rms_norm_forward(s.view(), y.view(), {}, x.cview(), r.cview(), w.cview(), {1});
+        rms_norm_forward(y_ref.view(), {}, s_ref.cview(), w.cview(), {1});
+        add_rms_norm_backward(dx.view(), dw.view(), dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
+        rms_norm_backward(dn32.view(), {}, Tensor::copy_of(dy.cview()).cview(), Tensor::copy_of(s.cview()).cview(),
+                          w.cview(), {1});
+      }
+      EXPECT_TRUE(testing::within_ulps<bfloat16>(s.cview(), s_ref.cview(), 0, "s"));
+      EXPECT_TRUE(testing::within_ulps<bfloat16>(y.cview(), y_ref.cview(), 0, "y = the bf16 norm of the stored s"));
+      // dx = round(dnorm_fp32 + ds): one rounding (the unfused bf16 composition would round twice).
+      const Tensor dx32 = add(dn32.cview(), Tensor::copy_of(ds.cview()).cview());
+      Index exact = 0;
+      EXPECT_TRUE(testing::within_ulps<bfloat16>(dx.cview(), testing::convert_copy<bfloat16>(dx32.cview()).cview(), 1,
+                                                 "dx vs round(fp32 dnorm + ds)", &exact));
+      EXPECT_EQ(exact, dx.numel());
+    }
+  }
+}
+
+// ---- memory-efficient backward --------------------------------------------------------------------------
+
+// The standard backward against the from-output backward, with the bound derived from the extra rounding:
+// y is fp32, so the recovered x − mean = (y − β)/(γ·rstd) carries |Δ(x̂)| ≤ E_i = (½ulp(y_i) + ½ε|y_i − β_i|)/|γ_i|
+// (y's rounding and the fp32 rounding of x − mean; rstd cancels exactly in x̂ = (x − mean)·rstd in math, and
+// the double arithmetic adds ~1e-16). With E = max E_i, per group g = dy·γ:
+//   |Δdx_i| ≤ rstd·(E·|mean(g·x̂)| + |x̂_i|·max|g|·E) + ½ε·|dx_i| (rstd is the forward's fp32 value) + the
+//   standard backward's own Tol{16} budget;  |Δdγ_j| ≤ Σ_groups |dy|·E + Tol{4}.
+// The flat index into γ (normalized axes, row-major) of flat element i of a contiguous tensor of `shape`.
+Index part_index(Index i, const Dims& shape, const Axes& axes) {
+  Index j = 0, jstride = 1;
+  for (int d = shape.size() - 1; d >= 0; --d) {
+    const Index id = i % shape[d];
+    i /= shape[d];
+    if (std::find(axes.begin(), axes.end(), d) != axes.end()) {
+      j += id * jstride;
+      jstride *= shape[d];
+    }
+  }
+  return j;
+}
+
+struct MemEffCase {
+  Dims shape;
+  Axes axes;
+  double w_scale, w_offset, b_scale;
+};
+
+TEST(MemoryEfficientBackward, MatchesTheStandardBackwardWithinTheDerivedBound) {
+  std::mt19937_64 rng(25);
+  for (const MemEffCase& mc : {MemEffCase{{6, 33}, {1}, 0.5, 1.0, 0.5}, MemEffCase{{4, 5, 6}, {0, 2}, 0.5, 1.0, 0.5},
+                               MemEffCase{{3, 1025}, {1}, 0.3, 1.0, 0.1}, MemEffCase{{8, 64}, {1}, 0.05, 0.1, 2.0}}) {
+    for (bool center : {true, false}) {
+      SCOPED_TRACE(fmt::format("shape {} centre={} γ ~ {}±{}, β ~ ±{}", mc.shape.str(), center, mc.w_offset,
+                               mc.w_scale, mc.b_scale));
+      const Dims ns = normalized_shape(mc.shape, mc.axes), ks = kept_shape(mc.shape, mc.axes);
+      const Tensor x = testing::random_tensor(mc.shape, rng, 1.5, 0.7), dy = testing::random_tensor(mc.shape, rng, 1.0, 0.0);
+      Tensor w = testing::random_tensor(ns, rng, mc.w_scale, mc.w_offset);
+      for (Index j = 0; j < w.numel(); ++j)
+        if (std::fabs(w[j]) < 1e-3f) w[j] = 1e-3f;
+      const Tensor b = testing::random_tensor(ns, rng, mc.b_scale, 0.0);
+      const ConstView bv = center ? b.cview() : ConstView{};
+      Tensor y(mc.shape), mean(ks), rstd(ks), dx(mc.shape), dw(ns), db(ns), dx_std(mc.shape), dw_std(ns), db_std(ns);
+      if (center) {
+        layer_norm_forward(y.view(), mean.view(), rstd.view(), x.cview(), w.cview(), bv, mc.axes);
+        layer_norm_backward(dx_std.view(), dw_std.view(), db_std.view(), dy.cview(), x.cview(), w.cview(), mc.axes);
+        layer_norm_backward_from_output(dx.view(), dw.view(), db.view(), dy.cview(), y.cview(), rstd.cview(), w.cview(),
+                                        bv, mc.axes);
+      } else {
+        rms_norm_forward(y.view(), rstd.view(), x.cview(), w.cview(), mc.axes);
+        rms_norm_backward(dx_std.view(), dw_std.view(), dy.cview(), x.cview(), w.cview(), mc.axes);
+        rms_norm_backward_from_output(dx.view(), dw.view(), dy.cview(), y.cview(), rstd.cview(), w.cview(), mc.axes);
+      }
+      // The bound, from the float64 reference's x̂ and the actual y.
+      const ref::LayerNormOut r = center ? ref::layer_norm_forward(x.cview(), w.cview(), bv, mc.axes, 1e-5)
+                                         : ref::rms_norm_forward(x.cview(), w.cview(), mc.axes, kRmsNormEps);
+      const ref::LayerNormOut xh = center ? ref::layer_norm_forward(x.cview(), {}, {}, mc.axes, 1e-5)
+                                          : ref::rms_norm_forward(x.cview(), {}, mc.axes, kRmsNormEps);
+      const ref::LayerNormGrads rg = center ? ref::layer_norm_backward(dy.cview(), x.cview(), w.cview(), mc.axes, 1e-5)
+                                            : ref::rms_norm_backward(dy.cview(), x.cview(), w.cview(), mc.axes, kRmsNormEps);
+      // E over all elements (γ, β at each element of x's contiguous layout).
+      double E = 0;
+      for (Index i = 0; i < y.numel(); ++i) {
+        const Index j = part_index(i, mc.shape, mc.axes);
+        const double yb = double{y[i]} - (center ? double{b[j]} : 0.0);
+        const double e = (0.5 * testing::storage_ulp<float>(y[i]) + 0.5 * FLT_EPSILON * std::fabs(yb)) / std::fabs(w[j]);
+        E = std::max(E, e);
+      }
+      const double max_rstd = max_abs(r.rstd), max_xhat = max_abs(xh.y), max_g = max_abs(dy) * max_abs(w);
+      const double max_mgx = max_g * max_xhat;  // |mean(g·x̂)| ≤ max|g|·max|x̂|
+      const double dx_bound = max_rstd * E * (max_mgx + max_xhat * max_g) + 0.5 * FLT_EPSILON * max_abs(rg.dx);
+      const double groups = static_cast<double>(mc.shape.product() / ns.product());
+      const double dw_bound = groups * max_abs(dy) * E;
+      const double dx_tol = dx_bound + Tol{16, testing::dx_scale(rg.dx, r.rstd, dy.cview(), w.cview())}.bound(0);
+      // + the standard backward's own dγ budget, relative to Σ|dy·x̂| (it may round each product to fp32).
+      const double dw_tol = dw_bound + Tol{8, groups * max_abs(dy) * max_xhat}.bound(0);
+      double worst_dx = 0, worst_dw = 0;
+      for (Index i = 0; i < dx.numel(); ++i) worst_dx = std::max(worst_dx, std::fabs(double{dx[i]} - dx_std[i]));
+      for (Index j = 0; j < dw.numel(); ++j) worst_dw = std::max(worst_dw, std::fabs(double{dw[j]} - dw_std[j]));
+      EXPECT_LE(worst_dx, dx_tol) << "E = " << E;
+      EXPECT_LE(worst_dw, dw_tol) << "E = " << E;
+      if (center) {
+        EXPECT_TRUE(all_close(db.cview(), ref::to_double(db_std.cview()), Tol{8, groups * max_abs(dy)}, "dβ"));
+      }
+      // In place: dx written over y.
+      Tensor yi = y.clone();
+      if (center)
+        layer_norm_backward_from_output(yi.view(), {}, {}, dy.cview(), yi.cview(), rstd.cview(), w.cview(), bv, mc.axes);
+      else
+        rms_norm_backward_from_output(yi.view(), {}, dy.cview(), yi.cview(), rstd.cview(), w.cview(), mc.axes);
+      EXPECT_TRUE(bitwise_equal(yi.cview(), dx.cview(), "dx in place over y"));
+    }
+  }
+}
+
+TEST(MemoryEfficientBackward, ZeroGammaIsAClearError) {
+  Tensor y(Dims{2, 4}), rstd(Dims{2}), dy(Dims{2, 4}), dx(Dims{2, 4});
+  const Tensor w(Dims{4}, {1.0f, 0.5f, 0.0f, 2.0f});
+  EXPECT_NL_ERROR(layer_norm_backward_from_output(dx.view(), {}, {}, dy.cview(), y.cview(), rstd.cview(), w.cview(),
+                                                  {}, {1}),
+                  "weight[2]");
+  EXPECT_NL_ERROR(rms_norm_backward_from_output(dx.view(), {}, dy.cview(), y.cview(), {}, {}, {1}), "rstd");
+}
+
+}  // namespace
+}  // namespace normlab

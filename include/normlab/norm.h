@@ -24,7 +24,9 @@
 //
 // NaN policy: no value checks are made on the data. A NaN or Inf in a group makes that group's mean,
 // rstd and outputs NaN; other groups are unaffected. With eps = 0 a constant group has var = 0 and
-// rstd = +Inf, and its outputs are NaN (as in PyTorch).
+// rstd = +Inf, and its outputs are NaN (as in PyTorch). Range: the row kernels square deviations in
+// fp32, so a group with |x − mean| above √FLT_MAX ≈ 1.8e19 gets var = +Inf, rstd = 0 and y = β
+// (dx = 0); the strided-axis column path and the channel norms work in double and do not overflow there.
 #pragma once
 
 #include <normlab/tensor.h>

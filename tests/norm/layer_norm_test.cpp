@@ -86,6 +86,22 @@ TEST(LayerNormExamples, AffineAppliesPerFeature) {
   EXPECT_TRUE(bitwise_equal(f.y.cview(), expect.cview(), "γ, β over F"));
 }
 
+TEST(LayerNormExamples, DeviationsBeyondFloatSquareRangeGiveBeta) {
+  // docs/numerics.md "Range": the row path squares deviations in fp32, so |x − mean| = 4e19 > √FLT_MAX
+  // overflows the sum of squares: var = +Inf, rstd = 0, y = β, dx = 0. Other rows are unaffected.
+  Tensor x({2, 2}, {-4e19f, 4e19f, 1, 3});
+  Tensor w({2}, {2, 3}), b({2}, {0.5f, -0.25f});
+  Fwd f = run_forward(x.cview(), w.cview(), b.cview(), {1}, 1e-5);
+  EXPECT_EQ(f.rstd[0], 0.0f);
+  EXPECT_EQ(f.y[0], 0.5f);
+  EXPECT_EQ(f.y[1], -0.25f);
+  EXPECT_NEAR(f.y[2], -2 * 0.99999500003750f + 0.5f, 4e-7);
+  Tensor dy({2, 2}, {1, 1, 1, 1});
+  Bwd g = run_backward(dy.cview(), x.cview(), w.cview(), {1}, 1e-5);
+  EXPECT_EQ(g.dx[0], 0.0f);
+  EXPECT_EQ(g.dx[1], 0.0f);
+}
+
 // ---- the float64 reference over swept shapes, axes and layouts ----------------------------------
 
 // One random case: a strided view of some parent buffer, axes, optional γ/β.

@@ -128,25 +128,8 @@ TEST(TorchLowPrecision, Bf16LayerNormForwardAndBackwardAgreeWithLibTorch) {
   std::printf("LibTorch 1.13 bf16 layer_norm: worst error %.3g of the budget ulp + %g·u·C\n", worst_torch, kBf16K);
 }
 
-TEST(TorchLowPrecision, Fp16LayerNormWhereLibTorchHasACpuKernel) {
-  const at::Tensor x = at::randn({4, 33}).to(at::kHalf);
-  try {
-    (void)at::layer_norm(x, {33}, {}, {}, 1e-5);
-  } catch (const std::exception&) {
-    GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no CPU layer_norm for fp16: fp16 is checked against the "
-                 << "fp32 path rounded once (tests/norm/lowp_norm_test.cpp) only";
-  }
-  std::mt19937_64 rng(42);
-  const F16Tensor xh = testing::convert_copy<float16>(testing::random_tensor(Dims{16, 65}, rng, 1.0, 0.0).cview());
-  F16Tensor y(xh.shape());
-  layer_norm_forward(y.view(), {}, {}, xh.cview(), {}, {}, {1});
-  const at::Tensor ty = at::layer_norm(torch_float(Tensor::copy_of(xh.cview()).cview()).to(at::kHalf), {65}, {}, {}, 1e-5);
-  // fp16 has 3 more mantissa bits than bf16: compare in fp16 ulps.
-  const Tensor a = Tensor::copy_of(y.cview()), b = from_torch(ty);
-  for (Index i = 0; i < a.numel(); ++i)
-    EXPECT_LE(std::fabs(double{a[i]} - b[i]), testing::storage_ulp<float16>(std::fabs(b[i])) + kTorchK * FLT_EPSILON * 4.0)
-        << i;
-}
+// fp16 has no LibTorch oracle here: LibTorch 1.13 has no CPU layer_norm kernel for Half (it throws). fp16 is
+// checked against the fp32 path rounded once and against the float64 reference (tests/norm/lowp_norm_test.cpp).
 
 TEST(TorchFusedAddNorm, ForwardAndAutogradOfTheComposition) {
   at::set_num_threads(1);

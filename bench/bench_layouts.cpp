@@ -21,6 +21,7 @@
 // Threads: whatever main set (NORMLAB_BENCH_THREADS) for normlab, ATen, oneDNN and the copies.
 // Before timing, each peer's output is compared once with normlab's on the benchmark's own shape; a peer
 // that differs by more than 1e-4 (relative to the largest value) is reported as an error, not timed.
+#include "bench_support.h"
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
@@ -49,26 +50,10 @@ constexpr double kEps = 1e-5;
 
 // ---- buffers: x, dy filled once from a fixed seed; y, dx first touched outside the timed loops ------
 
-struct AlignedFree {
-  void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
-};
-using Buffer = std::unique_ptr<float, AlignedFree>;
-
-Buffer Allocate(Index n) {
-  return Buffer(
-      static_cast<float*>(::operator new(static_cast<std::size_t>(n) * sizeof(float), std::align_val_t(64))));
-}
-
-void Fill(float* p, Index n, std::uint64_t seed, float lo, float hi) {
-  std::uint64_t s = seed;
-  for (Index i = 0; i < n; ++i) {
-    std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    p[i] = lo + (hi - lo) * static_cast<float>(static_cast<double>(z >> 40) * 0x1.0p-24);
-  }
-}
+// Aligned buffers and the seeded fill come from bench_support.h (shared with bench_norm.cpp).
+using normlab::bench::AllocateFloats;
+using normlab::bench::Buffer;
+using normlab::bench::FillUniform;
 
 struct Shape {
   std::string name;
@@ -91,18 +76,18 @@ Data& GetData(const Shape& s) {
   if (!d) {
     d = std::make_unique<Data>();
     const Index n = s.numel(), c = s.channels();
-    d->x = Allocate(n);
-    d->y = Allocate(n);
-    d->dy = Allocate(n);
-    d->dx = Allocate(n);
-    d->gamma = Allocate(c);
-    d->beta = Allocate(c);
-    Fill(d->x.get(), n, 11, -1.5f, 2.5f);
-    Fill(d->dy.get(), n, 12, -1.0f, 1.0f);
+    d->x = AllocateFloats(n);
+    d->y = AllocateFloats(n);
+    d->dy = AllocateFloats(n);
+    d->dx = AllocateFloats(n);
+    d->gamma = AllocateFloats(c);
+    d->beta = AllocateFloats(c);
+    FillUniform(d->x.get(), n, 11, -1.5f, 2.5f);
+    FillUniform(d->dy.get(), n, 12, -1.0f, 1.0f);
     std::fill_n(d->y.get(), n, 0.0f);
     std::fill_n(d->dx.get(), n, 0.0f);
-    Fill(d->gamma.get(), c, 13, 0.5f, 1.5f);
-    Fill(d->beta.get(), c, 14, -0.5f, 0.5f);
+    FillUniform(d->gamma.get(), c, 13, 0.5f, 1.5f);
+    FillUniform(d->beta.get(), c, 14, -0.5f, 0.5f);
   }
   return *d;
 }

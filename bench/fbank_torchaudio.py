@@ -7,7 +7,9 @@ The torchaudio side of bench/bench_fbank.cpp: reads every 16-bit WAV of FILES.tx
 Kaldi's int16 scale, runs torchaudio.compliance.kaldi.fbank (dither 0, energy_floor 0, Kaldi's defaults
 otherwise, torch.set_num_threads(1)) on all of them R times (default 5) after a warm-up of 20 files, and
 prints for the best repeat RTF = compute time / audio time, as wall-clock time and as the process's CPU
-time (time.process_time; one intra-op thread, so this is one core's time).
+time (time.process_time). torch.set_num_threads(1) does not reach the BLAS threads behind the mel
+step's matrix product: unpinned, the CPU time came out at 2x the wall time. For a one-core comparison
+run it (and bench_fbank) under `taskset -c 0`, as docs/PERFORMANCE.md does.
 """
 import argparse
 import time

@@ -21,6 +21,7 @@
 // Threads: whatever main set (NORMLAB_BENCH_THREADS) for normlab, ATen, oneDNN and the copies.
 // Before timing, each peer's output is compared once with normlab's on the benchmark's own shape; a peer
 // that differs by more than 1e-4 (relative to the largest value) is reported as an error, not timed.
+#include "bench_copy.h"
 #include "bench_support.h"
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -41,7 +42,6 @@
 #include <unordered_map>
 #include <vector>
 
-extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
 
 namespace {
 
@@ -474,65 +474,10 @@ void Run(benchmark::State& state, Bench b, const std::string& impl, const Shape&
 
 // ---- copy roofline at the BatchNorm shape -----------------------------------------------------------
 
-__attribute__((target("avx512f"))) void CopyStore(float* dst, const float* src, Index n) {
-  Index i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-__attribute__((target("avx512f"))) void CopyStream(float* dst, const float* src, Index n) {
-  Index i = 0;
-  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = src[i];
-  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-  _mm_sfence();
-}
-__attribute__((target("avx"))) void CopyStoreAvx(float* dst, const float* src, Index n) {
-  Index i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-__attribute__((target("avx"))) void CopyStreamAvx(float* dst, const float* src, Index n) {
-  Index i = 0;
-  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 31) != 0; ++i) dst[i] = src[i];
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-  _mm_sfence();
-}
-
-using CopyFn = void (*)(float*, const float*, Index);
-struct CopyJob {
-  CopyFn fn;
-  float* dst;
-  const float* src;
-  Index n;
-};
-void CopyPart(void* arg) {
-  const auto* job = static_cast<const CopyJob*>(arg);
-  const Index t = omp_get_thread_num(), nt = omp_get_num_threads();
-  const Index blocks = (job->n + 15) / 16;
-  const Index begin = std::min(job->n, blocks * t / nt * 16),
-              end = std::min(job->n, blocks * (t + 1) / nt * 16);
-  job->fn(job->dst + begin, job->src + begin, end - begin);
-}
-
+// The copy kernels and their per-thread split come from bench_copy.h (shared with bench_norm.cpp).
 void RunCopy(benchmark::State& state, bool stream, const Shape& s) {
   Data& d = GetData(s);
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  CopyJob job{stream ? (avx512 ? CopyStream : CopyStreamAvx) : (avx512 ? CopyStore : CopyStoreAvx), d.y.get(),
-              d.x.get(), s.numel()};
-  const int threads = normlab::num_threads();
-  auto copy = [&] {
-    if (threads <= 1)
-      job.fn(job.dst, job.src, job.n);
-    else
-      GOMP_parallel(CopyPart, &job, static_cast<unsigned>(threads), 0);
-  };
-  copy();
-  for (auto _ : state) {
-    copy();
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * 2 * static_cast<std::int64_t>(sizeof(float)) * s.numel());
+  normlab::bench::RunCopyBenchmark(state, stream, d.y.get(), d.x.get(), s.numel(), normlab::num_threads());
 }
 
 // ---- registration (at program start; main runs them with the other benchmarks) ----------------------

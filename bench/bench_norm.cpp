@@ -77,12 +77,8 @@
 #include <utility>
 #include <vector>
 
+#include "bench_copy.h"
 #include "bench_support.h"
-
-// libgomp's entry point for `#pragma omp parallel num_threads(n)`. This target is not compiled with
-// -fopenmp, so the copy kernels call it directly; it runs them on the same OpenMP thread pool that
-// normlab, ATen and oneDNN use.
-extern "C" void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
 
 namespace {
 
@@ -608,72 +604,7 @@ std::unique_ptr<Impl> MakeImpl(Op op, Kind kind, const Problem& p, Pool& pool, b
 
 // ---- copy: the memory roofline -----------------------------------------------------------------------
 
-using CopyFn = void (*)(float* dst, const float* src, Index n);
-
-__attribute__((target("avx512f"))) void CopyStoreAvx512(float* dst, const float* src, Index n) {
-  Index i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
-// Non-temporal stores need a 64-byte aligned destination: a scalar head reaches the boundary first.
-__attribute__((target("avx512f"))) void CopyStreamAvx512(float* dst, const float* src, Index n) {
-  Index i = 0;
-  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = src[i];
-  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-  _mm_sfence();
-}
-
-__attribute__((target("avx"))) void CopyStoreAvx(float* dst, const float* src, Index n) {
-  Index i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
-__attribute__((target("avx"))) void CopyStreamAvx(float* dst, const float* src, Index n) {
-  Index i = 0;
-  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 31) != 0; ++i) dst[i] = src[i];
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-  _mm_sfence();
-}
-
-bool HasAvx512() {
-  return __builtin_cpu_supports("avx512f");
-}
-CopyFn StoreCopy() {
-  return HasAvx512() ? CopyStoreAvx512 : CopyStoreAvx;
-}
-CopyFn StreamCopy() {
-  return HasAvx512() ? CopyStreamAvx512 : CopyStreamAvx;
-}
-
-struct CopyJob {
-  CopyFn fn;
-  float* dst;
-  const float* src;
-  Index n;
-};
-
-// One contiguous part per thread, cut at multiples of 16 floats so that every part starts on a line.
-void CopyPart(void* arg) {
-  const auto* job = static_cast<const CopyJob*>(arg);
-  const Index t = omp_get_thread_num(), nt = omp_get_num_threads();
-  const Index blocks = (job->n + 15) / 16;
-  const Index begin = std::min(job->n, blocks * t / nt * 16);
-  const Index end = std::min(job->n, blocks * (t + 1) / nt * 16);
-  job->fn(job->dst + begin, job->src + begin, end - begin);
-}
-
-void ParallelCopy(CopyFn fn, float* dst, const float* src, Index n) {
-  CopyJob job{fn, dst, src, n};
-  if (g_threads <= 1) {
-    fn(dst, src, n);
-  } else {
-    GOMP_parallel(CopyPart, &job, static_cast<unsigned>(g_threads), 0);
-  }
-}
+// bench_copy.h holds the kernels (ordinary and streaming stores) and the per-thread split.
 
 // ---- benchmarks ---------------------------------------------------------------------------------------
 
@@ -695,13 +626,7 @@ void BenchLayerNorm(benchmark::State& state, Op op, Kind kind, const Problem& p)
 
 void BenchCopy(benchmark::State& state, bool stream, const Problem& p) {
   Pool& pool = GetPool(p.pool);
-  const CopyFn fn = stream ? StreamCopy() : StoreCopy();
-  ParallelCopy(fn, pool.y.get(), pool.x.get(), p.numel);
-  for (auto _ : state) {
-    ParallelCopy(fn, pool.y.get(), pool.x.get(), p.numel);
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * 2 * static_cast<std::int64_t>(sizeof(float)) * p.numel);
+  normlab::bench::RunCopyBenchmark(state, stream, pool.y.get(), pool.x.get(), p.numel, g_threads);
 }
 
 template <typename F>
@@ -864,7 +789,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("isa", normlab::isa_name(normlab::active_isa()));
   benchmark::AddCustomContext("aten_threads", std::to_string(at::get_num_threads()));
   benchmark::AddCustomContext("omp_max_threads", std::to_string(omp_get_max_threads()));
-  benchmark::AddCustomContext("copy_isa", HasAvx512() ? "avx512f" : "avx");
+  benchmark::AddCustomContext("copy_isa", __builtin_cpu_supports("avx512f") ? "avx512f" : "avx");
   benchmark::AddCustomContext("malloc", malloc_mode);
   benchmark::AddCustomContext("onednn_bft", onednn_bft);
   benchmark::AddCustomContext("selfcheck", fmt::format("ok (worst peer vs normlab: {:.2g})", check_err));

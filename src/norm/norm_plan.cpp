@@ -96,6 +96,10 @@ FullOperand full_operand(const TensorView<T>& v, const AxisSplit& s, const char*
 }
 template FullOperand full_operand(const TensorView<float>&, const AxisSplit&, const char*);
 template FullOperand full_operand(const TensorView<const float>&, const AxisSplit&, const char*);
+template FullOperand full_operand(const TensorView<bfloat16>&, const AxisSplit&, const char*);
+template FullOperand full_operand(const TensorView<const bfloat16>&, const AxisSplit&, const char*);
+template FullOperand full_operand(const TensorView<float16>&, const AxisSplit&, const char*);
+template FullOperand full_operand(const TensorView<const float16>&, const AxisSplit&, const char*);
 
 template <typename T>
 PartOperand part_operand(const TensorView<T>& v, const Dims& expect_shape, const char* name, const char* op) {

@@ -65,16 +65,10 @@ Operand<T> make_operand(const TensorView<T>& v, const plan::AxisSplit& s) {
   if (!v.defined()) return o;
   o.defined = true;
   o.base = v.data();
-  for (int d : s.k_axes) o.k_strides.push_back(v.stride(d));
-  for (int d : s.n_axes) o.n_strides.push_back(v.stride(d));
-  Index expect = 1;
-  bool contiguous = true;
-  for (int i = s.n_shape.size() - 1; i >= 0; --i) {
-    if (s.n_shape[i] == 1) continue;
-    if (o.n_strides[i] != expect) contiguous = false;
-    expect *= s.n_shape[i];
-  }
-  o.n_contiguous = contiguous;
+  const plan::FullOperand f = plan::full_operand(v, s, "");  // the strides and contiguity, as for fp32
+  o.k_strides = f.k_strides;
+  o.n_strides = f.n_strides;
+  o.n_contiguous = f.n_contiguous;
   bool trailing = true;  // every normalized axis comes after every kept axis of size > 1
   for (int i = 0; i < s.k_axes.size(); ++i)
     if (s.k_shape[i] > 1 && s.n_axes.size() > 0 && s.k_axes[i] > s.n_axes[0]) trailing = false;

@@ -21,6 +21,7 @@
 
 #include "support/random.h"
 #include "support/tolerance.h"
+#include "support/torch_bridge.h"
 
 namespace normlab {
 namespace {
@@ -33,32 +34,12 @@ using Lengths = std::vector<Index>;
 
 constexpr double kTorchK = 128;  // LibTorch's fp32 sums over up to ~10⁴ values, in ε of its scale
 
-std::vector<int64_t> vec_of(const Dims& d) {
-  return {d.begin(), d.end()};
-}
-at::Tensor torch_copy(ConstView v) {
-  Tensor c = Tensor::copy_of(v);
-  return at::from_blob(c.data(), vec_of(c.shape()), at::kFloat).clone();
-}
-ConstView view_of(const at::Tensor& t) {
-  at::Tensor c = t.contiguous();
-  NL_CHECK(c.data_ptr() == t.data_ptr(), "view_of needs a contiguous tensor");
-  return ConstView(t.data_ptr<float>(), Dims(std::vector<Index>(t.sizes().begin(), t.sizes().end())));
-}
-// normlab and LibTorch both within budget of the float64 reference, and of each other. normlab's
-// scale is max(max|ref|, floor) (floor: the magnitude of the terms that cancel, for dx). LibTorch forms
-// its results in fp32 from intermediates up to (1 + κ) times larger, κ = max|x|·max rstd (e.g.
-// y = x·rstd·γ + (β − mean·rstd·γ)), so its scale is normlab's times (1 + κ).
-::testing::AssertionResult agree(ConstView ours, const at::Tensor& theirs, const ref::DTensor& r,
-                                 double k_ours, const std::string& what, double kappa, double floor = 0) {
-  const double scale = std::max({max_abs(r), floor, 1e-6}), torch_scale = scale * (1 + kappa);
-  auto a = all_close(ours, r, Tol{k_ours, scale}, what + " normlab vs float64");
-  if (!a) return a;
-  const at::Tensor t = theirs.contiguous();
-  auto b = all_close(view_of(t), r, Tol{kTorchK, torch_scale}, what + " LibTorch vs float64");
-  if (!b) return b;
-  return all_close(ours, ref::to_double(view_of(t)), Tol{kTorchK, torch_scale},
-                   what + " normlab vs LibTorch");
+using testing::torch_copy;
+using testing::view_of;
+// normlab vs float64 and LibTorch: support/torch_bridge.h, with this file's LibTorch budget.
+::testing::AssertionResult agree(ConstView ours, const at::Tensor& theirs, const ref::DTensor& r, double k_ours,
+                                 const std::string& what, double kappa, double floor = 0) {
+  return testing::agree(ours, theirs, r, k_ours, what, kappa, floor, kTorchK);
 }
 // κ of a case, and the scale of the terms of dx: max rstd · max|dy| · max|γ|.
 double kappa_of(ConstView x, const ref::DTensor& rstd) {

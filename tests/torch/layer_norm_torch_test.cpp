@@ -37,6 +37,7 @@
 
 #include "support/random.h"
 #include "support/tolerance.h"
+#include "support/torch_bridge.h"
 
 namespace normlab {
 namespace {
@@ -50,19 +51,9 @@ constexpr double kEps32 = FLT_EPSILON;
 // test), so 16 leaves a 10× margin, yet a relative change of 1e-5 in rstd (eps 1e-5 vs 3e-5) fails.
 constexpr double kTorchK = 16;
 
-std::vector<int64_t> vec_of(const Dims& d) {
-  return {d.begin(), d.end()};
-}
-
-// A normlab view of a (float) torch tensor's memory; the tensor must outlive the view.
-ConstView view_of(const at::Tensor& t) {
-  return ConstView(t.data_ptr<float>(), Dims(std::vector<Index>(t.sizes().begin(), t.sizes().end())),
-                   Dims(std::vector<Index>(t.strides().begin(), t.strides().end())));
-}
-at::Tensor torch_copy(ConstView v) {
-  Tensor c = Tensor::copy_of(v);
-  return at::from_blob(c.data(), vec_of(c.shape()), at::kFloat).clone();
-}
+using testing::torch_copy;
+using testing::vec_of;
+using testing::view_of;  // tensors to and from LibTorch: support/torch_bridge.h
 // The same memory when every stride is ≥ 0 (as_strided over the parent buffer), else a contiguous copy.
 at::Tensor torch_input(const Tensor& parent, ConstView v) {
   if (std::any_of(v.strides().begin(), v.strides().end(), [](Index s) { return s < 0; }))

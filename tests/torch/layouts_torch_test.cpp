@@ -18,6 +18,7 @@
 
 #include "support/random.h"
 #include "support/tolerance.h"
+#include "support/torch_bridge.h"
 
 namespace normlab {
 namespace {
@@ -28,27 +29,12 @@ using testing::Tol;
 
 constexpr double kTorchK = 128;
 
-std::vector<int64_t> vec_of(const Dims& d) {
-  return {d.begin(), d.end()};
-}
-at::Tensor torch_copy(ConstView v) {
-  Tensor c = Tensor::copy_of(v);
-  return at::from_blob(c.data(), vec_of(c.shape()), at::kFloat).clone();
-}
-ConstView view_of(const at::Tensor& t) {
-  NL_CHECK(t.is_contiguous(), "view_of needs a contiguous tensor");
-  return ConstView(t.data_ptr<float>(), Dims(std::vector<Index>(t.sizes().begin(), t.sizes().end())));
-}
-::testing::AssertionResult agree(ConstView ours, const at::Tensor& theirs, const ref::DTensor& r,
-                                 double k_ours, const std::string& what, double kappa, double floor = 0) {
-  const double scale = std::max({max_abs(r), floor, 1e-6}), torch_scale = scale * (1 + kappa);
-  auto a = all_close(ours, r, Tol{k_ours, scale}, what + " normlab vs float64");
-  if (!a) return a;
-  const at::Tensor t = theirs.contiguous();
-  auto b = all_close(view_of(t), r, Tol{kTorchK, torch_scale}, what + " LibTorch vs float64");
-  if (!b) return b;
-  return all_close(ours, ref::to_double(view_of(t)), Tol{kTorchK, torch_scale},
-                   what + " normlab vs LibTorch");
+using testing::torch_copy;
+using testing::view_of;
+// normlab vs float64 and LibTorch: support/torch_bridge.h, with this file's LibTorch budget.
+::testing::AssertionResult agree(ConstView ours, const at::Tensor& theirs, const ref::DTensor& r, double k_ours,
+                                 const std::string& what, double kappa, double floor = 0) {
+  return testing::agree(ours, theirs, r, k_ours, what, kappa, floor, kTorchK);
 }
 
 // A [B, F, T] view of a padded parent (rows of T + 3, F + 1 rows per item), starting at (·, 1, 2).

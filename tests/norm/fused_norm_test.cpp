@@ -316,5 +316,19 @@ TEST(MemoryEfficientBackward, ZeroGammaIsAClearError) {
   EXPECT_NL_ERROR(rms_norm_backward_from_output(dx.view(), {}, dy.cview(), y.cview(), {}, {}, {1}), "rstd");
 }
 
+TEST(FusedAddNorm, BadInputGetsClearErrors) {
+  Tensor x(Dims{4, 8}), r(Dims{4, 8}), s(Dims{4, 8}), y(Dims{4, 8}), dy(Dims{4, 8}), dx(Dims{4, 8});
+  Tensor r_bad(Dims{4, 7}), w_bad(Dims{7});
+  EXPECT_NL_ERROR(add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r_bad.cview(), {}, {}, {1}), "residual");
+  EXPECT_NL_ERROR(add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r.cview(), w_bad.cview(), {}, {1}),
+                  "weight");
+  EXPECT_NL_ERROR(add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r.cview(), {}, {}, {1}, -1.0), "eps");
+  EXPECT_NL_ERROR(add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r.cview(), {}, {}, {2}), "axis");
+  EXPECT_NL_ERROR(add_rms_norm_forward(s.view(), y.view(), {}, x.cview(), {}, {}, {1}), "required");
+  EXPECT_NL_ERROR(add_layer_norm_backward(dx.view(), {}, {}, dy.cview(), r_bad.cview(), s.cview(), {}, {1}), "ds");
+  Tensor e(Dims{0, 8}), e2(Dims{0, 8}), es(Dims{0, 8}), ey(Dims{0, 8});
+  EXPECT_NL_ERROR(add_layer_norm_forward(es.view(), ey.view(), {}, {}, e.cview(), e2.cview(), {}, {}, {1}), "empty");
+}
+
 }  // namespace
 }  // namespace normlab

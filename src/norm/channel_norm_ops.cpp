@@ -3,10 +3,10 @@
 // Contract (include/normlab/norm.h): y, dx written = (0 at padded frames); save_mean/save_rstd
 // written =; running_mean/running_var updated in place (BatchNorm training); dweight, dbias written = or
 // += per GradMode. The three ops differ only in the grouping of (b, c) segments (channel_norm.h):
-//   forward:  mean_g, var_g = moments in double over the group's real elements (two passes over each
-//             segment in cache, segments combined exactly: chnorm::moments), rstd_g = 1/√(var_g+eps),
-//             y = (x − mean_g)·rstd_g·γ_c + β_c.
-//   backward: with per-segment Σdy and Σdy·x̂ (double, chnorm::grad_stats): mean(g)_g = Σ_seg γ_c·Σdy / n_g,
+//   forward:  mean_g, var_g = moments over the group's real elements (two passes over each segment in
+//             cache, segments combined exactly in double: chnorm::moments), rstd_g = 1/√(var_g+eps),
+//             y = (x − mean_g)·rstd_g·γ_c + β_c (fp32 elementwise, docs/numerics.md).
+//   backward: with per-segment Σdy and Σdy·x̂ (double sums, chnorm::grad_stats): mean(g)_g = Σ_seg γ_c·Σdy / n_g,
 //             mean(g·x̂)_g = Σ_seg γ_c·Σdy·x̂ / n_g; dx = rstd_g·(dy·γ_c − mean(g) − x̂·mean(g·x̂));
 //             dγ_c = Σ_b Σdy·x̂, dβ_c = Σ_b Σdy (b order).
 //   BatchNorm eval: the running statistics are constants: y as above with them, dx = dy·γ_c·rstd_c.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "norm/channel_kernels.h"
 #include "simd/vec.h"
@@ -61,37 +62,57 @@ inline void first_pass(const float* x, const float* dy, Index n, double& sx, dou
   sdy = Dy ? hsum(add(add(b0, b1), add(b2, b3))) : 0.0;
 }
 
+// Pairwise fp32 sum of v[0..V): ((v0 + v1) + (v2 + v3)) for V = 4, and that of v[0..4) plus that of v[4..8)
+// for V = 8.
+template <int V>
+inline VF tree(const VF* v) {
+  if constexpr (V == 4) return add(add(v[0], v[1]), add(v[2], v[3]));
+  else return add(tree<4>(v), tree<4>(v + 4));
+}
+
 // Second pass around m_hi: e = x − m_hi in fp32; Σe² and (Dy) Σdy·e from fp32 squares / products summed
-// in fp32 over blocks of 64 (four vectors: (v0 + v1) + (v2 + v3)), each block sum's lanes 0..7 and 8..15
-// added to two double accumulators; total hsum(acc0 + acc1). A tail is zero-padded and its e masked.
+// in fp32 over blocks of 128 elements (eight vectors, tree<8>) while 128 remain, then one block of 64
+// (four vectors, tree<4>) if 64 remain, then the rest as a zero-padded block of 64 with e masked to 0;
+// each block sum's lanes 0..7 and 8..15 added to two double accumulators; total hsum(acc0 + acc1).
 template <bool Dy>
 inline void second_pass(const float* x, const float* dy, Index n, VF mh, double& sq, double& sge) {
   VD q0 = zerod(), q1 = zerod(), p0 = zerod(), p1 = zerod();
-  auto block = [&](Index i, const int* k, bool tail) {
-    VF e[4], g[4];
-    for (int u = 0; u < 4; ++u) {
+  // One block of V vectors from i (k[u] valid lanes in vector u when tail).
+  auto block = [&](auto vc, Index i, const int* k, bool tail) {
+    constexpr int V = decltype(vc)::value;
+    VF e[V], g[V], t[V];
+    for (int u = 0; u < V; ++u) {
       const Index at = i + u * kF;
       e[u] = sub(!tail ? load(x + at) : k[u] ? load_n(x + at, k[u]) : zerof(), mh);
       if (tail) e[u] = keep_n(e[u], k[u]);
       if constexpr (Dy) g[u] = !tail ? load(dy + at) : k[u] ? load_n(dy + at, k[u]) : zerof();
     }
-    const VF q = add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
+    for (int u = 0; u < V; ++u) t[u] = mul(e[u], e[u]);
+    const VF q = tree<V>(t);
     q0 = add(q0, cvt_lo(q));
     q1 = add(q1, cvt_hi(q));
     if constexpr (Dy) {
-      const VF p = add(add(mul(g[0], e[0]), mul(g[1], e[1])), add(mul(g[2], e[2]), mul(g[3], e[3])));
+      for (int u = 0; u < V; ++u) t[u] = mul(g[u], e[u]);
+      const VF p = tree<V>(t);
       p0 = add(p0, cvt_lo(p));
       p1 = add(p1, cvt_hi(p));
     }
   };
-  static constexpr int kFull[4] = {kF, kF, kF, kF};
+  using Eight = std::integral_constant<int, 8>;
+  using Four = std::integral_constant<int, 4>;
+  static constexpr int kFull[8] = {kF, kF, kF, kF, kF, kF, kF, kF};
   Index i = 0;
-  // Scalar math: e = x[i] − m_hi; Σe² += e·e; Σdy·e += dy[i]·e (fp32 blocks of 64, double accumulators)
-  for (; i + 4 * kF <= n; i += 4 * kF) block(i, kFull, false);
+  // Scalar math: e = x[i] − m_hi; Σe² += e·e; Σdy·e += dy[i]·e (fp32 blocks of 128, then
+  // of 64, then a zero-padded tail block of 64; double accumulators)
+  for (; i + 8 * kF <= n; i += 8 * kF) block(Eight{}, i, kFull, false);
+  if (i + 4 * kF <= n) {
+    block(Four{}, i, kFull, false);
+    i += 4 * kF;
+  }
   if (i < n) {
     int k[4];
     for (int u = 0; u < 4; ++u) k[u] = static_cast<int>(std::clamp<Index>(n - i - u * kF, 0, kF));
-    block(i, k, true);
+    block(Four{}, i, k, true);
   }
   sq = hsum(add(q0, q1));
   sge = Dy ? hsum(add(p0, p1)) : 0.0;

@@ -18,9 +18,11 @@ namespace normlab::kernels {
 //                                   to accumulator (i / 8) mod 4, lane i mod 8; hsum((a0 + a1) + (a2 + a3)))
 //   mean = sum / n,  m_hi = float(mean),  m_lo = float(mean − m_hi)
 //   m2   = Σ(x − mean)² = Σe² − n·m_lo², floored at 0, with e = x − m_hi in fp32: the squares e² in fp32
-//          summed in blocks of 64 ((e0² + e1²) + (e2² + e3²) over four vectors), each block's 16 lanes
-//          added to two double accumulators (lanes 0-7, 8-15), total hsum(acc0 + acc1)
-//   sdy  = Σdy                      double, like sum
+//          summed in blocks of 128 elements while 128 remain (eight vectors v: ((v0 + v1) + (v2 + v3)) +
+//          ((v4 + v5) + (v6 + v7))), then a block of 64 if 64 remain ((v0 + v1) + (v2 + v3)), then the
+//          rest as a zero-padded block of 64; each block's 16 lanes added to two double accumulators
+//          (lanes 0-7, 8-15), total hsum(acc0 + acc1)
+//   sdy  = Σdy                      double, like sum (exact terms)
 //   sdyd = Σdy·(x − mean) = Σdy·e − m_lo·Σdy, Σdy·e from fp32 products in the same blocks as Σe²
 // Tails are zero-padded (e masked to 0), which adds exact zeros.
 struct SegmentStats {

@@ -44,6 +44,7 @@ struct Operand {
   Dims b_strides, s_strides;
   Index c_stride = 0;
   bool s_contiguous = false;  // a segment's S elements are S consecutive floats in row-major order
+  std::vector<Index> b_off;   // offset of batch item b (B entries)
 };
 
 template <typename T>
@@ -53,6 +54,9 @@ Operand operand(const TensorView<T>& v, const Plan& p) {
   for (int d : p.b_axes) o.b_strides.push_back(v.stride(d));
   for (int d : p.s_axes) o.s_strides.push_back(v.stride(d));
   o.c_stride = v.stride(p.channel_axis);
+  o.b_off.resize(static_cast<std::size_t>(p.B));
+  for (Index b = 0; b < p.B; ++b)
+    o.b_off[static_cast<std::size_t>(b)] = plan::group_offset(b, p.b_shape, o.b_strides);
   Index expect = 1;
   o.s_contiguous = true;
   for (int i = p.s_shape.size() - 1; i >= 0; --i) {
@@ -63,8 +67,8 @@ Operand operand(const TensorView<T>& v, const Plan& p) {
   return o;
 }
 
-Index seg_offset(const Operand& o, const Plan& p, Index b, Index c) {
-  return plan::group_offset(b, p.b_shape, o.b_strides) + c * o.c_stride;
+Index seg_offset(const Operand& o, const Plan&, Index b, Index c) {
+  return o.b_off[static_cast<std::size_t>(b)] + c * o.c_stride;
 }
 
 // The box of real elements of batch item b (all of S when unmasked).
@@ -85,17 +89,6 @@ const float* seg_in(const Operand& o, const Plan& p, Index b, Index c, float* sc
   if (direct(o, p, b)) return at;
   plan::gather(scratch, at, valid_shape(p, b), o.s_strides);
   return scratch;
-}
-
-// Software prefetch of the real elements of segment s (when they are consecutive floats), issued one
-// segment ahead by the statistics passes.
-void prefetch_seg(const Operand& o, const Plan& p, Index s) {
-  if (s >= p.segments()) return;
-  const Index b = s / p.C, c = s % p.C;
-  if (!direct(o, p, b)) return;
-  const char* at = reinterpret_cast<const char*>(reinterpret_cast<const float*>(o.base) + seg_offset(o, p, b, c));
-  const Index bytes = p.valid(b) * Index{sizeof(float)};
-  for (Index i = 0; i < bytes; i += 64) __builtin_prefetch(at + i, 0, 3);
 }
 
 // Outputs at least this large are written with streaming (non-temporal) stores: they would only evict
@@ -134,8 +127,15 @@ void for_segments(const Plan& p, int buffers, bool need_scratch, F&& f, bool str
   const Index tasks = (nseg + per_task - 1) / per_task;
   parallel::parallel_for(tasks, [&](Index t) {
     std::vector<float> scratch(need_scratch ? static_cast<std::size_t>(buffers * p.S) : 0);
-    const Index end = std::min(nseg, (t + 1) * per_task);
-    for (Index s = t * per_task; s < end; ++s) f(s / p.C, s % p.C, s, scratch.data());
+    const Index begin = t * per_task, end = std::min(nseg, (t + 1) * per_task);
+    Index b = begin / p.C, c = begin % p.C;
+    for (Index s = begin; s < end; ++s) {
+      f(b, c, s, scratch.data());
+      if (++c == p.C) {
+        c = 0;
+        ++b;
+      }
+    }
     if (stream) kernels::channel_kernels().fence();
   });
 }
@@ -269,7 +269,6 @@ Moments moments(const Plan& p, ConstView x) {
   for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
     const Index n = p.valid(b);
     if (!n) return;
-    prefetch_seg(xo, p, s + 1);
     kernels::SegmentStats st;
     k.segment_stats(&st, seg_in(xo, p, b, c, scratch), nullptr, n);
     sum[static_cast<std::size_t>(s)] = st.sum;
@@ -291,8 +290,6 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
                  const Index n = p.valid(b);
                  if (!n) return;
                  const std::size_t si = static_cast<std::size_t>(s);
-                 prefetch_seg(xo, p, s + 1);
-                 prefetch_seg(dyo, p, s + 1);
                  kernels::SegmentStats st;
                  k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
                  sum[si] = st.sum;

@@ -468,12 +468,12 @@ TEST(BatchNormDeterminism, SameBitsOnEverySimdTarget) {
                                 fmt::format("{}, output {}", isa_name(supported_isas()[t]), i)));
 }
 
-// Segment lengths around the channel kernels' blocks (16-float vectors, blocks of 32 and 64 elements) on
+// Segment lengths around the channel kernels' blocks (16-float vectors, blocks of 32, 64 and 128) on
 // misaligned segments (a slice at offset 1), BatchNorm and InstanceNorm: the float64 reference within the
 // documented bounds (docs/numerics.md), and the same bits on every SIMD target.
 TEST(BatchNormReference, SegmentLengthsAroundTheVectorBlocks) {
   std::mt19937_64 rng(77);
-  for (Index S : {1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 1025}) {
+  for (Index S : {1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 192, 200, 1025}) {
     const Index B = 3, C = 2;
     SCOPED_TRACE(fmt::format("S = {}", S));
     Tensor parent = testing::random_tensor({B, C, S + 1}, rng, 2.0, 0.5);

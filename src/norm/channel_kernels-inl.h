@@ -19,7 +19,9 @@ namespace {
 using namespace vec;  // NOLINT: the vector layer of this target
 
 // A vector of p[i..i+k): a full load when k = kF, else zero-padded.
-inline VF load_k(const float* p, Index i, int k) { return k == kF ? load(p + i) : load_n(p + i, k); }
+inline VF load_k(const float* p, Index i, int k) {
+  return k == kF ? load(p + i) : load_n(p + i, k);
+}
 
 // First pass: Σx and (Dy) Σdy in double, blocks of 32 (element i to accumulator (i / 8) mod 4, lane
 // i mod 8), a tail shorter than 32 zero-padded; total hsum((a0 + a1) + (a2 + a3)).
@@ -66,8 +68,10 @@ inline void first_pass(const float* x, const float* dy, Index n, double& sx, dou
 // for V = 8.
 template <int V>
 inline VF tree(const VF* v) {
-  if constexpr (V == 4) return add(add(v[0], v[1]), add(v[2], v[3]));
-  else return add(tree<4>(v), tree<4>(v + 4));
+  if constexpr (V == 4)
+    return add(add(v[0], v[1]), add(v[2], v[3]));
+  else
+    return add(tree<4>(v), tree<4>(v + 4));
 }
 
 // Second pass around m_hi: e = x − m_hi in fp32; Σe² and (Dy) Σdy·e from fp32 squares / products summed
@@ -167,10 +171,12 @@ inline void elementwise(float* out, Index n, bool use_stream, F&& f) {
 void normalize(float* y, const float* x, Index n, const NormalizeConsts& c, bool use_stream) {
   const VF mh = bcast(c.mh), ml = bcast(c.ml), s = bcast(c.s), b = bcast(c.b);
   // Scalar math: y[i] = ((x[i] − mh) − ml)·s + b, all in fp32
-  elementwise(y, n, use_stream, [&](Index i, int k) { return add(mul(sub(sub(load_k(x, i, k), mh), ml), s), b); });
+  elementwise(y, n, use_stream,
+              [&](Index i, int k) { return add(mul(sub(sub(load_k(x, i, k), mh), ml), s), b); });
 }
 
-void input_grad(float* dx, const float* dy, const float* x, Index n, const InputGradConsts& c, bool use_stream) {
+void input_grad(float* dx, const float* dy, const float* x, Index n, const InputGradConsts& c,
+                bool use_stream) {
   const VF mh = bcast(c.mh), ml = bcast(c.ml), r = bcast(c.r), w = bcast(c.w), c0 = bcast(c.c0),
            c2 = bcast(c.c2);
   // Scalar math: dx[i] = r·((dy[i]·w − c0) − ((x[i] − mh) − ml)·c2), all in fp32
@@ -180,7 +186,9 @@ void input_grad(float* dx, const float* dy, const float* x, Index n, const Input
   });
 }
 
-void fence() { stream_fence(); }
+void fence() {
+  stream_fence();
+}
 
 }  // namespace
 }  // namespace chan

@@ -19,15 +19,24 @@
 #include "parallel/parallel.h"
 
 namespace normlab::kernels {
-namespace scalar { extern const ChannelKernels kChannelTable; }
-namespace avx2 { extern const ChannelKernels kChannelTable; }
-namespace avx512 { extern const ChannelKernels kChannelTable; }
+namespace scalar {
+extern const ChannelKernels kChannelTable;
+}
+namespace avx2 {
+extern const ChannelKernels kChannelTable;
+}
+namespace avx512 {
+extern const ChannelKernels kChannelTable;
+}
 
 const ChannelKernels& channel_kernels() {
   switch (active_isa()) {
-    case Isa::kAvx512: return avx512::kChannelTable;
-    case Isa::kAvx2: return avx2::kChannelTable;
-    case Isa::kScalar: break;
+    case Isa::kAvx512:
+      return avx512::kChannelTable;
+    case Isa::kAvx2:
+      return avx2::kChannelTable;
+    case Isa::kScalar:
+      break;
   }
   return scalar::kChannelTable;
 }
@@ -306,7 +315,8 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
   for (Index b = 0; b < p.B; ++b) {
     if (p.valid(b) == 0) continue;
     for (Index c = 0; c < p.C; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c), g = static_cast<std::size_t>(p.group_of(b, c));
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
+                        g = static_cast<std::size_t>(p.group_of(b, c));
       r.sdyxh[s] = r.rstd[g] * (sdyd[s] + (mean_s[s] - r.m.mean[g]) * r.sdy[s]);
     }
   }

@@ -238,8 +238,10 @@ std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& p
 
 namespace {
 
-// Per-group moments from per-segment Σx and M2_s (see channel_norm.h), combined in segment order.
-Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std::vector<double>& m2) {
+// Per-group moments from per-segment Σx, mean_s = Σx/n_s and M2_s (see channel_norm.h), combined in
+// segment order.
+Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std::vector<double>& mean_s,
+                        const std::vector<double>& m2) {
   Moments m;
   m.count = group_counts(p);
   m.mean = reduce_to_groups(p, sum);
@@ -251,7 +253,7 @@ Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std
     for (Index c = 0; c < p.C; ++c) {
       const std::size_t s = static_cast<std::size_t>(b * p.C + c),
                         g = static_cast<std::size_t>(p.group_of(b, c));
-      const double d = sum[s] / ns - m.mean[g];
+      const double d = mean_s[s] - m.mean[g];
       m.var[g] += m2[s] + ns * d * d;
     }
   }
@@ -274,16 +276,18 @@ void mean_pair(double mean, float& mh, float& ml) {
 Moments moments(const Plan& p, ConstView x) {
   const Operand xo = operand(x, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
-  std::vector<double> sum(static_cast<std::size_t>(p.segments()), 0.0), m2(sum.size(), 0.0);
+  std::vector<double> sum(static_cast<std::size_t>(p.segments()), 0.0), m2(sum.size(), 0.0),
+      mean_s(sum.size(), 0.0);
   for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
     const Index n = p.valid(b);
     if (!n) return;
     kernels::SegmentStats st;
     k.segment_stats(&st, seg_in(xo, p, b, c, scratch), nullptr, n);
     sum[static_cast<std::size_t>(s)] = st.sum;
+    mean_s[static_cast<std::size_t>(s)] = st.mean;
     m2[static_cast<std::size_t>(s)] = st.m2;
   });
-  return combine_moments(p, sum, m2);
+  return combine_moments(p, sum, mean_s, m2);
 }
 
 GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
@@ -307,7 +311,7 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
                  r.sdy[si] = st.sdy;
                  sdyd[si] = st.sdyd;
                });
-  r.m = combine_moments(p, sum, m2);
+  r.m = combine_moments(p, sum, mean_s, m2);
   r.rstd.resize(r.m.var.size());
   for (std::size_t g = 0; g < r.rstd.size(); ++g)
     r.rstd[g] = r.m.count[g] > 0 ? 1.0 / std::sqrt(r.m.var[g] + eps) : 0.0;

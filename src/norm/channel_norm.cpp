@@ -327,6 +327,45 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
   return r;
 }
 
+namespace {
+
+// One segment of normalize (scratch: 2 rows of S floats).
+void normalize_seg(const kernels::ChannelKernels& k, const Plan& p, const Operand& yo, const Operand& xo,
+                   Index bi, Index c, double mean, double rstd, const float* w, const float* b,
+                   float* scratch, bool stream) {
+  const Index n = p.valid(bi);
+  float* out = seg_out(yo, p, bi, c, scratch + p.S);
+  if (n) {
+    kernels::NormalizeConsts kc;
+    mean_pair(mean, kc.mh, kc.ml);
+    kc.s = static_cast<float>(rstd * (w ? static_cast<double>(w[c]) : 1.0));
+    kc.b = b ? b[c] : 0.0f;
+    k.normalize(out, seg_in(xo, p, bi, c, scratch), n, kc, stream && direct(yo, p, bi));
+  }
+  seg_finish(yo, p, bi, c, out);
+}
+
+// One segment of input_grad (scratch: 3 rows of S floats).
+void input_grad_seg(const kernels::ChannelKernels& k, const Plan& p, const Operand& dxo, const Operand& dyo,
+                    const Operand& xo, Index b, Index c, double mean, double rstd, const float* w,
+                    double mean_g, double mean_gx, float* scratch, bool stream) {
+  const Index n = p.valid(b);
+  float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S);
+  if (n) {
+    kernels::InputGradConsts kc;
+    mean_pair(mean, kc.mh, kc.ml);
+    kc.r = static_cast<float>(rstd);
+    kc.w = w ? w[c] : 1.0f;
+    kc.c0 = static_cast<float>(mean_g);
+    kc.c2 = static_cast<float>(rstd * mean_gx);
+    k.input_grad(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n, kc,
+                 stream && direct(dxo, p, b));
+  }
+  seg_finish(dxo, p, b, c, out);
+}
+
+}  // namespace
+
 void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& mean,
                const std::vector<double>& rstd, const float* w, const float* b) {
   const Operand xo = operand(x, p), yo = operand(y, p);
@@ -335,17 +374,8 @@ void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& me
   for_segments(
       p, 2, needs_gather(xo, p) || needs_gather(yo, p),
       [&](Index bi, Index c, Index, float* scratch) {
-        const Index n = p.valid(bi);
         const std::size_t g = static_cast<std::size_t>(p.group_of(bi, c));
-        float* out = seg_out(yo, p, bi, c, scratch + p.S);
-        if (n) {
-          kernels::NormalizeConsts kc;
-          mean_pair(mean[g], kc.mh, kc.ml);
-          kc.s = static_cast<float>(rstd[g] * (w ? static_cast<double>(w[c]) : 1.0));
-          kc.b = b ? b[c] : 0.0f;
-          k.normalize(out, seg_in(xo, p, bi, c, scratch), n, kc, stream && direct(yo, p, bi));
-        }
-        seg_finish(yo, p, bi, c, out);
+        normalize_seg(k, p, yo, xo, bi, c, mean[g], rstd[g], w, b, scratch, stream);
       },
       stream);
 }
@@ -379,20 +409,132 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
   for_segments(
       p, 3, gather,
       [&](Index b, Index c, Index, float* scratch) {
-        const Index n = p.valid(b);
         const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
-        float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S);
-        if (n) {
-          kernels::InputGradConsts kc;
-          mean_pair(mean[g], kc.mh, kc.ml);
-          kc.r = static_cast<float>(rstd[g]);
-          kc.w = w ? w[c] : 1.0f;
-          kc.c0 = static_cast<float>(mean_g[g]);
-          kc.c2 = static_cast<float>(rstd[g] * mean_gx[g]);
-          k.input_grad(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n, kc,
-                       stream && direct(dxo, p, b));
+        input_grad_seg(k, p, dxo, dyo, xo, b, c, mean[g], rstd[g], w, mean_g[g], mean_gx[g], scratch, stream);
+      },
+      stream);
+}
+
+// ---- InstanceNorm / GroupNorm: group by group -----------------------------------------------------
+
+namespace {
+
+// Runs f(g, b, c0, scratch) for every group of a per-sample grouping (group g = batch item b, channels
+// c0 .. c0 + segs_per_group − 1); tasks are fixed chunks of groups (shape only).
+template <typename F>
+void for_groups(const Plan& p, int buffers, bool need_scratch, F&& f, bool stream) {
+  const Index per_batch = p.grouping == Grouping::kInstance ? p.C : p.G;
+  const Index spg = p.grouping == Grouping::kInstance ? 1 : p.cpg;
+  const Index per_task = std::max<Index>(1, (Index{1} << 14) / (p.S * spg));
+  const Index tasks = (p.groups + per_task - 1) / per_task;
+  parallel::parallel_for(tasks, [&](Index t) {
+    std::vector<float> scratch(need_scratch ? static_cast<std::size_t>(buffers * p.S) : 0);
+    const Index end = std::min(p.groups, (t + 1) * per_task);
+    for (Index g = t * per_task; g < end; ++g)
+      f(g, g / per_batch, (g % per_batch) * spg, spg, scratch.data());
+    if (stream) kernels::channel_kernels().fence();
+  });
+}
+
+// The group's moments from its segments' sums, exactly as group_counts, reduce_to_groups and
+// combine_moments form them (the same operations in the same order, so the same bits).
+void combine_group(const Plan& p, Index b, Index c0, Index spg, const std::vector<double>& sum,
+                   const std::vector<double>& mean_s, const std::vector<double>& m2, double& count,
+                   double& mean, double& var) {
+  const double ns = static_cast<double>(p.valid(b));
+  count = 0;
+  mean = 0;
+  for (Index c = c0; c < c0 + spg; ++c) {
+    count += ns;
+    mean += sum[static_cast<std::size_t>(b * p.C + c)];
+  }
+  mean = count > 0 ? mean / count : 0.0;
+  var = 0;
+  if (ns != 0)
+    for (Index c = c0; c < c0 + spg; ++c) {
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c);
+      const double d = mean_s[s] - mean;
+      var += m2[s] + ns * d * d;
+    }
+  var = count > 0 ? var / count : 0.0;
+}
+
+}  // namespace
+
+Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
+                           std::vector<double>& rstd) {
+  const Operand xo = operand(x, p), yo = operand(y, p);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool stream = stream_output(p);
+  const std::size_t nseg = static_cast<std::size_t>(p.segments()), ng = static_cast<std::size_t>(p.groups);
+  std::vector<double> sum(nseg, 0.0), mean_s(nseg, 0.0), m2(nseg, 0.0);
+  Moments m;
+  m.count.assign(ng, 0.0);
+  m.mean.assign(ng, 0.0);
+  m.var.assign(ng, 0.0);
+  rstd.assign(ng, 0.0);
+  for_groups(
+      p, 2, needs_gather(xo, p) || needs_gather(yo, p),
+      [&](Index g, Index bi, Index c0, Index spg, float* scratch) {
+        const Index n = p.valid(bi);
+        const std::size_t gi = static_cast<std::size_t>(g);
+        for (Index c = c0; n && c < c0 + spg; ++c) {
+          const std::size_t s = static_cast<std::size_t>(bi * p.C + c);
+          kernels::SegmentStats st;
+          k.segment_stats(&st, seg_in(xo, p, bi, c, scratch), nullptr, n);
+          sum[s] = st.sum;
+          mean_s[s] = st.mean;
+          m2[s] = st.m2;
         }
-        seg_finish(dxo, p, b, c, out);
+        combine_group(p, bi, c0, spg, sum, mean_s, m2, m.count[gi], m.mean[gi], m.var[gi]);
+        rstd[gi] = m.count[gi] > 0 ? 1.0 / std::sqrt(m.var[gi] + eps) : 0.0;
+        for (Index c = c0; c < c0 + spg; ++c)
+          normalize_seg(k, p, yo, xo, bi, c, m.mean[gi], rstd[gi], w, b, scratch, stream);
+      },
+      stream);
+  return m;
+}
+
+void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
+                         std::vector<double>& sdy, std::vector<double>& sdyxh) {
+  const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
+  const bool stream = stream_output(p);
+  const std::size_t nseg = static_cast<std::size_t>(p.segments());
+  std::vector<double> sum(nseg, 0.0), mean_s(nseg, 0.0), m2(nseg, 0.0), sdyd(nseg, 0.0);
+  sdy.assign(nseg, 0.0);
+  sdyxh.assign(nseg, 0.0);
+  for_groups(
+      p, 3, gather,
+      [&](Index, Index b, Index c0, Index spg, float* scratch) {
+        const Index n = p.valid(b);
+        for (Index c = c0; n && c < c0 + spg; ++c) {
+          const std::size_t s = static_cast<std::size_t>(b * p.C + c);
+          kernels::SegmentStats st;
+          k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
+          sum[s] = st.sum;
+          mean_s[s] = st.mean;
+          m2[s] = st.m2;
+          sdy[s] = st.sdy;
+          sdyd[s] = st.sdyd;
+        }
+        // As grad_stats and train_backward (channel_norm_ops.cpp) form them, in the same order.
+        double count, mean, var;
+        combine_group(p, b, c0, spg, sum, mean_s, m2, count, mean, var);
+        const double rstd = count > 0 ? 1.0 / std::sqrt(var + eps) : 0.0;
+        double mg = 0, mgx = 0;
+        for (Index c = c0; c < c0 + spg; ++c) {
+          const std::size_t s = static_cast<std::size_t>(b * p.C + c);
+          if (n) sdyxh[s] = rstd * (sdyd[s] + (mean_s[s] - mean) * sdy[s]);
+          const double wc = w ? static_cast<double>(w[c]) : 1.0;
+          mg += wc * sdy[s];
+          mgx += wc * sdyxh[s];
+        }
+        mg = count > 0 ? mg / count : 0.0;
+        mgx = count > 0 ? mgx / count : 0.0;
+        for (Index c = c0; c < c0 + spg; ++c)
+          input_grad_seg(k, p, dxo, dyo, xo, b, c, mean, rstd, w, mg, mgx, scratch, stream);
       },
       stream);
 }

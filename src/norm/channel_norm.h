@@ -119,6 +119,16 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
 // Constant-statistics dx = dy·float(γ_c·rstd_g) (fp32 product) at real elements, 0 at padded ones.
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w);
 
+// InstanceNorm and GroupNorm (every group is whole segments of one batch item): the forward (moments,
+// rstd per group, normalize) and the training backward's dx with the per-segment sdy, sdyxh, group by
+// group: a group's segments are read from memory for the statistics and again from cache for y or dx.
+// The arithmetic is that of moments + normalize and grad_stats + input_grad with the backward's means of
+// g and g·x̂ (channel_norm_ops.cpp), operation for operation, so the bits are the same.
+Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
+                           std::vector<double>& rstd);
+void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
+                         std::vector<double>& sdy, std::vector<double>& sdyxh);
+
 // dweight_c = Σ_b sdyxh[b, c], dbias_c = Σ_b sdy[b, c] (double, in b order), written per mode.
 void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,
                        const std::vector<double>& sdyxh, GradMode mode);

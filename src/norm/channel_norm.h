@@ -11,8 +11,10 @@
 // buffer when its valid elements are not already n consecutive floats), stores a few doubles per
 // segment, and the per-group values are then combined serially in segment order (b major, c minor).
 // Segments are handed out in chunks that depend on the shape only, so results are bitwise identical for
-// any thread count. The passes walk memory in order: a forward reads x twice (moments, normalize), a
-// training backward reads x and dy twice (grad_stats, input_grad). Outputs larger than the last-level
+// any thread count. The passes walk memory in order: a BatchNorm forward reads x twice (moments,
+// normalize), a training backward reads x and dy twice (grad_stats, input_grad); InstanceNorm and
+// GroupNorm, whose groups are whole segments of one batch item, run both passes group by group and read
+// their inputs from memory once (per_sample_forward, per_sample_backward). Outputs larger than the last-level
 // cache are written with streaming (non-temporal) stores. Numerics (docs/numerics.md): sums in double,
 // elementwise work in fp32 at full vector width, as in the fused LayerNorm kernels.
 //

@@ -285,7 +285,8 @@ TEST(BatchNormMasked, EqualsUnmaskedBatchNormOnTheConcatenatedRealFrames) {
         const ref::BatchNormOut rc =
             ref::batch_norm_forward(xc.cview(), w.cview(), b.cview(), rm.cview(), rv.cview(), 0, {}, opt);
         const double y_scale = std::max(1.0, max_abs(rc.y) + max_abs(b));
-        EXPECT_TRUE(all_close(concat_real(f.y.cview(), len, ta).cview(), rc.y, Tol{4, y_scale}, "y at real frames"));
+        EXPECT_TRUE(
+            all_close(concat_real(f.y.cview(), len, ta).cview(), rc.y, Tol{4, y_scale}, "y at real frames"));
         EXPECT_TRUE(all_close(fc.y.cview(), rc.y, Tol{4, y_scale}, "y of the concatenation"));
         EXPECT_TRUE(padded_zero(f.y.cview(), len, ta)) << "y at padded frames";
         EXPECT_TRUE(all_close(f.mean.cview(), ref::to_double(fc.mean.cview()), Tol{2, 1e-5}, "save_mean"));
@@ -446,7 +447,8 @@ TEST(BatchNormDeterminism, SameBitsForOneTwoAndThreeThreads) {
 
 TEST(BatchNormDeterminism, SameBitsOnEverySimdTarget) {
   std::mt19937_64 rng(9);
-  Tensor x = testing::random_tensor({5, 7, 333}, rng, 2.0, 3.0), dy = testing::random_tensor({5, 7, 333}, rng, 1, 0);
+  Tensor x = testing::random_tensor({5, 7, 333}, rng, 2.0, 3.0),
+         dy = testing::random_tensor({5, 7, 333}, rng, 1, 0);
   Tensor w = testing::random_tensor({7}, rng, 1.0, 1.0), b = testing::random_tensor({7}, rng, 0.5, 0.0);
   const Lengths len = random_lengths(rng, 5, 333);
   const Isa saved = active_isa();
@@ -485,7 +487,8 @@ TEST(BatchNormReference, SegmentLengthsAroundTheVectorBlocks) {
     const ref::ChannelNormOut ri = ref::instance_norm_forward(x, w.cview(), b.cview(), {}, {});
     const LayerNormGrads rgi = ref::instance_norm_backward(dy.cview(), x, w.cview(), {}, {});
     // y's bound is 4 eps of |x̂·γ| ≤ |y| + |β| (docs/numerics.md).
-    const double ys = std::max(1.0, max_abs(r.y) + max_abs(b)), ysi = std::max(1.0, max_abs(ri.y) + max_abs(b));
+    const double ys = std::max(1.0, max_abs(r.y) + max_abs(b)),
+                 ysi = std::max(1.0, max_abs(ri.y) + max_abs(b));
     const Isa saved = active_isa();
     std::vector<std::vector<Tensor>> out;
     for (const Isa isa : supported_isas()) {
@@ -495,7 +498,8 @@ TEST(BatchNormReference, SegmentLengthsAroundTheVectorBlocks) {
       EXPECT_TRUE(all_close(f.y.cview(), r.y, Tol{4, ys}, "BatchNorm y"));
       EXPECT_TRUE(all_close(f.mean.cview(), r.mean, Tol{2, 1e-5}, "BatchNorm save_mean"));
       EXPECT_TRUE(all_close(f.rstd.cview(), r.rstd, Tol{2, 1e-30}, "BatchNorm save_rstd"));
-      EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), w.cview())}, "BatchNorm dx"));
+      EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), w.cview())},
+                            "BatchNorm dx"));
       EXPECT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{8, max_abs(rg.dweight)}, "BatchNorm dweight"));
       EXPECT_TRUE(all_close(g.db.cview(), rg.dbias, Tol{8, max_abs(rg.dbias)}, "BatchNorm dbias"));
       Tensor yi({B, C, S}), dxi({B, C, S}), dwi({C}), dbi({C});
@@ -506,7 +510,8 @@ TEST(BatchNormReference, SegmentLengthsAroundTheVectorBlocks) {
                             "InstanceNorm dx"));
       EXPECT_TRUE(all_close(dwi.cview(), rgi.dweight, Tol{8, max_abs(rgi.dweight)}, "InstanceNorm dweight"));
       std::vector<Tensor> o;
-      for (Tensor* t : {&f.y, &f.mean, &f.rstd, &g.dx, &g.dw, &g.db, &yi, &dxi, &dwi, &dbi}) o.push_back(std::move(*t));
+      for (Tensor* t : {&f.y, &f.mean, &f.rstd, &g.dx, &g.dw, &g.db, &yi, &dxi, &dwi, &dbi})
+        o.push_back(std::move(*t));
       out.push_back(std::move(o));
     }
     set_isa(saved);

@@ -37,8 +37,8 @@ constexpr double kTorchK = 128;  // LibTorch's fp32 sums over up to ~10⁴ value
 using testing::torch_copy;
 using testing::view_of;
 // normlab vs float64 and LibTorch: support/torch_bridge.h, with this file's LibTorch budget.
-::testing::AssertionResult agree(ConstView ours, const at::Tensor& theirs, const ref::DTensor& r, double k_ours,
-                                 const std::string& what, double kappa, double floor = 0) {
+::testing::AssertionResult agree(ConstView ours, const at::Tensor& theirs, const ref::DTensor& r,
+                                 double k_ours, const std::string& what, double kappa, double floor = 0) {
   return testing::agree(ours, theirs, r, k_ours, what, kappa, floor, kTorchK);
 }
 // κ of a case, and the scale of the terms of dx: max rstd · max|dy| · max|γ|.
@@ -210,8 +210,9 @@ TEST(TorchBatchNorm, MaskedEqualsTorchOnTheConcatenatedRealFrames) {
       ref::batch_norm_forward(view_of(tx), w.cview(), b.cview(), rm.cview(), rv.cview(), 0, {}, {});
   const double kappa = kappa_of(view_of(tx), r.rstd), dxf = dx_floor(r.rstd, view_of(tdy), w.cview());
   LayerNormGrads rg = ref::batch_norm_backward(view_of(tdy), view_of(tx), w.cview(), {}, {}, {}, {});
-  const double dwf = dw_floor(ref::batch_norm_forward(view_of(tx), {}, {}, {}, {}, 0, {}, {}).y,
-                              ref::batch_norm_backward(view_of(tdy.abs()), view_of(tx), {}, {}, {}, {}, {}).dbias);
+  const double dwf =
+      dw_floor(ref::batch_norm_forward(view_of(tx), {}, {}, {}, {}, 0, {}, {}).y,
+               ref::batch_norm_backward(view_of(tdy.abs()), view_of(tx), {}, {}, {}, {}, {}).dbias);
   EXPECT_TRUE(agree(view_of(ycat), ty, r.y, 4, "y", kappa));
   EXPECT_TRUE(agree(nrm.cview(), trm, r.running_mean, 4, "running_mean", kappa));
   EXPECT_TRUE(agree(nrv.cview(), trv, r.running_var, 4, "running_var", kappa));

@@ -1,19 +1,47 @@
 // The channel-norm engine (see channel_norm.h): segment passes over x viewed as [B, C, S...].
 //
 // Contract: every pass writes its outputs = (y, dx at every element; per-segment sums at every
-// segment). Per segment the row kernels run over the real elements in row-major order of S, gathered
-// into a contiguous buffer when they are not consecutive floats already. Segments are cut into tasks by
+// segment). Per segment the channel kernels (channel_kernels.h) run over the real elements in row-major
+// order of S, gathered into a contiguous buffer when they are not consecutive floats already; outputs
+// whose segments are consecutive floats are written in place (streamed when large), others through a
+// scratch row and a scatter. Segments are cut into tasks by
 // the shape only; per-group values are combined serially in segment order (b major, c minor), so the
 // bits never depend on the thread count (docs/numerics.md).
 #include "norm/channel_norm.h"
 
+#include <normlab/simd.h>
+
 #include <algorithm>
 #include <cmath>
 
-#include "norm/column_kernels.h"
+#include "norm/channel_kernels.h"
 #include "norm/norm_plan.h"
-#include "norm/row_kernels.h"
 #include "parallel/parallel.h"
+
+namespace normlab::kernels {
+namespace scalar {
+extern const ChannelKernels kChannelTable;
+}
+namespace avx2 {
+extern const ChannelKernels kChannelTable;
+}
+namespace avx512 {
+extern const ChannelKernels kChannelTable;
+}
+
+const ChannelKernels& channel_kernels() {
+  switch (active_isa()) {
+    case Isa::kAvx512:
+      return avx512::kChannelTable;
+    case Isa::kAvx2:
+      return avx2::kChannelTable;
+    case Isa::kScalar:
+      break;
+  }
+  return scalar::kChannelTable;
+}
+
+}  // namespace normlab::kernels
 
 namespace normlab::chnorm {
 
@@ -25,6 +53,7 @@ struct Operand {
   Dims b_strides, s_strides;
   Index c_stride = 0;
   bool s_contiguous = false;  // a segment's S elements are S consecutive floats in row-major order
+  std::vector<Index> b_off;   // offset of batch item b (B entries)
 };
 
 template <typename T>
@@ -34,6 +63,9 @@ Operand operand(const TensorView<T>& v, const Plan& p) {
   for (int d : p.b_axes) o.b_strides.push_back(v.stride(d));
   for (int d : p.s_axes) o.s_strides.push_back(v.stride(d));
   o.c_stride = v.stride(p.channel_axis);
+  o.b_off.resize(static_cast<std::size_t>(p.B));
+  for (Index b = 0; b < p.B; ++b)
+    o.b_off[static_cast<std::size_t>(b)] = plan::group_offset(b, p.b_shape, o.b_strides);
   Index expect = 1;
   o.s_contiguous = true;
   for (int i = p.s_shape.size() - 1; i >= 0; --i) {
@@ -44,8 +76,8 @@ Operand operand(const TensorView<T>& v, const Plan& p) {
   return o;
 }
 
-Index seg_offset(const Operand& o, const Plan& p, Index b, Index c) {
-  return plan::group_offset(b, p.b_shape, o.b_strides) + c * o.c_stride;
+Index seg_offset(const Operand& o, const Plan&, Index b, Index c) {
+  return o.b_off[static_cast<std::size_t>(b)] + c * o.c_stride;
 }
 
 // The box of real elements of batch item b (all of S when unmasked).
@@ -68,29 +100,23 @@ const float* seg_in(const Operand& o, const Plan& p, Index b, Index c, float* sc
   return scratch;
 }
 
-// Outputs at least this large are written with streaming stores: they would only evict the inputs
-// from the last-level cache.
+// Outputs at least this large are written with streaming (non-temporal) stores: they would only evict
+// the inputs from the last-level cache.
 constexpr Index kStreamBytes = Index{16} << 20;
 
 bool stream_output(const Plan& p) {
   return p.segments() * p.S * Index{sizeof(float)} >= kStreamBytes;
 }
 
-// Where to write the real elements of segment (b, c): the tensor itself, or scratch to scatter (or
-// stream) later.
-float* seg_out(const Operand& o, const Plan& p, Index b, Index c, float* scratch, bool stream) {
-  return direct(o, p, b) && !stream ? reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c) : scratch;
+// Where to write the real elements of segment (b, c): the tensor itself, or scratch to scatter later.
+float* seg_out(const Operand& o, const Plan& p, Index b, Index c, float* scratch) {
+  return direct(o, p, b) ? reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c) : scratch;
 }
 
-// Scatters or streams scratch (when used) and writes 0 at the padded frames of segment (b, c).
+// Scatters scratch (when used) and writes 0 at the padded frames of segment (b, c).
 void seg_finish(const Operand& o, const Plan& p, Index b, Index c, const float* written) {
   float* at = reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c);
-  if (written != at) {
-    if (direct(o, p, b))
-      kernels::column_kernels().copy_stream(at, written, p.valid(b));
-    else
-      plan::scatter(at, written, valid_shape(p, b), o.s_strides);
-  }
+  if (written != at) plan::scatter(at, written, valid_shape(p, b), o.s_strides);
   if (!p.masked()) return;
   const Index l = p.len[static_cast<std::size_t>(b)];
   if (l == p.T) return;
@@ -101,18 +127,25 @@ void seg_finish(const Operand& o, const Plan& p, Index b, Index c, const float* 
 }
 
 // Runs f(b, c, seg, scratch) for every segment; `buffers` scratch rows of S floats per task when
-// `need_scratch`. Tasks are fixed chunks of segments (shape only).
-// `stream`: outputs go through scratch and streaming stores (fenced at the end of each task).
+// `need_scratch`. Tasks are fixed chunks of segments (shape only). `stream`: the kernels stream their
+// outputs; the stores are fenced at the end of each task.
 template <typename F>
 void for_segments(const Plan& p, int buffers, bool need_scratch, F&& f, bool stream = false) {
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / p.S);
   const Index nseg = p.segments();
   const Index tasks = (nseg + per_task - 1) / per_task;
   parallel::parallel_for(tasks, [&](Index t) {
-    std::vector<float> scratch(need_scratch || stream ? static_cast<std::size_t>(buffers * p.S) : 0);
-    const Index end = std::min(nseg, (t + 1) * per_task);
-    for (Index s = t * per_task; s < end; ++s) f(s / p.C, s % p.C, s, scratch.data());
-    if (stream) kernels::column_kernels().store_fence();
+    std::vector<float> scratch(need_scratch ? static_cast<std::size_t>(buffers * p.S) : 0);
+    const Index begin = t * per_task, end = std::min(nseg, (t + 1) * per_task);
+    Index b = begin / p.C, c = begin % p.C;
+    for (Index s = begin; s < end; ++s) {
+      f(b, c, s, scratch.data());
+      if (++c == p.C) {
+        c = 0;
+        ++b;
+      }
+    }
+    if (stream) kernels::channel_kernels().fence();
   });
 }
 
@@ -205,8 +238,10 @@ std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& p
 
 namespace {
 
-// Per-group moments from per-segment Σx and M2_s (see channel_norm.h), combined in segment order.
-Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std::vector<double>& m2) {
+// Per-group moments from per-segment Σx, mean_s = Σx/n_s and M2_s (see channel_norm.h), combined in
+// segment order.
+Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std::vector<double>& mean_s,
+                        const std::vector<double>& m2) {
   Moments m;
   m.count = group_counts(p);
   m.mean = reduce_to_groups(p, sum);
@@ -218,7 +253,7 @@ Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std
     for (Index c = 0; c < p.C; ++c) {
       const std::size_t s = static_cast<std::size_t>(b * p.C + c),
                         g = static_cast<std::size_t>(p.group_of(b, c));
-      const double d = sum[s] / ns - m.mean[g];
+      const double d = mean_s[s] - m.mean[g];
       m.var[g] += m2[s] + ns * d * d;
     }
   }
@@ -230,42 +265,36 @@ Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std
 
 namespace {
 
-// One segment's sums around its first value c (column_kernels.h, segment_sums): Σx = n·c + Σ(x − c)
-// (n·c is exact in double), M2_s = Σ(x − c)² − (Σ(x − c))²/n. Since c is one of the segment's own
-// values, the subtraction loses at most the digits of ((mean_s − c)/σ_s)², a few in 16.
-struct SegmentMoments {
-  double sum, m2, c;
-};
-SegmentMoments segment_moments(const double* s, Index n, double c) {
-  const double nn = static_cast<double>(n);
-  const double m2 = s[1] - s[0] * s[0] / nn;
-  return {nn * c + s[0], m2 < 0 ? 0.0 : m2, c};  // rounding can leave −0.x ulp; a NaN stays NaN
+// The fp32 pair (m_hi, m_lo) of a double mean.
+void mean_pair(double mean, float& mh, float& ml) {
+  mh = static_cast<float>(mean);
+  ml = static_cast<float>(mean - static_cast<double>(mh));
 }
 
 }  // namespace
 
 Moments moments(const Plan& p, ConstView x) {
   const Operand xo = operand(x, p);
-  const kernels::ColumnKernels& k = kernels::column_kernels();
-  std::vector<double> sum(static_cast<std::size_t>(p.segments()), 0.0), m2(sum.size(), 0.0);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  std::vector<double> sum(static_cast<std::size_t>(p.segments()), 0.0), m2(sum.size(), 0.0),
+      mean_s(sum.size(), 0.0);
   for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
     const Index n = p.valid(b);
     if (!n) return;
-    const float* xs = seg_in(xo, p, b, c, scratch);
-    double sums[2];
-    k.segment_sums(sums, xs, nullptr, n, static_cast<double>(xs[0]));
-    const SegmentMoments sm = segment_moments(sums, n, static_cast<double>(xs[0]));
-    sum[static_cast<std::size_t>(s)] = sm.sum;
-    m2[static_cast<std::size_t>(s)] = sm.m2;
+    kernels::SegmentStats st;
+    k.segment_stats(&st, seg_in(xo, p, b, c, scratch), nullptr, n);
+    sum[static_cast<std::size_t>(s)] = st.sum;
+    mean_s[static_cast<std::size_t>(s)] = st.mean;
+    m2[static_cast<std::size_t>(s)] = st.m2;
   });
-  return combine_moments(p, sum, m2);
+  return combine_moments(p, sum, mean_s, m2);
 }
 
 GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
   const Operand xo = operand(x, p), dyo = operand(dy, p);
-  const kernels::ColumnKernels& k = kernels::column_kernels();
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
   const std::size_t nseg = static_cast<std::size_t>(p.segments());
-  std::vector<double> sum(nseg, 0.0), m2(nseg, 0.0), shift(nseg, 0.0), sdyd(nseg, 0.0);
+  std::vector<double> sum(nseg, 0.0), m2(nseg, 0.0), mean_s(nseg, 0.0), sdyd(nseg, 0.0);
   GradStats r;
   r.sdy.assign(nseg, 0.0);
   r.sdyxh.assign(nseg, 0.0);
@@ -274,48 +303,79 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
                  const Index n = p.valid(b);
                  if (!n) return;
                  const std::size_t si = static_cast<std::size_t>(s);
-                 const float* xs = seg_in(xo, p, b, c, scratch);
-                 const float* dys = seg_in(dyo, p, b, c, scratch + p.S);
-                 double sums[4];  // Σ(x − c), Σ(x − c)², Σdy, Σdy·(x − c)
-                 k.segment_sums(sums, xs, dys, n, static_cast<double>(xs[0]));
-                 const SegmentMoments sm = segment_moments(sums, n, static_cast<double>(xs[0]));
-                 sum[si] = sm.sum;
-                 m2[si] = sm.m2;
-                 shift[si] = sm.c;
-                 r.sdy[si] = sums[2];
-                 sdyd[si] = sums[3];
+                 kernels::SegmentStats st;
+                 k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
+                 sum[si] = st.sum;
+                 m2[si] = st.m2;
+                 mean_s[si] = st.mean;
+                 r.sdy[si] = st.sdy;
+                 sdyd[si] = st.sdyd;
                });
-  r.m = combine_moments(p, sum, m2);
+  r.m = combine_moments(p, sum, mean_s, m2);
   r.rstd.resize(r.m.var.size());
   for (std::size_t g = 0; g < r.rstd.size(); ++g)
     r.rstd[g] = r.m.count[g] > 0 ? 1.0 / std::sqrt(r.m.var[g] + eps) : 0.0;
-  // Σdy·x̂ = rstd·Σdy·(x − mean) = rstd·(Σdy·(x − c) + (c − mean)·Σdy).
+  // Σdy·x̂ = rstd·Σdy·(x − mean) = rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy).
   for (Index b = 0; b < p.B; ++b) {
     if (p.valid(b) == 0) continue;
     for (Index c = 0; c < p.C; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c), g = static_cast<std::size_t>(p.group_of(b, c));
-      r.sdyxh[s] = r.rstd[g] * (sdyd[s] + (shift[s] - r.m.mean[g]) * r.sdy[s]);
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
+                        g = static_cast<std::size_t>(p.group_of(b, c));
+      r.sdyxh[s] = r.rstd[g] * (sdyd[s] + (mean_s[s] - r.m.mean[g]) * r.sdy[s]);
     }
   }
   return r;
 }
 
+namespace {
+
+// One segment of normalize (scratch: 2 rows of S floats).
+void normalize_seg(const kernels::ChannelKernels& k, const Plan& p, const Operand& yo, const Operand& xo,
+                   Index bi, Index c, double mean, double rstd, const float* w, const float* b,
+                   float* scratch, bool stream) {
+  const Index n = p.valid(bi);
+  float* out = seg_out(yo, p, bi, c, scratch + p.S);
+  if (n) {
+    kernels::NormalizeConsts kc;
+    mean_pair(mean, kc.mh, kc.ml);
+    kc.s = static_cast<float>(rstd * (w ? static_cast<double>(w[c]) : 1.0));
+    kc.b = b ? b[c] : 0.0f;
+    k.normalize(out, seg_in(xo, p, bi, c, scratch), n, kc, stream && direct(yo, p, bi));
+  }
+  seg_finish(yo, p, bi, c, out);
+}
+
+// One segment of input_grad (scratch: 3 rows of S floats).
+void input_grad_seg(const kernels::ChannelKernels& k, const Plan& p, const Operand& dxo, const Operand& dyo,
+                    const Operand& xo, Index b, Index c, double mean, double rstd, const float* w,
+                    double mean_g, double mean_gx, float* scratch, bool stream) {
+  const Index n = p.valid(b);
+  float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S);
+  if (n) {
+    kernels::InputGradConsts kc;
+    mean_pair(mean, kc.mh, kc.ml);
+    kc.r = static_cast<float>(rstd);
+    kc.w = w ? w[c] : 1.0f;
+    kc.c0 = static_cast<float>(mean_g);
+    kc.c2 = static_cast<float>(rstd * mean_gx);
+    k.input_grad(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n, kc,
+                 stream && direct(dxo, p, b));
+  }
+  seg_finish(dxo, p, b, c, out);
+}
+
+}  // namespace
+
 void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& mean,
                const std::vector<double>& rstd, const float* w, const float* b) {
   const Operand xo = operand(x, p), yo = operand(y, p);
-  const kernels::RowKernels& k = kernels::row_kernels();
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
   for_segments(
       p, 2, needs_gather(xo, p) || needs_gather(yo, p),
       [&](Index bi, Index c, Index, float* scratch) {
-        const Index n = p.valid(bi);
         const std::size_t g = static_cast<std::size_t>(p.group_of(bi, c));
-        float* out = seg_out(yo, p, bi, c, scratch + p.S, stream);
-        if (n) {
-          const double wc = w ? static_cast<double>(w[c]) : 1.0, bc = b ? static_cast<double>(b[c]) : 0.0;
-          k.forward_scalar(out, seg_in(xo, p, bi, c, scratch), n, mean[g], rstd[g], wc, bc);
-        }
-        seg_finish(yo, p, bi, c, out);
+        normalize_seg(k, p, yo, xo, bi, c, mean[g], rstd[g], w, b, scratch, stream);
       },
       stream);
 }
@@ -323,7 +383,7 @@ void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& me
 void grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
                const std::vector<double>& rstd, std::vector<double>& sdy, std::vector<double>& sdyxh) {
   const Operand xo = operand(x, p), dyo = operand(dy, p);
-  const kernels::RowKernels& k = kernels::row_kernels();
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
   sdy.assign(static_cast<std::size_t>(p.segments()), 0.0);
   sdyxh.assign(static_cast<std::size_t>(p.segments()), 0.0);
   for_segments(p, 2, needs_gather(xo, p) || needs_gather(dyo, p),
@@ -331,11 +391,11 @@ void grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<doubl
                  const Index n = p.valid(b);
                  if (!n) return;
                  const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
-                 double sums[2];
-                 k.backward_sums(sums, nullptr, nullptr, seg_in(dyo, p, b, c, scratch + p.S),
-                                 seg_in(xo, p, b, c, scratch), n, mean[g], rstd[g], nullptr);
-                 sdy[static_cast<std::size_t>(s)] = sums[0];
-                 sdyxh[static_cast<std::size_t>(s)] = sums[1];
+                 kernels::SegmentStats st;
+                 k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
+                 // Σdy·x̂ = rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy)
+                 sdy[static_cast<std::size_t>(s)] = st.sdy;
+                 sdyxh[static_cast<std::size_t>(s)] = rstd[g] * (st.sdyd + (st.mean - mean[g]) * st.sdy);
                });
 }
 
@@ -343,39 +403,157 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
                 const std::vector<double>& rstd, const float* w, const std::vector<double>& mean_g,
                 const std::vector<double>& mean_gx) {
   const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
-  const kernels::RowKernels& k = kernels::row_kernels();
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
   const bool stream = stream_output(p);
   for_segments(
       p, 3, gather,
       [&](Index b, Index c, Index, float* scratch) {
-        const Index n = p.valid(b);
         const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
-        float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S, stream);
-        if (n) {
-          const double wc = w ? static_cast<double>(w[c]) : 1.0;
-          k.backward_dx_scalar(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n,
-                               mean[g], rstd[g], wc, mean_g[g], mean_gx[g]);
+        input_grad_seg(k, p, dxo, dyo, xo, b, c, mean[g], rstd[g], w, mean_g[g], mean_gx[g], scratch, stream);
+      },
+      stream);
+}
+
+// ---- InstanceNorm / GroupNorm: group by group -----------------------------------------------------
+
+namespace {
+
+// Runs f(g, b, c0, scratch) for every group of a per-sample grouping (group g = batch item b, channels
+// c0 .. c0 + segs_per_group − 1); tasks are fixed chunks of groups (shape only).
+template <typename F>
+void for_groups(const Plan& p, int buffers, bool need_scratch, F&& f, bool stream) {
+  const Index per_batch = p.grouping == Grouping::kInstance ? p.C : p.G;
+  const Index spg = p.grouping == Grouping::kInstance ? 1 : p.cpg;
+  const Index per_task = std::max<Index>(1, (Index{1} << 14) / (p.S * spg));
+  const Index tasks = (p.groups + per_task - 1) / per_task;
+  parallel::parallel_for(tasks, [&](Index t) {
+    std::vector<float> scratch(need_scratch ? static_cast<std::size_t>(buffers * p.S) : 0);
+    const Index end = std::min(p.groups, (t + 1) * per_task);
+    for (Index g = t * per_task; g < end; ++g)
+      f(g, g / per_batch, (g % per_batch) * spg, spg, scratch.data());
+    if (stream) kernels::channel_kernels().fence();
+  });
+}
+
+// The group's moments from its segments' sums, exactly as group_counts, reduce_to_groups and
+// combine_moments form them (the same operations in the same order, so the same bits).
+void combine_group(const Plan& p, Index b, Index c0, Index spg, const std::vector<double>& sum,
+                   const std::vector<double>& mean_s, const std::vector<double>& m2, double& count,
+                   double& mean, double& var) {
+  const double ns = static_cast<double>(p.valid(b));
+  count = 0;
+  mean = 0;
+  for (Index c = c0; c < c0 + spg; ++c) {
+    count += ns;
+    mean += sum[static_cast<std::size_t>(b * p.C + c)];
+  }
+  mean = count > 0 ? mean / count : 0.0;
+  var = 0;
+  if (ns != 0)
+    for (Index c = c0; c < c0 + spg; ++c) {
+      const std::size_t s = static_cast<std::size_t>(b * p.C + c);
+      const double d = mean_s[s] - mean;
+      var += m2[s] + ns * d * d;
+    }
+  var = count > 0 ? var / count : 0.0;
+}
+
+}  // namespace
+
+Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
+                           std::vector<double>& rstd) {
+  const Operand xo = operand(x, p), yo = operand(y, p);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool stream = stream_output(p);
+  const std::size_t nseg = static_cast<std::size_t>(p.segments()), ng = static_cast<std::size_t>(p.groups);
+  std::vector<double> sum(nseg, 0.0), mean_s(nseg, 0.0), m2(nseg, 0.0);
+  Moments m;
+  m.count.assign(ng, 0.0);
+  m.mean.assign(ng, 0.0);
+  m.var.assign(ng, 0.0);
+  rstd.assign(ng, 0.0);
+  for_groups(
+      p, 2, needs_gather(xo, p) || needs_gather(yo, p),
+      [&](Index g, Index bi, Index c0, Index spg, float* scratch) {
+        const Index n = p.valid(bi);
+        const std::size_t gi = static_cast<std::size_t>(g);
+        for (Index c = c0; n && c < c0 + spg; ++c) {
+          const std::size_t s = static_cast<std::size_t>(bi * p.C + c);
+          kernels::SegmentStats st;
+          k.segment_stats(&st, seg_in(xo, p, bi, c, scratch), nullptr, n);
+          sum[s] = st.sum;
+          mean_s[s] = st.mean;
+          m2[s] = st.m2;
         }
-        seg_finish(dxo, p, b, c, out);
+        combine_group(p, bi, c0, spg, sum, mean_s, m2, m.count[gi], m.mean[gi], m.var[gi]);
+        rstd[gi] = m.count[gi] > 0 ? 1.0 / std::sqrt(m.var[gi] + eps) : 0.0;
+        for (Index c = c0; c < c0 + spg; ++c)
+          normalize_seg(k, p, yo, xo, bi, c, m.mean[gi], rstd[gi], w, b, scratch, stream);
+      },
+      stream);
+  return m;
+}
+
+void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
+                         std::vector<double>& sdy, std::vector<double>& sdyxh) {
+  const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
+  const bool stream = stream_output(p);
+  const std::size_t nseg = static_cast<std::size_t>(p.segments());
+  std::vector<double> sum(nseg, 0.0), mean_s(nseg, 0.0), m2(nseg, 0.0), sdyd(nseg, 0.0);
+  sdy.assign(nseg, 0.0);
+  sdyxh.assign(nseg, 0.0);
+  for_groups(
+      p, 3, gather,
+      [&](Index, Index b, Index c0, Index spg, float* scratch) {
+        const Index n = p.valid(b);
+        for (Index c = c0; n && c < c0 + spg; ++c) {
+          const std::size_t s = static_cast<std::size_t>(b * p.C + c);
+          kernels::SegmentStats st;
+          k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
+          sum[s] = st.sum;
+          mean_s[s] = st.mean;
+          m2[s] = st.m2;
+          sdy[s] = st.sdy;
+          sdyd[s] = st.sdyd;
+        }
+        // As grad_stats and train_backward (channel_norm_ops.cpp) form them, in the same order.
+        double count, mean, var;
+        combine_group(p, b, c0, spg, sum, mean_s, m2, count, mean, var);
+        const double rstd = count > 0 ? 1.0 / std::sqrt(var + eps) : 0.0;
+        double mg = 0, mgx = 0;
+        for (Index c = c0; c < c0 + spg; ++c) {
+          const std::size_t s = static_cast<std::size_t>(b * p.C + c);
+          if (n) sdyxh[s] = rstd * (sdyd[s] + (mean_s[s] - mean) * sdy[s]);
+          const double wc = w ? static_cast<double>(w[c]) : 1.0;
+          mg += wc * sdy[s];
+          mgx += wc * sdyxh[s];
+        }
+        mg = count > 0 ? mg / count : 0.0;
+        mgx = count > 0 ? mgx / count : 0.0;
+        for (Index c = c0; c < c0 + spg; ++c)
+          input_grad_seg(k, p, dxo, dyo, xo, b, c, mean, rstd, w, mg, mgx, scratch, stream);
       },
       stream);
 }
 
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w) {
   const Operand dyo = operand(dy, p), dxo = operand(dx, p);
-  const kernels::RowKernels& k = kernels::row_kernels();
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
   for_segments(
       p, 2, needs_gather(dyo, p) || needs_gather(dxo, p),
       [&](Index b, Index c, Index, float* scratch) {
         const Index n = p.valid(b);
-        float* out = seg_out(dxo, p, b, c, scratch + p.S, stream);
+        float* out = seg_out(dxo, p, b, c, scratch + p.S);
         if (n) {
-          const double wc = w ? static_cast<double>(w[c]) : 1.0;
-          // dx = (dy − 0)·rstd·γ + 0
-          k.forward_scalar(out, seg_in(dyo, p, b, c, scratch), n, 0.0,
-                           rstd[static_cast<std::size_t>(p.group_of(b, c))], wc, 0.0);
+          // dx = ((dy − 0) − 0)·float(rstd·γ) + 0
+          kernels::NormalizeConsts kc;
+          kc.s = static_cast<float>(rstd[static_cast<std::size_t>(p.group_of(b, c))] *
+                                    (w ? static_cast<double>(w[c]) : 1.0));
+          k.normalize(out, seg_in(dyo, p, b, c, scratch), n, kc, stream && direct(dxo, p, b));
         }
         seg_finish(dxo, p, b, c, out);
       },

@@ -7,13 +7,16 @@
 //     kBatch     group c                   (segments (0,c), (1,c), ... in b order)
 //     kInstance  group b·C + c             (one segment)
 //     kGroup     group b·G + c/(C/G)       (segments (b, g·C/G) ... (b, (g+1)·C/G − 1) in c order)
-// Each pass runs the row kernels on every segment (gathered to a contiguous buffer when its valid
-// elements are not already n consecutive floats), stores a few doubles per segment, and the per-group
-// values are then combined serially in segment order (b major, c minor). Segments are handed out in
-// chunks that depend on the shape only, so results are bitwise identical for any thread count. The
-// passes walk memory in order: a forward reads x twice (moments, normalize), a training backward reads
-// x and dy twice (grad_stats, input_grad). Outputs larger than the last-level cache are written with
-// streaming (non-temporal) stores.
+// Each pass runs the channel kernels (channel_kernels.h) on every segment (gathered to a contiguous
+// buffer when its valid elements are not already n consecutive floats), stores a few doubles per
+// segment, and the per-group values are then combined serially in segment order (b major, c minor).
+// Segments are handed out in chunks that depend on the shape only, so results are bitwise identical for
+// any thread count. The passes walk memory in order: a BatchNorm forward reads x twice (moments,
+// normalize), a training backward reads x and dy twice (grad_stats, input_grad); InstanceNorm and
+// GroupNorm, whose groups are whole segments of one batch item, run both passes group by group and read
+// their inputs from memory once (per_sample_forward, per_sample_backward). Outputs larger than the last-level
+// cache are written with streaming (non-temporal) stores. Numerics (docs/numerics.md): sums in double,
+// elementwise work in fp32 at full vector width, as in the fused LayerNorm kernels.
 //
 // Contract of the passes: y, dx written = at every element (0 at padded frames); the per-segment
 // sums are written = into vectors of size B·C.
@@ -77,42 +80,56 @@ std::vector<double> group_counts(const Plan& p);
 // Combines per-segment values into per-group sums (serially, in segment order).
 std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& per_segment);
 
-// Per-group biased moments of x over real elements: mean = Σx/n, var = Σ(x−mean)²/n, in double, in
-// one pass over memory: per segment s (n_s real elements, in cache) Σx and M2_s = Σ(x − mean_s)² with
-// mean_s = Σx/n_s (two passes over the segment); per group, in segment order,
-// mean = Σ_s Σx / n and M2 = Σ_s (M2_s + n_s·(mean_s − mean)²) (Chan et al.'s exact combination),
-// var = M2/n. Empty groups (n = 0) get mean = var = 0.
+// Per-group biased moments of x over real elements: mean = Σx/n, var = Σ(x−mean)²/n, in one pass over
+// memory: per segment s (n_s real elements, in cache) Σx in double and M2_s = Σ(x − mean_s)² with
+// mean_s = Σx/n_s (kernels::SegmentStats: fp32 squares around the fp32 pair of mean_s, accumulated in
+// double); per group, in segment order, mean = Σ_s Σx / n and M2 = Σ_s (M2_s + n_s·(mean_s − mean)²)
+// (Chan et al.'s exact combination), var = M2/n. Empty groups (n = 0) get mean = var = 0.
 struct Moments {
   std::vector<double> mean, var, count;
 };
 Moments moments(const Plan& p, ConstView x);
 
 // The statistics of a training backward in one pass over x and dy: the moments above, rstd per group
-// (0 for empty groups) and, per segment, sdy = Σ dy and sdyxh = Σ dy·x̂, formed from the segment's own
-// Σ dy·(x − mean_s) as rstd_g·(Σ dy·(x − mean_s) + (mean_s − mean_g)·Σ dy).
+// (0 for empty groups) and, per segment, sdy = Σ dy (double, exact terms) and sdyxh = Σ dy·x̂, formed
+// from the segment's own Σ dy·(x − mean_s) (fp32 products, double accumulation) as
+// rstd_g·(Σ dy·(x − mean_s) + (mean_s − mean_g)·Σ dy).
 struct GradStats {
   Moments m;
   std::vector<double> rstd, sdy, sdyxh;
 };
 GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps);
 
-// y = (x − mean_g)·rstd_g·γ_c + β_c at real elements, 0 at padded ones. mean, rstd per group; w, b
-// per channel or null. Groups with rstd_g given as an empty-group marker still get their elements
+// y = (x − mean_g)·rstd_g·γ_c + β_c at real elements, 0 at padded ones, in fp32 as
+// ((x − m_hi) − m_lo)·float(rstd_g·γ_c) + β_c with (m_hi, m_lo) the fp32 pair of mean_g. mean, rstd per
+// group; w, b per channel or null. Groups with rstd_g given as an empty-group marker still get their elements
 // written by the same formula (callers zero their statistics).
 void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& mean,
                const std::vector<double>& rstd, const float* w, const float* b);
 
-// Per segment over real elements, with x̂ = (x − mean_g)·rstd_g: sdy[seg] = Σ dy, sdyxh[seg] = Σ dy·x̂.
+// Per segment over real elements, with x̂ = (x − mean_g)·rstd_g: sdy[seg] = Σ dy, sdyxh[seg] = Σ dy·x̂
+// (formed as in grad_stats).
 void grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
                const std::vector<double>& rstd, std::vector<double>& sdy, std::vector<double>& sdyxh);
 
-// Training-mode dx = rstd_g·(dy·γ_c − mean_g[g] − x̂·mean_gx[g]) at real elements, 0 at padded ones.
+// Training-mode dx = rstd_g·(dy·γ_c − mean_g[g] − x̂·mean_gx[g]) at real elements, 0 at padded ones, in
+// fp32 as r·((dy·γ_c − float(mean_g)) − ((x − m_hi) − m_lo)·float(rstd_g·mean_gx)), r = float(rstd_g).
 void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::vector<double>& mean,
                 const std::vector<double>& rstd, const float* w, const std::vector<double>& mean_g,
                 const std::vector<double>& mean_gx);
 
-// Constant-statistics dx = dy·γ_c·rstd_g at real elements, 0 at padded ones.
+// Constant-statistics dx = dy·float(γ_c·rstd_g) (fp32 product) at real elements, 0 at padded ones.
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w);
+
+// InstanceNorm and GroupNorm (every group is whole segments of one batch item): the forward (moments,
+// rstd per group, normalize) and the training backward's dx with the per-segment sdy, sdyxh, group by
+// group: a group's segments are read from memory for the statistics and again from cache for y or dx.
+// The arithmetic is that of moments + normalize and grad_stats + input_grad with the backward's means of
+// g and g·x̂ (channel_norm_ops.cpp), operation for operation, so the bits are the same.
+Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
+                           std::vector<double>& rstd);
+void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
+                         std::vector<double>& sdy, std::vector<double>& sdyxh);
 
 // dweight_c = Σ_b sdyxh[b, c], dbias_c = Σ_b sdy[b, c] (double, in b order), written per mode.
 void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,

@@ -3,13 +3,16 @@
 // Contract (include/normlab/norm.h): y, dx written = (0 at padded frames); save_mean/save_rstd
 // written =; running_mean/running_var updated in place (BatchNorm training); dweight, dbias written = or
 // += per GradMode. The three ops differ only in the grouping of (b, c) segments (channel_norm.h):
-//   forward:  mean_g, var_g = moments in double over the group's real elements (two passes over each
-//             segment in cache, segments combined exactly: chnorm::moments), rstd_g = 1/√(var_g+eps),
-//             y = (x − mean_g)·rstd_g·γ_c + β_c.
-//   backward: with per-segment Σdy and Σdy·x̂ (double, chnorm::grad_stats): mean(g)_g = Σ_seg γ_c·Σdy / n_g,
+//   forward:  mean_g, var_g = moments over the group's real elements (two passes over each segment in
+//             cache, segments combined exactly in double: chnorm::moments), rstd_g = 1/√(var_g+eps),
+//             y = (x − mean_g)·rstd_g·γ_c + β_c (fp32 elementwise, docs/numerics.md).
+//   backward: with per-segment Σdy and Σdy·x̂ (double sums, chnorm::grad_stats): mean(g)_g = Σ_seg γ_c·Σdy /
+//   n_g,
 //             mean(g·x̂)_g = Σ_seg γ_c·Σdy·x̂ / n_g; dx = rstd_g·(dy·γ_c − mean(g) − x̂·mean(g·x̂));
 //             dγ_c = Σ_b Σdy·x̂, dβ_c = Σ_b Σdy (b order).
 //   BatchNorm eval: the running statistics are constants: y as above with them, dx = dy·γ_c·rstd_c.
+//   InstanceNorm, GroupNorm: the same arithmetic group by group (chnorm::per_sample_forward/_backward),
+//             so that a group's data is read from memory once per pass pair.
 // Every check runs before anything is written.
 #include <cmath>
 #include <vector>
@@ -219,8 +222,10 @@ void grouped_forward(const Plan& p, View y, View save_mean, View save_rstd, Cons
   const Dims ss = chnorm::stats_shape(p);
   chnorm::check_part_output(save_mean, ss, x, {}, "save_mean", op);
   chnorm::check_part_output(save_rstd, ss, x, {}, "save_rstd", op);
-  const chnorm::Moments m = chnorm::moments(p, x);
-  train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m, rstd_of(m, eps));
+  std::vector<double> rstd;
+  const chnorm::Moments m = chnorm::per_sample_forward(p, y, x, eps, ptr_or_null(w), ptr_or_null(b), rstd);
+  chnorm::write_stats(save_mean, m.mean);
+  chnorm::write_stats(save_rstd, rstd);
 }
 
 void grouped_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
@@ -234,7 +239,9 @@ void grouped_backward(const Plan& p, View dx, View dweight, View dbias, ConstVie
   const Dims cs{p.C};
   chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
   chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
-  train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), eps, mode);
+  std::vector<double> sdy, sdyxh;
+  chnorm::per_sample_backward(p, dx, dy, x, eps, ptr_or_null(w), sdy, sdyxh);
+  chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh, mode);
 }
 
 }  // namespace

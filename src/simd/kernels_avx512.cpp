@@ -3,3 +3,4 @@
 #include "norm/row_kernels-inl.h"
 #include "norm/column_kernels-inl.h"
 #include "norm/convert_kernels-inl.h"
+#include "norm/channel_kernels-inl.h"

@@ -1,0 +1,199 @@
+// Channel kernels, compiled once per target: include with NL_TARGET defined to the target's name.
+// See channel_kernels.h for the contract and docs/numerics.md for the error bounds. No include guard on
+// purpose.
+#ifndef NL_TARGET
+#error "define NL_TARGET before including channel_kernels-inl.h"
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "norm/channel_kernels.h"
+#include "simd/vec.h"
+
+namespace normlab::kernels::NL_TARGET {
+namespace chan {  // apart from the row and column kernels' names of the same target
+namespace {
+
+using namespace vec;  // NOLINT: the vector layer of this target
+
+// A vector of p[i..i+k): a full load when k = kF, else zero-padded.
+inline VF load_k(const float* p, Index i, int k) {
+  return k == kF ? load(p + i) : load_n(p + i, k);
+}
+
+// First pass: Σx and (Dy) Σdy in double, blocks of 32 (element i to accumulator (i / 8) mod 4, lane
+// i mod 8), a tail shorter than 32 zero-padded; total hsum((a0 + a1) + (a2 + a3)).
+template <bool Dy>
+inline void first_pass(const float* x, const float* dy, Index n, double& sx, double& sdy) {
+  VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
+  VD b0 = zerod(), b1 = zerod(), b2 = zerod(), b3 = zerod();
+  Index i = 0;
+  // Scalar math: ax[(i / 8) % 4][i % 8] += double(x[i]); ady likewise with dy[i]
+  for (; i + 32 <= n; i += 32) {
+    a0 = add(a0, load_cvt(x + i));
+    a1 = add(a1, load_cvt(x + i + 8));
+    a2 = add(a2, load_cvt(x + i + 16));
+    a3 = add(a3, load_cvt(x + i + 24));
+    if constexpr (Dy) {
+      b0 = add(b0, load_cvt(dy + i));
+      b1 = add(b1, load_cvt(dy + i + 8));
+      b2 = add(b2, load_cvt(dy + i + 16));
+      b3 = add(b3, load_cvt(dy + i + 24));
+    }
+  }
+  if (i < n) {
+    const int k = static_cast<int>(n - i);
+    const VF u = load_n(x + i, std::min(k, kF));
+    const VF v = k > kF ? load_n(x + i + kF, k - kF) : zerof();
+    a0 = add(a0, cvt_lo(u));
+    a1 = add(a1, cvt_hi(u));
+    a2 = add(a2, cvt_lo(v));
+    a3 = add(a3, cvt_hi(v));
+    if constexpr (Dy) {
+      const VF p = load_n(dy + i, std::min(k, kF));
+      const VF q = k > kF ? load_n(dy + i + kF, k - kF) : zerof();
+      b0 = add(b0, cvt_lo(p));
+      b1 = add(b1, cvt_hi(p));
+      b2 = add(b2, cvt_lo(q));
+      b3 = add(b3, cvt_hi(q));
+    }
+  }
+  sx = hsum(add(add(a0, a1), add(a2, a3)));
+  sdy = Dy ? hsum(add(add(b0, b1), add(b2, b3))) : 0.0;
+}
+
+// Pairwise fp32 sum of v[0..V): ((v0 + v1) + (v2 + v3)) for V = 4, and that of v[0..4) plus that of v[4..8)
+// for V = 8.
+template <int V>
+inline VF tree(const VF* v) {
+  if constexpr (V == 4)
+    return add(add(v[0], v[1]), add(v[2], v[3]));
+  else
+    return add(tree<4>(v), tree<4>(v + 4));
+}
+
+// Second pass around m_hi: e = x − m_hi in fp32; Σe² and (Dy) Σdy·e from fp32 squares / products summed
+// in fp32 over blocks of 128 elements (eight vectors, tree<8>) while 128 remain, then one block of 64
+// (four vectors, tree<4>) if 64 remain, then the rest as a zero-padded block of 64 with e masked to 0;
+// each block sum's lanes 0..7 and 8..15 added to two double accumulators; total hsum(acc0 + acc1).
+template <bool Dy>
+inline void second_pass(const float* x, const float* dy, Index n, VF mh, double& sq, double& sge) {
+  VD q0 = zerod(), q1 = zerod(), p0 = zerod(), p1 = zerod();
+  // One block of V vectors from i (k[u] valid lanes in vector u when tail).
+  auto block = [&](auto vc, Index i, const int* k, bool tail) {
+    constexpr int V = decltype(vc)::value;
+    VF e[V], g[V], t[V];
+    for (int u = 0; u < V; ++u) {
+      const Index at = i + u * kF;
+      e[u] = sub(!tail ? load(x + at) : k[u] ? load_n(x + at, k[u]) : zerof(), mh);
+      if (tail) e[u] = keep_n(e[u], k[u]);
+      if constexpr (Dy) g[u] = !tail ? load(dy + at) : k[u] ? load_n(dy + at, k[u]) : zerof();
+    }
+    for (int u = 0; u < V; ++u) t[u] = mul(e[u], e[u]);
+    const VF q = tree<V>(t);
+    q0 = add(q0, cvt_lo(q));
+    q1 = add(q1, cvt_hi(q));
+    if constexpr (Dy) {
+      for (int u = 0; u < V; ++u) t[u] = mul(g[u], e[u]);
+      const VF p = tree<V>(t);
+      p0 = add(p0, cvt_lo(p));
+      p1 = add(p1, cvt_hi(p));
+    }
+  };
+  using Eight = std::integral_constant<int, 8>;
+  using Four = std::integral_constant<int, 4>;
+  static constexpr int kFull[8] = {kF, kF, kF, kF, kF, kF, kF, kF};
+  Index i = 0;
+  // Scalar math: e = x[i] − m_hi; Σe² += e·e; Σdy·e += dy[i]·e (fp32 blocks of 128, then
+  // of 64, then a zero-padded tail block of 64; double accumulators)
+  for (; i + 8 * kF <= n; i += 8 * kF) block(Eight{}, i, kFull, false);
+  if (i + 4 * kF <= n) {
+    block(Four{}, i, kFull, false);
+    i += 4 * kF;
+  }
+  if (i < n) {
+    int k[4];
+    for (int u = 0; u < 4; ++u) k[u] = static_cast<int>(std::clamp<Index>(n - i - u * kF, 0, kF));
+    block(Four{}, i, k, true);
+  }
+  sq = hsum(add(q0, q1));
+  sge = Dy ? hsum(add(p0, p1)) : 0.0;
+}
+
+template <bool Dy>
+void stats_impl(SegmentStats* out, const float* x, const float* dy, Index n) {
+  SegmentStats s;
+  first_pass<Dy>(x, dy, n, s.sum, s.sdy);
+  const double nn = static_cast<double>(n);
+  s.mean = s.sum / nn;
+  const float mh = static_cast<float>(s.mean);
+  const double ml = static_cast<double>(static_cast<float>(s.mean - static_cast<double>(mh)));
+  double sq = 0, sge = 0;
+  second_pass<Dy>(x, dy, n, bcast(mh), sq, sge);
+  const double m2 = sq - nn * ml * ml;
+  s.m2 = m2 < 0 ? 0.0 : m2;  // rounding can leave a small negative value; a NaN stays NaN
+  s.sdyd = Dy ? sge - ml * s.sdy : 0.0;
+  *out = s;
+}
+
+void segment_stats(SegmentStats* out, const float* x, const float* dy, Index n) {
+  if (dy)
+    stats_impl<true>(out, x, dy, n);
+  else
+    stats_impl<false>(out, x, nullptr, n);
+}
+
+// out[i] = f(i, k) for blocks of kF elements (k valid lanes; only those are stored). With stream, the
+// blocks from the first 64-byte boundary of out on are non-temporal stores, the head before it and the
+// tail ordinary (masked) stores: a different split, the same lane-wise values.
+template <typename F>
+inline void elementwise(float* out, Index n, bool use_stream, F&& f) {
+  Index i = 0;
+  if (use_stream) {
+    const Index head =
+        std::min<Index>(n, static_cast<Index>((64 - (reinterpret_cast<std::uintptr_t>(out) & 63)) & 63) / 4);
+    if (head > 0) {
+      store_n(out, f(0, static_cast<int>(head)), static_cast<int>(head));
+      i = head;
+    }
+    for (; i + kF <= n; i += kF) stream(out + i, f(i, kF));
+  } else {
+    for (; i + kF <= n; i += kF) store(out + i, f(i, kF));
+  }
+  if (i < n) {
+    const int k = static_cast<int>(n - i);
+    store_n(out + i, f(i, k), k);
+  }
+}
+
+void normalize(float* y, const float* x, Index n, const NormalizeConsts& c, bool use_stream) {
+  const VF mh = bcast(c.mh), ml = bcast(c.ml), s = bcast(c.s), b = bcast(c.b);
+  // Scalar math: y[i] = ((x[i] − mh) − ml)·s + b, all in fp32
+  elementwise(y, n, use_stream,
+              [&](Index i, int k) { return add(mul(sub(sub(load_k(x, i, k), mh), ml), s), b); });
+}
+
+void input_grad(float* dx, const float* dy, const float* x, Index n, const InputGradConsts& c,
+                bool use_stream) {
+  const VF mh = bcast(c.mh), ml = bcast(c.ml), r = bcast(c.r), w = bcast(c.w), c0 = bcast(c.c0),
+           c2 = bcast(c.c2);
+  // Scalar math: dx[i] = r·((dy[i]·w − c0) − ((x[i] − mh) − ml)·c2), all in fp32
+  elementwise(dx, n, use_stream, [&](Index i, int k) {
+    const VF d = sub(sub(load_k(x, i, k), mh), ml);
+    return mul(r, sub(sub(mul(load_k(dy, i, k), w), c0), mul(d, c2)));
+  });
+}
+
+void fence() {
+  stream_fence();
+}
+
+}  // namespace
+}  // namespace chan
+
+extern const ChannelKernels kChannelTable;
+const ChannelKernels kChannelTable = {chan::segment_stats, chan::normalize, chan::input_grad, chan::fence};
+
+}  // namespace normlab::kernels::NL_TARGET

@@ -1,0 +1,58 @@
+// Channel kernels: the inner loops of the channel-norm engine (BatchNorm, InstanceNorm, GroupNorm; see
+// channel_norm.h) over one contiguous SEGMENT of n floats (internal).
+//
+// One source file (channel_kernels-inl.h) is compiled once per instruction set (src/simd/kernels_*.cpp),
+// written against simd/vec.h (16-float and 8-double vectors with the same lane-wise IEEE operations on
+// every target, no FMA contraction), so every target computes the same bits. The numerics are those of
+// the fused LayerNorm kernels (docs/numerics.md, "Precision"): sums in double from exactly converted
+// floats, the mean carried as a float pair (m_hi, m_lo), squares and products in fp32 accumulated in
+// double, every elementwise output in fp32 at full vector width.
+#pragma once
+
+#include <normlab/tensor.h>
+
+namespace normlab::kernels {
+
+// Statistics of one segment x[0..n) (n ≥ 1), and with dy of the training backward:
+//   sum  = Σx                       double sum of the exact conversions (blocks of 32: element i goes
+//                                   to accumulator (i / 8) mod 4, lane i mod 8; hsum((a0 + a1) + (a2 + a3)))
+//   mean = sum / n,  m_hi = float(mean),  m_lo = float(mean − m_hi)
+//   m2   = Σ(x − mean)² = Σe² − n·m_lo², floored at 0, with e = x − m_hi in fp32: the squares e² in fp32
+//          summed in blocks of 128 elements while 128 remain (eight vectors v: ((v0 + v1) + (v2 + v3)) +
+//          ((v4 + v5) + (v6 + v7))), then a block of 64 if 64 remain ((v0 + v1) + (v2 + v3)), then the
+//          rest as a zero-padded block of 64; each block's 16 lanes added to two double accumulators
+//          (lanes 0-7, 8-15), total hsum(acc0 + acc1)
+//   sdy  = Σdy                      double, like sum (exact terms)
+//   sdyd = Σdy·(x − mean) = Σdy·e − m_lo·Σdy, Σdy·e from fp32 products in the same blocks as Σe²
+// Tails are zero-padded (e masked to 0), which adds exact zeros.
+struct SegmentStats {
+  double sum = 0, mean = 0, m2 = 0, sdy = 0, sdyd = 0;
+};
+
+// Constants of the elementwise passes (fp32), per segment:
+//   normalize:  y  = ((x − mh) − ml)·s + b                        (evaluated left to right)
+//   input_grad: dx = r·((dy·w − c0) − ((x − mh) − ml)·c2)
+struct NormalizeConsts {
+  float mh = 0, ml = 0, s = 1, b = 0;
+};
+struct InputGradConsts {
+  float mh = 0, ml = 0, r = 0, w = 1, c0 = 0, c2 = 0;
+};
+
+struct ChannelKernels {
+  // dy may be null (then sdy = sdyd = 0).
+  void (*segment_stats)(SegmentStats* out, const float* x, const float* dy, Index n);
+  // y may equal x. stream: non-temporal stores from the first 64-byte boundary of y on (ordinary
+  // stores before it and at the tail; the values are the same). Call fence() before another thread
+  // may read what was streamed.
+  void (*normalize)(float* y, const float* x, Index n, const NormalizeConsts& k, bool stream);
+  // dx may equal dy or x. stream as for normalize.
+  void (*input_grad)(float* dx, const float* dy, const float* x, Index n, const InputGradConsts& k,
+                     bool stream);
+  void (*fence)();
+};
+
+// The table for the active instruction set (see normlab/simd.h).
+const ChannelKernels& channel_kernels();
+
+}  // namespace normlab::kernels

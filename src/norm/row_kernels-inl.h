@@ -133,11 +133,22 @@ inline VF dev(VF x, VF mh, VF ml) {
   return x;
 }
 
-// Σ x[i] in double. Blocks of 32: acc0 += x[i..i+8), acc1 += x[i+8..i+16), acc2, acc3 likewise; a tail
-// shorter than 32 is zero-padded; result hsum((acc0 + acc1) + (acc2 + acc3)).
-inline double row_sum(const float* x, Index n) {
+// Σ x[i] in double. Blocks of 32: acc0 += x[i..i+8), acc1 += x[i+8..i+16), acc2, acc3 likewise, from
+// 0; a tail shorter than 32 is zero-padded; result hsum((acc0 + acc1) + (acc2 + acc3)).
+// row_sum_vec returns the vector before the hsum, computed without the additions of zeros (the first
+// block initializes the accumulators; the zero lanes of a tail are not added). An addition of +0.0
+// changes at most the sign of a zero, and the sum from +0 is never −0, so (hsum of this) + 0.0 has the
+// bits of the sum defined above: the callers (row_sum, mean8) add that +0.0.
+inline VD row_sum_vec(const float* x, Index n) {
   VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
   Index i = 0;
+  if (n >= 32) {
+    a0 = load_cvt(x);
+    a1 = load_cvt(x + 8);
+    a2 = load_cvt(x + 16);
+    a3 = load_cvt(x + 24);
+    i = 32;
+  }
   // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i])
   for (; i + 32 <= n; i += 32) {
     a0 = add(a0, load_cvt(x + i));
@@ -148,34 +159,41 @@ inline double row_sum(const float* x, Index n) {
   if (i < n) {
     const int k = static_cast<int>(n - i);
     const VF u = load_n(x + i, std::min(k, kF));
-    const VF v = k > kF ? load_n(x + i + kF, k - kF) : zerof();
     a0 = add(a0, cvt_lo(u));
-    a1 = add(a1, cvt_hi(u));
-    a2 = add(a2, cvt_lo(v));
-    a3 = add(a3, cvt_hi(v));
+    if (k > 8) a1 = add(a1, cvt_hi(u));
+    if (k > kF) {
+      const VF v = load_n(x + i + kF, k - kF);
+      a2 = add(a2, cvt_lo(v));
+      if (k > 24) a3 = add(a3, cvt_hi(v));
+    }
   }
-  return hsum(add(add(a0, a1), add(a2, a3)));
+  return add(add(a0, a1), add(a2, a3));
 }
+inline double row_sum(const float* x, Index n) { return hsum(row_sum_vec(x, n)) + 0.0; }
 
 // The second pass, around m_hi = float(mean) (Center) or 0 (RMSNorm): e = x − m_hi in float. Blocks of 64
 // elements (four VF a, b, c, d; a tail is zero-padded and its e masked to 0):
 //   q = (ea·ea + eb·eb) + (ec·ec + ed·ed)                          (float)
 // and with dy, g = dy·w:
 //   sg = (ga + gb) + (gc + gd),  sge = (ga·ea + gb·eb) + (gc·ec + gd·ed)   (float)
-// Each float block sum is added to two double accumulators (its lanes 0..7 and 8..15); a total is
-// hsum(acc_lo + acc_hi). The caller corrects for m_lo = mean − m_hi exactly in double:
+// Each float block sum is added to two double accumulators (its lanes 0..7 and 8..15), from 0; a total
+// is hsum(acc_lo + acc_hi). The first block initializes the accumulators instead (see row_sum_vec:
+// Σe² is never −0 either way; row_second_pass adds the +0.0 to Σg and Σg·e). The caller corrects for m_lo = mean − m_hi exactly in double:
 //   Σ(x − mean)² = Σe² − n·m_lo²,  Σg·(x − mean) = Σg·e − m_lo·Σg.
 struct SecondPass {
   double sq = 0, sg = 0, sge = 0;
 };
+struct SecondPassVec {  // the accumulators before the hsum
+  VD sq, sg, sge;
+};
 
 template <bool Center, bool WithDy, bool W>
-inline SecondPass row_second_pass(const float* x, const float* dy, const float* w, Index n, VF mh) {
+inline SecondPassVec row_second_pass_vec(const float* x, const float* dy, const float* w, Index n, VF mh) {
   VD q0 = zerod(), q1 = zerod(), g0 = zerod(), g1 = zerod(), p0 = zerod(), p1 = zerod();
   const VF z = zerof();
-  auto dev0 = [&](VF v) { return Center ? sub(v, mh) : v; };
+  auto dev0 = [&](VF v) __attribute__((always_inline)) { return Center ? sub(v, mh) : v; };
   // k[] = valid lanes of each of the four vectors (16 except in the tail).
-  auto block = [&](Index i, const int* k, bool tail) {
+  auto block = [&](Index i, const int* k, bool tail, bool first) __attribute__((always_inline)) {
     VF e[4], g[4];
     for (int u = 0; u < 4; ++u) {
       const VF xv = !tail ? load(x + i + u * kF) : k[u] ? load_n(x + i + u * kF, k[u]) : z;
@@ -192,31 +210,42 @@ inline SecondPass row_second_pass(const float* x, const float* dy, const float* 
       }
     }
     const VF q = add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
-    q0 = add(q0, cvt_lo(q));
-    q1 = add(q1, cvt_hi(q));
+    q0 = first ? cvt_lo(q) : add(q0, cvt_lo(q));
+    q1 = first ? cvt_hi(q) : add(q1, cvt_hi(q));
     if constexpr (WithDy) {
       const VF sg = add(add(g[0], g[1]), add(g[2], g[3]));
       const VF sge = add(add(mul(g[0], e[0]), mul(g[1], e[1])), add(mul(g[2], e[2]), mul(g[3], e[3])));
-      g0 = add(g0, cvt_lo(sg));
-      g1 = add(g1, cvt_hi(sg));
-      p0 = add(p0, cvt_lo(sge));
-      p1 = add(p1, cvt_hi(sge));
+      g0 = first ? cvt_lo(sg) : add(g0, cvt_lo(sg));
+      g1 = first ? cvt_hi(sg) : add(g1, cvt_hi(sg));
+      p0 = first ? cvt_lo(sge) : add(p0, cvt_lo(sge));
+      p1 = first ? cvt_hi(sge) : add(p1, cvt_hi(sge));
     }
   };
   static constexpr int kFull[4] = {kF, kF, kF, kF};
   Index i = 0;
   // Scalar math: e = x[i] − m_hi; Σe² (and Σg, Σg·e with g = dy[i]·w[i]) as described above
-  for (; i + 4 * kF <= n; i += 4 * kF) block(i, kFull, false);
+  for (; i + 4 * kF <= n; i += 4 * kF) block(i, kFull, false, i == 0);
   if (i < n) {
     int k[4];
     for (int u = 0; u < 4; ++u) k[u] = static_cast<int>(std::clamp<Index>(n - i - u * kF, 0, kF));
-    block(i, k, true);
+    block(i, k, true, i == 0);
   }
-  SecondPass s;
-  s.sq = hsum(add(q0, q1));
+  SecondPassVec s{add(q0, q1), zerod(), zerod()};
   if constexpr (WithDy) {
-    s.sg = hsum(add(g0, g1));
-    s.sge = hsum(add(p0, p1));
+    s.sg = add(g0, g1);
+    s.sge = add(p0, p1);
+  }
+  return s;
+}
+
+template <bool Center, bool WithDy, bool W>
+inline SecondPass row_second_pass(const float* x, const float* dy, const float* w, Index n, VF mh) {
+  const SecondPassVec v = row_second_pass_vec<Center, WithDy, W>(x, dy, w, n, mh);
+  SecondPass s;
+  s.sq = hsum(v.sq);
+  if constexpr (WithDy) {
+    s.sg = hsum(v.sg) + 0.0;
+    s.sge = hsum(v.sge) + 0.0;
   }
   return s;
 }
@@ -237,6 +266,165 @@ inline void finish_rstd(RowStats& st, double sq, Index n, double eps) {
   st.r = static_cast<float>(st.rstd);
 }
 
+// ---- Statistics of eight rows at once ---------------------------------------------------------------
+// The horizontal sums, divisions and square roots of the per-row statistics, done for eight rows with
+// one vector instruction each instead of eight scalar chains. IEEE division and square root are
+// correctly rounded and the transpose keeps hsum's tree, so every result has the bits of the per-row
+// code (row_mean, finish_rstd).
+
+// out[r] = hsum(v[r]) for r = 0..7, by transpose-and-add: lanes l and l + 4, then l and l + 2, then
+// 0 and 1, exactly hsum's tree.
+__attribute__((always_inline)) inline void hsum8(double* out, const VD* v) {
+#if NL_VEC_AVX512
+  // (The all-ones maskz forms avoid GCC 12's false -Wmaybe-uninitialized on the plain intrinsics.)
+  __m512d t[4], u[2];
+  for (int p = 0; p < 4; ++p) {  // lanes 0..3: row 2p, lanes 4..7: row 2p + 1; lane l: a[l] + a[l + 4]
+    const __m512d a = v[2 * p].v, b = v[2 * p + 1].v;
+    t[p] = _mm512_add_pd(_mm512_maskz_shuffle_f64x2(0xFF, a, b, 0x44), _mm512_maskz_shuffle_f64x2(0xFF, a, b, 0xEE));
+  }
+  for (int p = 0; p < 2; ++p)  // 128-bit lane k: row 4p + k, (t[0] + t[2], t[1] + t[3])
+    u[p] = _mm512_add_pd(_mm512_maskz_shuffle_f64x2(0xFF, t[2 * p], t[2 * p + 1], 0x88),
+                         _mm512_maskz_shuffle_f64x2(0xFF, t[2 * p], t[2 * p + 1], 0xDD));
+  // lane 2k: row k, lane 2k + 1: row k + 4
+  const __m512d s = _mm512_add_pd(_mm512_maskz_unpacklo_pd(0xFF, u[0], u[1]), _mm512_maskz_unpackhi_pd(0xFF, u[0], u[1]));
+  _mm512_storeu_pd(out, _mm512_maskz_permutexvar_pd(0xFF, _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), s));
+#else
+  for (int r = 0; r < 8; ++r) out[r] = hsum(v[r]);
+#endif
+}
+
+struct Stats8 {
+  alignas(64) double mean[8];
+  alignas(64) double rstd[8];
+  alignas(32) float mh[8];
+  alignas(32) float ml[8];
+  alignas(32) float r[8];
+};
+
+// row_mean for eight rows from hsum(row_sum_vec) (which wants + 0.0): mean = Σx/n, m_hi = float(mean), m_lo = float(mean − m_hi).
+inline void mean8(Stats8& st, const double* sum, double n) {
+#if NL_VEC_AVX512
+  const __m512d m = _mm512_div_pd(_mm512_add_pd(_mm512_loadu_pd(sum), _mm512_setzero_pd()), _mm512_set1_pd(n));
+  const __m256 mh = _mm512_maskz_cvtpd_ps(0xFF, m);
+  _mm512_store_pd(st.mean, m);
+  _mm256_store_ps(st.mh, mh);
+  _mm256_store_ps(st.ml, _mm512_maskz_cvtpd_ps(0xFF, _mm512_sub_pd(m, _mm512_maskz_cvtps_pd(0xFF, mh))));
+#else
+  for (int j = 0; j < 8; ++j) {
+    st.mean[j] = (sum[j] + 0.0) / n;
+    st.mh[j] = static_cast<float>(st.mean[j]);
+    st.ml[j] = static_cast<float>(st.mean[j] - static_cast<double>(st.mh[j]));
+  }
+#endif
+}
+
+// finish_rstd for eight rows: var = max(Σe²/n − m_lo², 0), rstd = 1/√(var + eps), r = float(rstd).
+inline void rstd8(Stats8& st, const double* sq, double n, double eps) {
+#if NL_VEC_AVX512
+  const __m512d ml = _mm512_maskz_cvtps_pd(0xFF, _mm256_load_ps(st.ml));
+  __m512d var = _mm512_sub_pd(_mm512_div_pd(_mm512_loadu_pd(sq), _mm512_set1_pd(n)), _mm512_mul_pd(ml, ml));
+  var = _mm512_maskz_max_pd(0xFF, _mm512_setzero_pd(), var);  // (0 > var) ? 0 : var, as std::max(var, 0.0)
+  const __m512d rstd = _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_maskz_sqrt_pd(0xFF, _mm512_add_pd(var, _mm512_set1_pd(eps))));
+  _mm512_store_pd(st.rstd, rstd);
+  _mm256_store_ps(st.r, _mm512_maskz_cvtpd_ps(0xFF, rstd));
+#else
+  for (int j = 0; j < 8; ++j) {
+    const double ml = static_cast<double>(st.ml[j]);
+    const double var = std::max(sq[j] / n - ml * ml, 0.0);
+    st.rstd[j] = 1.0 / std::sqrt(var + eps);
+    st.r[j] = static_cast<float>(st.rstd[j]);
+  }
+#endif
+}
+
+// y = ((x − mh) − ml)·r·w + b of one row, all in float.
+template <bool Center, bool W, bool B>
+inline void row_output(float* y, const float* x, Index n, const float* w, const float* b, float mhs, float mls,
+                       float rs, bool nt) {
+  const VF z = zerof();
+  const VF mh = bcast(mhs), ml = bcast(mls), r = bcast(rs);
+  auto out = [&](VF xv, VF wv, VF bv) __attribute__((always_inline)) {
+    VF v = mul(dev<Center>(xv, mh, ml), r);
+    if constexpr (W) v = mul(v, wv);
+    if constexpr (B) v = add(v, bv);
+    return v;
+  };
+  Index i = 0;
+  // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float
+  if (nt && aligned64(y)) {
+    for (; i + kF <= n; i += kF) stream(y + i, out(load(x + i), W ? load(w + i) : z, B ? load(b + i) : z));
+  } else {
+    for (; i + kF <= n; i += kF) store(y + i, out(load(x + i), W ? load(w + i) : z, B ? load(b + i) : z));
+  }
+  if (i < n) {
+    const int k = static_cast<int>(n - i);
+    store_n(y + i, out(load_n(x + i, k), W ? load_n(w + i, k) : z, B ? load_n(b + i, k) : z), k);
+  }
+}
+
+// The forward for short rows (n ≤ kBatchMaxN), in blocks of eight rows, software-pipelined over
+// blocks: step s runs the outputs of block s − 2, the second passes of block s − 1 and their rstd
+// together (rstd8), and Σx of block s and their means together (hsum8, mean8), in this order (each
+// stage uses results of the previous step only). So the long dependency chains of a block's statistics
+// (horizontal sums, division, square root) overlap the work of the other two blocks. The arithmetic of every row is that of rows_forward_impl (same bits); only the horizontal
+// sums, divisions and square roots of eight rows share instructions. A last block of fewer than eight
+// rows repeats its last row in the unused slots (computed, never written). NC > 0: n == NC, known at
+// compile time. y may equal x: a block's outputs are written after its statistics are complete.
+inline constexpr Index kBatchMaxN = 512;
+
+template <bool Center, bool W, bool B, int NC>
+void rows_forward_batched(const RowsForward& a) {
+  const Index n = NC > 0 ? NC : a.n;
+  const double nd = static_cast<double>(n);
+  const Index blocks = (a.rows + 7) / 8;
+  Stats8 st[3];  // by block index mod 3
+  auto row_ptrs = [&](Index blk, const float** xs) {
+    const Index r0 = blk * 8, last = a.rows - 1;
+    for (int j = 0; j < 8; ++j) xs[j] = a.x + std::min(r0 + j, last) * a.ldx;
+  };
+  for (Index s = 0; s < blocks + 2; ++s) {
+    const float* xs[8];
+    VD acc[8];
+    double t[8];
+    if (s >= 2) {  // the outputs of block s − 2
+      const Index blk = s - 2;
+      const Stats8& sc = st[blk % 3];
+      const Index r0 = blk * 8;
+      const int nr = static_cast<int>(std::min<Index>(8, a.rows - r0));
+      for (int j = 0; j < nr; ++j)
+        row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, a.x + (r0 + j) * a.ldx, n, a.w, a.b, sc.mh[j], sc.ml[j],
+                                 sc.r[j], a.stream);
+    }
+    if (s >= 1 && s - 1 < blocks) {  // the second passes and rstd of block s − 1
+      const Index blk = s - 1;
+      Stats8& sb = st[blk % 3];
+      row_ptrs(blk, xs);
+      for (int j = 0; j < 8; ++j)
+        acc[j] = row_second_pass_vec<Center, false, false>(xs[j], nullptr, nullptr, n, bcast(sb.mh[j])).sq;
+      hsum8(t, acc);
+      rstd8(sb, t, nd, a.eps);
+      const Index r0 = blk * 8;
+      const int nr = static_cast<int>(std::min<Index>(8, a.rows - r0));
+      if (a.mean)
+        for (int j = 0; j < nr; ++j) a.mean[(r0 + j) * a.ld_stats] = sb.mh[j];
+      if (a.rstd)
+        for (int j = 0; j < nr; ++j) a.rstd[(r0 + j) * a.ld_stats] = sb.r[j];
+    }
+    if (s < blocks) {  // Σx and the means of block s
+      Stats8& sa = st[s % 3];
+      if constexpr (Center) {
+        row_ptrs(s, xs);
+        for (int j = 0; j < 8; ++j) acc[j] = row_sum_vec(xs[j], n);
+        hsum8(t, acc);
+        mean8(sa, t, nd);
+      } else {
+        for (int j = 0; j < 8; ++j) sa.mh[j] = sa.ml[j] = 0.0f;
+      }
+    }
+  }
+  if (a.stream) stream_fence();
+}
+
 // Rows are handled in blocks of up to kMaxBlock (about 16 KiB of x): each stage (Σx, second pass,
 // rstd, output) runs over all rows of the block before the next, so that the short dependency chains
 // of different rows overlap. The block changes only the order of independent work, never a result.
@@ -247,7 +435,6 @@ template <bool Center, bool W, bool B>
 void rows_forward_impl(const RowsForward& a) {
   const Index n = a.n;
   const int block = block_rows(n);
-  const VF z = zerof();
   for (Index r0 = 0; r0 < a.rows; r0 += block) {
     const int nr = static_cast<int>(std::min<Index>(block, a.rows - r0));
     RowStats st[kMaxBlock];
@@ -262,30 +449,8 @@ void rows_forward_impl(const RowsForward& a) {
       if (a.mean) a.mean[(r0 + j) * a.ld_stats] = st[j].mh;
       if (a.rstd) a.rstd[(r0 + j) * a.ld_stats] = st[j].r;
     }
-    for (int j = 0; j < nr; ++j) {
-      const float* x = xs[j];
-      float* y = a.y + (r0 + j) * a.ldy;
-      const VF mh = bcast(st[j].mh), ml = bcast(st[j].ml), r = bcast(st[j].r);
-      auto out = [&](VF xv, VF wv, VF bv) {
-        VF v = mul(dev<Center>(xv, mh, ml), r);
-        if constexpr (W) v = mul(v, wv);
-        if constexpr (B) v = add(v, bv);
-        return v;
-      };
-      Index i = 0;
-      // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float
-      if (a.stream && aligned64(y)) {
-        for (; i + kF <= n; i += kF)
-          stream(y + i, out(load(x + i), W ? load(a.w + i) : z, B ? load(a.b + i) : z));
-      } else {
-        for (; i + kF <= n; i += kF)
-          store(y + i, out(load(x + i), W ? load(a.w + i) : z, B ? load(a.b + i) : z));
-      }
-      if (i < n) {
-        const int k = static_cast<int>(n - i);
-        store_n(y + i, out(load_n(x + i, k), W ? load_n(a.w + i, k) : z, B ? load_n(a.b + i, k) : z), k);
-      }
-    }
+    for (int j = 0; j < nr; ++j)
+      row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, xs[j], n, a.w, a.b, st[j].mh, st[j].ml, st[j].r, a.stream);
   }
   if (a.stream) stream_fence();
 }
@@ -369,8 +534,30 @@ void rows_forward_pipelined(const RowsForward& a) {
   if (a.stream) stream_fence();
 }
 
+template <bool Center, bool W, bool B>
+void rows_forward_batched_n(const RowsForward& a) {
+  switch (a.n) {
+    case 64: return rows_forward_batched<Center, W, B, 64>(a);
+    case 80: return rows_forward_batched<Center, W, B, 80>(a);
+    case 128: return rows_forward_batched<Center, W, B, 128>(a);
+    default: return rows_forward_batched<Center, W, B, 0>(a);
+  }
+}
+
 void rows_forward(const RowsForward& a) {
   const bool w = a.w != nullptr, b = a.b != nullptr;
+  if (a.n <= kBatchMaxN && !(a.n % 64 == 0 && a.n >= 256) && a.rows > 1) {
+    if (a.center) {
+      if (w && b) return rows_forward_batched_n<true, true, true>(a);
+      if (w) return rows_forward_batched_n<true, true, false>(a);
+      if (b) return rows_forward_batched_n<true, false, true>(a);
+      return rows_forward_batched_n<true, false, false>(a);
+    }
+    if (w && b) return rows_forward_batched_n<false, true, true>(a);
+    if (w) return rows_forward_batched_n<false, true, false>(a);
+    if (b) return rows_forward_batched_n<false, false, true>(a);
+    return rows_forward_batched_n<false, false, false>(a);
+  }
   if (a.n % 64 == 0 && a.n >= 256) {
     if (a.center) {
       if (w && b) return rows_forward_pipelined<true, true, true>(a);
@@ -439,7 +626,7 @@ void rows_backward_impl(const RowsBackward& a) {
     //   c2 = float(rstd·mean_gx̂);
     //   pw += double(dy[j][i]·(d·r)); pb += double(dy[j][i])   (double, from 0)
     //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
-    auto column = [&](Index i, int k, bool tail) {
+    auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
       const VF wv = W ? (tail ? load_n(a.w + i, k) : load(a.w + i)) : z;
       VD pw0 = zerod(), pw1 = zerod(), pb0 = zerod(), pb1 = zerod();
       for (int j = 0; j < nr; ++j) {

@@ -582,6 +582,108 @@ void rows_forward(const RowsForward& a) {
   return rows_forward_impl<false, false, false>(a);
 }
 
+// The column pass of the backward over one group of nr ≤ kParamGradRowGroup rows starting at row r0 of
+// the call: dx of the rows and the group's dγ/dβ contributions (row_norm.cpp: groups of four rows from
+// the first row of a call; the first group of a call with init assigns the partial rows).
+// NR > 0: nr == NR, known at compile time.
+template <bool Center, bool W, int NR>
+inline void backward_columns(const RowsBackward& a, Index r0, int nr_, const float* mhs, const float* mls,
+                             const float* rs, const float* c0s, const float* c2s) {
+  constexpr int R = kParamGradRowGroup;
+  const int nr = NR > 0 ? NR : nr_;
+  const Index n = a.n;
+  // Locals: the stores to dx could alias the argument block otherwise.
+  const float* const wp = a.w;
+  double* const dwp = a.dw;
+  double* const dbp = a.db;
+  const float* xs[R];
+  const float* dys[R];
+  float* dxs[R];
+  bool st_ok[R];
+  VF mh[R], ml[R], r[R], c0[R], c2[R];
+  for (int j = 0; j < nr; ++j) {
+    xs[j] = a.x + (r0 + j) * a.ldx;
+    dys[j] = a.dy + (r0 + j) * a.lddy;
+    dxs[j] = a.dx + (r0 + j) * a.lddx;
+    st_ok[j] = a.stream && aligned64(dxs[j]);
+    mh[j] = bcast(mhs[j]);
+    ml[j] = bcast(mls[j]);
+    r[j] = bcast(rs[j]);
+    c0[j] = bcast(c0s[j]);
+    c2[j] = bcast(c2s[j]);
+  }
+  const bool first = a.init && r0 == 0;
+  const VF z = zerof();
+  // Scalar math (per column i, rows j of the group in order):
+  //   d = (x[j][i] − mh) − ml; g = dy[j][i]·w[i]; dx[j][i] = r·((g − c0) − d·c2), c0 = float(mean_g),
+  //   c2 = float(rstd·mean_gx̂);
+  //   pw += double(dy[j][i]·(d·r)); pb += double(dy[j][i])   (double, from 0)
+  //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
+  // (pw and pb start from the first row's term instead of 0 + it: that can only turn a +0 into −0, and
+  // row_norm.cpp sums the partial rows from +0, which gives the same bits either way.)
+  auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
+    const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
+    VD pw0 = zerod(), pw1 = zerod(), pb0 = zerod(), pb1 = zerod();
+    for (int j = 0; j < nr; ++j) {
+      const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
+      const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
+      const VF d = dev<Center>(xv, mh[j], ml[j]);
+      const VF g = W ? mul(dyv, wv) : dyv;
+      VF gc = g;
+      if constexpr (Center) gc = sub(gc, c0[j]);
+      const VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
+      if (tail)
+        store_n(dxs[j] + i, dx, k);
+      else if (st_ok[j])
+        stream(dxs[j] + i, dx);
+      else
+        store(dxs[j] + i, dx);
+      if (dwp) {
+        const VF p = mul(dyv, mul(d, r[j]));
+        pw0 = j == 0 ? cvt_lo(p) : add(pw0, cvt_lo(p));
+        pw1 = j == 0 ? cvt_hi(p) : add(pw1, cvt_hi(p));
+      }
+      if (dbp) {
+        pb0 = j == 0 ? cvt_lo(dyv) : add(pb0, cvt_lo(dyv));
+        pb1 = j == 0 ? cvt_hi(dyv) : add(pb1, cvt_hi(dyv));
+      }
+    }
+    auto flush = [&](double* part, VD p0, VD p1) __attribute__((always_inline)) {
+      if (!tail) {
+        if (first) {
+          stored(part + i, p0);
+          stored(part + i + kD, p1);
+        } else {
+          stored(part + i, add(loadd(part + i), p0));
+          stored(part + i + kD, add(loadd(part + i + kD), p1));
+        }
+        return;
+      }
+      double t[kF];
+      stored(t, p0);
+      stored(t + kD, p1);
+      for (int l = 0; l < k; ++l) part[i + l] = first ? t[l] : part[i + l] + t[l];
+    };
+    if (dwp) flush(dwp, pw0, pw1);
+    if (dbp) flush(dbp, pb0, pb1);
+  };
+  Index i = 0;
+  for (; i + kF <= n; i += kF) column(i, kF, false);
+  if (i < n) column(i, static_cast<int>(n - i), true);
+}
+
+// The per-group constants of the backward from the statistics of a row (docs/numerics.md, 6-7):
+// dx = rstd·(g − mean_g − x̂·mean_gx̂) = r·((g − mean_g) − d·(rstd·mean_gx̂)), mean_g = Σg/n (Center),
+// mean_gx̂ = rstd·Σg·d/n with Σg·d = Σg·e − m_lo·Σg; c0 = float(mean_g), c2 = float(rstd·mean_gx̂).
+template <bool Center>
+inline void backward_consts(float* c0, float* c2, double sg, double sge, double rstd, float ml, double nd) {
+  const double mean_g = Center ? sg / nd : 0.0;
+  const double sgd = sge - static_cast<double>(ml) * sg;
+  const double mean_gxh = rstd * sgd / nd;
+  *c0 = static_cast<float>(mean_g);
+  *c2 = static_cast<float>(rstd * mean_gxh);
+}
+
 template <bool Center, bool W>
 void rows_backward_impl(const RowsBackward& a) {
   const Index n = a.n;
@@ -591,96 +693,114 @@ void rows_backward_impl(const RowsBackward& a) {
     const int nr = static_cast<int>(std::min<Index>(R, a.rows - r0));
     const float* xs[R];
     const float* dys[R];
-    float* dxs[R];
-    bool st_ok[R];
-    VF mh[R], ml[R], r[R], c0[R], c2[R];
     RowStats st[R];
+    float mh[R], ml[R], r[R], c0[R], c2[R];
     for (int j = 0; j < nr; ++j) {
       xs[j] = a.x + (r0 + j) * a.ldx;
       dys[j] = a.dy + (r0 + j) * a.lddy;
-      dxs[j] = a.dx + (r0 + j) * a.lddx;
-      st_ok[j] = a.stream && aligned64(dxs[j]);
-    }
-    for (int j = 0; j < nr; ++j) {
       row_mean<Center>(xs[j], n, st[j]);
-      mh[j] = bcast(st[j].mh);
-      ml[j] = bcast(st[j].ml);
     }
     SecondPass sp[R];
-    for (int j = 0; j < nr; ++j) sp[j] = row_second_pass<Center, true, W>(xs[j], dys[j], a.w, n, mh[j]);
+    for (int j = 0; j < nr; ++j) sp[j] = row_second_pass<Center, true, W>(xs[j], dys[j], a.w, n, bcast(st[j].mh));
     for (int j = 0; j < nr; ++j) {
       finish_rstd(st[j], sp[j].sq, n, a.eps);
-      // dx = rstd·(g − mean_g − x̂·mean_gx̂) = r·((g − mean_g) − d·(rstd·mean_gx̂)),
-      // mean_gx̂ = rstd·Σg·d / n with Σg·d = Σg·e − m_lo·Σg.
-      const double mean_g = Center ? sp[j].sg / nd : 0.0;
-      const double sgd = sp[j].sge - static_cast<double>(st[j].ml) * sp[j].sg;
-      const double mean_gxh = st[j].rstd * sgd / nd;
-      r[j] = bcast(st[j].r);
-      c0[j] = bcast(static_cast<float>(mean_g));
-      c2[j] = bcast(static_cast<float>(st[j].rstd * mean_gxh));
+      backward_consts<Center>(&c0[j], &c2[j], sp[j].sg, sp[j].sge, st[j].rstd, st[j].ml, nd);
+      mh[j] = st[j].mh;
+      ml[j] = st[j].ml;
+      r[j] = st[j].r;
     }
-    const bool first = a.init && r0 == 0;
-    const VF z = zerof();
-    // Scalar math (per column i, rows j of the group in order):
-    //   d = (x[j][i] − mh) − ml; g = dy[j][i]·w[i]; dx[j][i] = r·((g − c0) − d·c2), c0 = float(mean_g),
-    //   c2 = float(rstd·mean_gx̂);
-    //   pw += double(dy[j][i]·(d·r)); pb += double(dy[j][i])   (double, from 0)
-    //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
-    auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
-      const VF wv = W ? (tail ? load_n(a.w + i, k) : load(a.w + i)) : z;
-      VD pw0 = zerod(), pw1 = zerod(), pb0 = zerod(), pb1 = zerod();
-      for (int j = 0; j < nr; ++j) {
-        const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
-        const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
-        const VF d = dev<Center>(xv, mh[j], ml[j]);
-        const VF g = W ? mul(dyv, wv) : dyv;
-        VF gc = g;
-        if constexpr (Center) gc = sub(gc, c0[j]);
-        const VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
-        if (tail)
-          store_n(dxs[j] + i, dx, k);
-        else if (st_ok[j])
-          stream(dxs[j] + i, dx);
-        else
-          store(dxs[j] + i, dx);
-        if (a.dw) {
-          const VF p = mul(dyv, mul(d, r[j]));
-          pw0 = add(pw0, cvt_lo(p));
-          pw1 = add(pw1, cvt_hi(p));
-        }
-        if (a.db) {
-          pb0 = add(pb0, cvt_lo(dyv));
-          pb1 = add(pb1, cvt_hi(dyv));
-        }
-      }
-      auto flush = [&](double* part, VD p0, VD p1) {
-        if (!tail) {
-          if (first) {
-            stored(part + i, p0);
-            stored(part + i + kD, p1);
-          } else {
-            stored(part + i, add(loadd(part + i), p0));
-            stored(part + i + kD, add(loadd(part + i + kD), p1));
-          }
-          return;
-        }
-        double t[kF];
-        stored(t, p0);
-        stored(t + kD, p1);
-        for (int l = 0; l < k; ++l) part[i + l] = first ? t[l] : part[i + l] + t[l];
-      };
-      if (a.dw) flush(a.dw, pw0, pw1);
-      if (a.db) flush(a.db, pb0, pb1);
-    };
-    Index i = 0;
-    for (; i + kF <= n; i += kF) column(i, kF, false);
-    if (i < n) column(i, static_cast<int>(n - i), true);
+    if (nr == R)
+      backward_columns<Center, W, R>(a, r0, nr, mh, ml, r, c0, c2);
+    else
+      backward_columns<Center, W, 0>(a, r0, nr, mh, ml, r, c0, c2);
   }
   if (a.stream) stream_fence();
 }
 
+// The backward for short rows (n ≤ kBatchMaxN) in blocks of eight rows (two groups of the dγ/dβ
+// order), software-pipelined like rows_forward_batched: step s runs the column passes of block s − 2,
+// the second passes of block s − 1 with their rstd and constants together, and Σx of block s with the
+// means together. Same arithmetic and bits as rows_backward_impl. dx may equal dy or x: a row's dx is
+// written by the column pass after both statistics passes have read the row.
+template <bool Center, bool W, int NC>
+void rows_backward_batched(const RowsBackward& a) {
+  const Index n = NC > 0 ? NC : a.n;
+  const double nd = static_cast<double>(n);
+  const Index blocks = (a.rows + 7) / 8;
+  struct Block {
+    Stats8 st;
+    alignas(32) float c0[8];
+    alignas(32) float c2[8];
+  };
+  Block bl[3];  // by block index mod 3
+  for (Index s = 0; s < blocks + 2; ++s) {
+    VD acc[8];
+    double t[8];
+    if (s >= 2) {  // the column passes of block s − 2, in groups of kParamGradRowGroup rows
+      const Index blk = s - 2;
+      const Block& c = bl[blk % 3];
+      const Index r0 = blk * 8;
+      const int nr = static_cast<int>(std::min<Index>(8, a.rows - r0));
+      for (int j = 0; j < nr; j += kParamGradRowGroup) {
+        const int g = std::min(kParamGradRowGroup, nr - j);
+        if (g == kParamGradRowGroup)
+          backward_columns<Center, W, kParamGradRowGroup>(a, r0 + j, g, c.st.mh + j, c.st.ml + j, c.st.r + j,
+                                                          c.c0 + j, c.c2 + j);
+        else
+          backward_columns<Center, W, 0>(a, r0 + j, g, c.st.mh + j, c.st.ml + j, c.st.r + j, c.c0 + j, c.c2 + j);
+      }
+    }
+    if (s >= 1 && s - 1 < blocks) {  // the second passes, rstd and constants of block s − 1
+      const Index blk = s - 1;
+      Block& b = bl[blk % 3];
+      const Index r0 = blk * 8, last = a.rows - 1;
+      VD vg[8], vge[8];
+      for (int j = 0; j < 8; ++j) {
+        const Index row = std::min(r0 + j, last);
+        const SecondPassVec v = row_second_pass_vec<Center, true, W>(a.x + row * a.ldx, a.dy + row * a.lddy, a.w, n,
+                                                                     bcast(b.st.mh[j]));
+        acc[j] = v.sq;
+        vg[j] = v.sg;
+        vge[j] = v.sge;
+      }
+      hsum8(t, acc);
+      rstd8(b.st, t, nd, a.eps);
+      double sg[8], sge[8];
+      hsum8(sg, vg);
+      hsum8(sge, vge);
+      for (int j = 0; j < 8; ++j)
+        backward_consts<Center>(&b.c0[j], &b.c2[j], sg[j] + 0.0, sge[j] + 0.0, b.st.rstd[j], b.st.ml[j], nd);
+    }
+    if (s < blocks) {  // Σx and the means of block s
+      Stats8& st = bl[s % 3].st;
+      if constexpr (Center) {
+        const Index r0 = s * 8, last = a.rows - 1;
+        for (int j = 0; j < 8; ++j) acc[j] = row_sum_vec(a.x + std::min(r0 + j, last) * a.ldx, n);
+        hsum8(t, acc);
+        mean8(st, t, nd);
+      } else {
+        for (int j = 0; j < 8; ++j) st.mh[j] = st.ml[j] = 0.0f;
+      }
+    }
+  }
+  if (a.stream) stream_fence();
+}
+
+template <bool Center, bool W>
+void rows_backward_batched_n(const RowsBackward& a) {
+  switch (a.n) {
+    case 64: return rows_backward_batched<Center, W, 64>(a);
+    case 80: return rows_backward_batched<Center, W, 80>(a);
+    default: return rows_backward_batched<Center, W, 0>(a);
+  }
+}
+
 void rows_backward(const RowsBackward& a) {
   const bool w = a.w != nullptr;
+  if (a.n <= kBatchMaxN && a.rows > 1) {
+    if (a.center) return w ? rows_backward_batched_n<true, true>(a) : rows_backward_batched_n<true, false>(a);
+    return w ? rows_backward_batched_n<false, true>(a) : rows_backward_batched_n<false, false>(a);
+  }
   if (a.center) return w ? rows_backward_impl<true, true>(a) : rows_backward_impl<true, false>(a);
   return w ? rows_backward_impl<false, true>(a) : rows_backward_impl<false, false>(a);
 }

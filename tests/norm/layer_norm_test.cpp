@@ -471,6 +471,27 @@ TEST(LayerNormAliasing, InPlaceEqualsOutOfPlace) {
   }
 }
 
+// γ and β are read in place when contiguous; an output that overlaps them (y written over the buffer
+// that holds γ) must still see the γ of the call, as with a copy.
+TEST(LayerNormAliasing, OutputOverWeightSeesTheWeightOfTheCall) {
+  std::mt19937_64 rng(14);
+  for (Index d : {5, 64, 80}) {
+    Tensor x = testing::random_tensor({3, d}, rng, 1.0, 0.0);
+    Tensor buf = testing::random_tensor({3, d}, rng, 1.0, 1.0);  // row 1 holds γ
+    const Tensor w = Tensor::copy_of(buf.cview().select(0, 1));
+    Fwd expect = run_forward(x.cview(), w.cview(), w.cview(), {1}, 1e-5);
+    Tensor mean({3}), rstd({3});
+    layer_norm_forward(buf.view(), mean.view(), rstd.view(), x.cview(), buf.cview().select(0, 1),
+                       buf.cview().select(0, 1), {1}, 1e-5);
+    EXPECT_TRUE(bitwise_equal(buf.cview(), expect.y.cview(), fmt::format("D={} y over γ", d)));
+    Tensor dy = testing::random_tensor({3, d}, rng, 1.0, 0.0), dbuf = testing::random_tensor({3, d}, rng, 1.0, 1.0);
+    const Tensor w2 = Tensor::copy_of(dbuf.cview().select(0, 2));
+    Bwd expect_b = run_backward(dy.cview(), x.cview(), w2.cview(), {1}, 1e-5);
+    layer_norm_backward(dbuf.view(), {}, {}, dy.cview(), x.cview(), dbuf.cview().select(0, 2), {1}, 1e-5);
+    EXPECT_TRUE(bitwise_equal(dbuf.cview(), expect_b.dx.cview(), fmt::format("D={} dx over γ", d)));
+  }
+}
+
 TEST(LayerNormNaN, NaNStaysInItsGroup) {
   Tensor x({3, 4}, {1, 2, 3, 4, 1, NAN, 3, 4, 5, 6, 7, 8});
   Fwd f = run_forward(x.cview(), {}, {}, {1}, 1e-5);

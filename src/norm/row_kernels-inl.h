@@ -176,6 +176,8 @@ inline double row_sum(const float* x, Index n) { return hsum(row_sum_vec(x, n)) 
 //   q = (ea·ea + eb·eb) + (ec·ec + ed·ed)                          (float)
 // and with dy, g = dy·w:
 //   sg = (ga + gb) + (gc + gd),  sge = (ga·ea + gb·eb) + (gc·ec + gd·ed)   (float)
+// In a tail block the all-zero vectors are left out of the float block sums: a sum of squares gains
+// nothing from + 0, and Σg, Σg·e get their + 0.0 at the end (below).
 // Each float block sum is added to two double accumulators (its lanes 0..7 and 8..15), from 0; a total
 // is hsum(acc_lo + acc_hi). The first block initializes the accumulators instead (see row_sum_vec:
 // Σe² is never −0 either way; row_second_pass adds the +0.0 to Σg and Σg·e). The caller corrects for m_lo = mean − m_hi exactly in double:
@@ -196,25 +198,37 @@ inline SecondPassVec row_second_pass_vec(const float* x, const float* dy, const 
   auto block = [&](Index i, const int* k, bool tail, bool first) __attribute__((always_inline)) {
     VF e[4], g[4];
     for (int u = 0; u < 4; ++u) {
-      const VF xv = !tail ? load(x + i + u * kF) : k[u] ? load_n(x + i + u * kF, k[u]) : z;
+      if (tail && k[u] == 0) {  // never summed (see live below)
+        e[u] = g[u] = z;
+        continue;
+      }
+      const VF xv = !tail ? load(x + i + u * kF) : load_n(x + i + u * kF, k[u]);
       e[u] = dev0(xv);
       if (tail) e[u] = keep_n(e[u], k[u]);
       if constexpr (WithDy) {
-        const VF dyv = !tail ? load(dy + i + u * kF) : k[u] ? load_n(dy + i + u * kF, k[u]) : z;
+        const VF dyv = !tail ? load(dy + i + u * kF) : load_n(dy + i + u * kF, k[u]);
         if constexpr (W) {
-          const VF wv = !tail ? load(w + i + u * kF) : k[u] ? load_n(w + i + u * kF, k[u]) : z;
+          const VF wv = !tail ? load(w + i + u * kF) : load_n(w + i + u * kF, k[u]);
           g[u] = mul(dyv, wv);
         } else {
           g[u] = dyv;
         }
       }
     }
-    const VF q = add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
+    // live: the vectors with elements (4 except in a tail); tree4 sums those in the tree of four.
+    const int live = !tail ? 4 : (k[1] == 0 ? 1 : k[2] == 0 ? 2 : k[3] == 0 ? 3 : 4);
+    auto tree4 = [&](auto term) __attribute__((always_inline)) {
+      if (live == 1) return term(0);
+      if (live == 2) return add(term(0), term(1));
+      if (live == 3) return add(add(term(0), term(1)), term(2));
+      return add(add(term(0), term(1)), add(term(2), term(3)));
+    };
+    const VF q = tree4([&](int u) { return mul(e[u], e[u]); });
     q0 = first ? cvt_lo(q) : add(q0, cvt_lo(q));
     q1 = first ? cvt_hi(q) : add(q1, cvt_hi(q));
     if constexpr (WithDy) {
-      const VF sg = add(add(g[0], g[1]), add(g[2], g[3]));
-      const VF sge = add(add(mul(g[0], e[0]), mul(g[1], e[1])), add(mul(g[2], e[2]), mul(g[3], e[3])));
+      const VF sg = tree4([&](int u) { return g[u]; });
+      const VF sge = tree4([&](int u) { return mul(g[u], e[u]); });
       g0 = first ? cvt_lo(sg) : add(g0, cvt_lo(sg));
       g1 = first ? cvt_hi(sg) : add(g1, cvt_hi(sg));
       p0 = first ? cvt_lo(sge) : add(p0, cvt_lo(sge));

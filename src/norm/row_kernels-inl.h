@@ -405,7 +405,34 @@ void rows_forward_batched(const RowsForward& a) {
       const Stats8& sc = st[blk % 3];
       const Index r0 = blk * 8;
       const int nr = static_cast<int>(std::min<Index>(8, a.rows - r0));
-      for (int j = 0; j < nr; ++j)
+      int j = 0;
+      if (NC > 0 && NC % kF == 0 && !a.stream) {  // two rows at a time: one load of γ and β for both
+        for (; j + 2 <= nr; j += 2) {
+          const float* xa = a.x + (r0 + j) * a.ldx;
+          const float* xb = xa + a.ldx;
+          float* ya = a.y + (r0 + j) * a.ldy;
+          float* yb = ya + a.ldy;
+          const VF mha = bcast(sc.mh[j]), mla = bcast(sc.ml[j]), ra = bcast(sc.r[j]);
+          const VF mhb = bcast(sc.mh[j + 1]), mlb = bcast(sc.ml[j + 1]), rb = bcast(sc.r[j + 1]);
+          // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float (as row_output)
+          for (Index i = 0; i < n; i += kF) {
+            const VF wv = W ? load(a.w + i) : zerof(), bv = B ? load(a.b + i) : zerof();
+            VF va = mul(dev<Center>(load(xa + i), mha, mla), ra);
+            VF vb = mul(dev<Center>(load(xb + i), mhb, mlb), rb);
+            if constexpr (W) {
+              va = mul(va, wv);
+              vb = mul(vb, wv);
+            }
+            if constexpr (B) {
+              va = add(va, bv);
+              vb = add(vb, bv);
+            }
+            store(ya + i, va);
+            store(yb + i, vb);
+          }
+        }
+      }
+      for (; j < nr; ++j)
         row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, a.x + (r0 + j) * a.ldx, n, a.w, a.b, sc.mh[j], sc.ml[j],
                                  sc.r[j], a.stream);
     }

@@ -137,12 +137,23 @@ inline VF dev(VF x, VF mh, VF ml) {
   return x;
 }
 
-// Σ x[i] in double. Blocks of 32: acc0 += x[i..i+8), acc1 += x[i+8..i+16), acc2, acc3 likewise; a tail
-// shorter than 32 is zero-padded; result hsum((acc0 + acc1) + (acc2 + acc3)).
+// Σ x[i] in double. Blocks of 32: acc0 += x[i..i+8), acc1 += x[i+8..i+16), acc2, acc3 likewise, from
+// 0; a tail shorter than 32 is zero-padded; result hsum((acc0 + acc1) + (acc2 + acc3)).
+// row_sum_vec returns the vector before the hsum, computed without the additions of zeros (the first
+// block initializes the accumulators; the zero lanes of a tail are not added). An addition of +0.0
+// changes at most the sign of a zero, and the sum from +0 is never −0, so (hsum of this) + 0.0 has the
+// bits of the sum defined above: the callers (row_sum, mean8) add that +0.0.
 template <typename T>
-inline double row_sum(const T* x, Index n) {
+inline VD row_sum_vec(const T* x, Index n) {
   VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
   Index i = 0;
+  if (n >= 32) {
+    a0 = load_cvt(x);
+    a1 = load_cvt(x + 8);
+    a2 = load_cvt(x + 16);
+    a3 = load_cvt(x + 24);
+    i = 32;
+  }
   // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i])
   for (; i + 32 <= n; i += 32) {
     a0 = add(a0, load_cvt(x + i));
@@ -153,13 +164,19 @@ inline double row_sum(const T* x, Index n) {
   if (i < n) {
     const int k = static_cast<int>(n - i);
     const VF u = load_n(x + i, std::min(k, kF));
-    const VF v = k > kF ? load_n(x + i + kF, k - kF) : zerof();
     a0 = add(a0, cvt_lo(u));
-    a1 = add(a1, cvt_hi(u));
-    a2 = add(a2, cvt_lo(v));
-    a3 = add(a3, cvt_hi(v));
+    if (k > 8) a1 = add(a1, cvt_hi(u));
+    if (k > kF) {
+      const VF v = load_n(x + i + kF, k - kF);
+      a2 = add(a2, cvt_lo(v));
+      if (k > 24) a3 = add(a3, cvt_hi(v));
+    }
   }
-  return hsum(add(add(a0, a1), add(a2, a3)));
+  return add(add(a0, a1), add(a2, a3));
+}
+template <typename T>
+inline double row_sum(const T* x, Index n) {
+  return hsum(row_sum_vec(x, n)) + 0.0;
 }
 
 // The second pass, around m_hi = float(mean) (Center) or 0 (RMSNorm): e = x − m_hi in float. Blocks of 64
@@ -167,61 +184,95 @@ inline double row_sum(const T* x, Index n) {
 //   q = (ea·ea + eb·eb) + (ec·ec + ed·ed)                          (float)
 // and with dy, g = dy·w:
 //   sg = (ga + gb) + (gc + gd),  sge = (ga·ea + gb·eb) + (gc·ec + gd·ed)   (float)
-// Each float block sum is added to two double accumulators (its lanes 0..7 and 8..15); a total is
-// hsum(acc_lo + acc_hi). The caller corrects for m_lo = mean − m_hi exactly in double:
+// In a tail block the all-zero vectors are left out of the float block sums: a sum of squares gains
+// nothing from + 0, and Σg, Σg·e get their + 0.0 at the end (below).
+// Each float block sum is added to two double accumulators (its lanes 0..7 and 8..15), from 0; a total
+// is hsum(acc_lo + acc_hi). The first block initializes the accumulators instead (see row_sum_vec:
+// Σe² is never −0 either way; row_second_pass adds the +0.0 to Σg and Σg·e). The caller corrects for m_lo =
+// mean − m_hi exactly in double:
 //   Σ(x − mean)² = Σe² − n·m_lo²,  Σg·(x − mean) = Σg·e − m_lo·Σg.
 struct SecondPass {
   double sq = 0, sg = 0, sge = 0;
 };
+struct SecondPassVec {  // the accumulators before the hsum
+  VD sq, sg, sge;
+};
 
 template <bool Center, bool WithDy, bool W, typename T>
-inline SecondPass row_second_pass(const T* x, std::type_identity_t<const T*> dy, const float* w, Index n, VF mh) {
+inline SecondPassVec row_second_pass_vec(const T* x, std::type_identity_t<const T*> dy, const float* w,
+                                         Index n, VF mh) {
   VD q0 = zerod(), q1 = zerod(), g0 = zerod(), g1 = zerod(), p0 = zerod(), p1 = zerod();
   const VF z = zerof();
-  auto dev0 = [&](VF v) { return Center ? sub(v, mh) : v; };
+  auto dev0 = [&](VF v) __attribute__((always_inline)) {
+    return Center ? sub(v, mh) : v;
+  };
   // k[] = valid lanes of each of the four vectors (16 except in the tail).
-  auto block = [&](Index i, const int* k, bool tail) {
+  auto block = [&](Index i, const int* k, bool tail, bool first) __attribute__((always_inline)) {
     VF e[4], g[4];
     for (int u = 0; u < 4; ++u) {
-      const VF xv = !tail ? load(x + i + u * kF) : k[u] ? load_n(x + i + u * kF, k[u]) : z;
+      if (tail && k[u] == 0) {  // never summed (see live below)
+        e[u] = g[u] = z;
+        continue;
+      }
+      const VF xv = !tail ? load(x + i + u * kF) : load_n(x + i + u * kF, k[u]);
       e[u] = dev0(xv);
       if (tail) e[u] = keep_n(e[u], k[u]);
       if constexpr (WithDy) {
-        const VF dyv = !tail ? load(dy + i + u * kF) : k[u] ? load_n(dy + i + u * kF, k[u]) : z;
+        const VF dyv = !tail ? load(dy + i + u * kF) : load_n(dy + i + u * kF, k[u]);
         if constexpr (W) {
-          const VF wv = !tail ? load(w + i + u * kF) : k[u] ? load_n(w + i + u * kF, k[u]) : z;
+          const VF wv = !tail ? load(w + i + u * kF) : load_n(w + i + u * kF, k[u]);
           g[u] = mul(dyv, wv);
         } else {
           g[u] = dyv;
         }
       }
     }
-    const VF q = add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
-    q0 = add(q0, cvt_lo(q));
-    q1 = add(q1, cvt_hi(q));
+    // live: the vectors with elements (4 except in a tail); tree4 sums those in the tree of four.
+    const int live = !tail ? 4 : (k[1] == 0 ? 1 : k[2] == 0 ? 2 : k[3] == 0 ? 3 : 4);
+    auto tree4 = [&](auto term) __attribute__((always_inline)) {
+      if (live == 1) return term(0);
+      if (live == 2) return add(term(0), term(1));
+      if (live == 3) return add(add(term(0), term(1)), term(2));
+      return add(add(term(0), term(1)), add(term(2), term(3)));
+    };
+    const VF q = tree4([&](int u) { return mul(e[u], e[u]); });
+    q0 = first ? cvt_lo(q) : add(q0, cvt_lo(q));
+    q1 = first ? cvt_hi(q) : add(q1, cvt_hi(q));
     if constexpr (WithDy) {
-      const VF sg = add(add(g[0], g[1]), add(g[2], g[3]));
-      const VF sge = add(add(mul(g[0], e[0]), mul(g[1], e[1])), add(mul(g[2], e[2]), mul(g[3], e[3])));
-      g0 = add(g0, cvt_lo(sg));
-      g1 = add(g1, cvt_hi(sg));
-      p0 = add(p0, cvt_lo(sge));
-      p1 = add(p1, cvt_hi(sge));
+      const VF sg = tree4([&](int u) { return g[u]; });
+      const VF sge = tree4([&](int u) { return mul(g[u], e[u]); });
+      g0 = first ? cvt_lo(sg) : add(g0, cvt_lo(sg));
+      g1 = first ? cvt_hi(sg) : add(g1, cvt_hi(sg));
+      p0 = first ? cvt_lo(sge) : add(p0, cvt_lo(sge));
+      p1 = first ? cvt_hi(sge) : add(p1, cvt_hi(sge));
     }
   };
   static constexpr int kFull[4] = {kF, kF, kF, kF};
   Index i = 0;
   // Scalar math: e = x[i] − m_hi; Σe² (and Σg, Σg·e with g = dy[i]·w[i]) as described above
-  for (; i + 4 * kF <= n; i += 4 * kF) block(i, kFull, false);
+  for (; i + 4 * kF <= n; i += 4 * kF) block(i, kFull, false, i == 0);
   if (i < n) {
     int k[4];
     for (int u = 0; u < 4; ++u) k[u] = static_cast<int>(std::clamp<Index>(n - i - u * kF, 0, kF));
-    block(i, k, true);
+    block(i, k, true, i == 0);
   }
-  SecondPass s;
-  s.sq = hsum(add(q0, q1));
+  SecondPassVec s{add(q0, q1), zerod(), zerod()};
   if constexpr (WithDy) {
-    s.sg = hsum(add(g0, g1));
-    s.sge = hsum(add(p0, p1));
+    s.sg = add(g0, g1);
+    s.sge = add(p0, p1);
+  }
+  return s;
+}
+
+template <bool Center, bool WithDy, bool W, typename T>
+inline SecondPass row_second_pass(const T* x, std::type_identity_t<const T*> dy, const float* w, Index n,
+                                  VF mh) {
+  const SecondPassVec v = row_second_pass_vec<Center, WithDy, W>(x, dy, w, n, mh);
+  SecondPass s;
+  s.sq = hsum(v.sq);
+  if constexpr (WithDy) {
+    s.sg = hsum(v.sg) + 0.0;
+    s.sge = hsum(v.sge) + 0.0;
   }
   return s;
 }
@@ -242,17 +293,210 @@ inline void finish_rstd(RowStats& st, double sq, Index n, double eps) {
   st.r = static_cast<float>(st.rstd);
 }
 
+// ---- Statistics of eight rows at once ---------------------------------------------------------------
+// The horizontal sums, divisions and square roots of the per-row statistics, done for eight rows with
+// one vector instruction each instead of eight scalar chains. IEEE division and square root are
+// correctly rounded and the transpose keeps hsum's tree, so every result has the bits of the per-row
+// code (row_mean, finish_rstd).
+
+// out[r] = hsum(v[r]) for r = 0..7, by transpose-and-add: lanes l and l + 4, then l and l + 2, then
+// 0 and 1, exactly hsum's tree.
+__attribute__((always_inline)) inline void hsum8(double* out, const VD* v) {
+#if NL_VEC_AVX512
+  // (The all-ones maskz forms avoid GCC 12's false -Wmaybe-uninitialized on the plain intrinsics.)
+  __m512d t[4], u[2];
+  for (int p = 0; p < 4; ++p) {  // lanes 0..3: row 2p, lanes 4..7: row 2p + 1; lane l: a[l] + a[l + 4]
+    const __m512d a = v[2 * p].v, b = v[2 * p + 1].v;
+    t[p] = _mm512_add_pd(_mm512_maskz_shuffle_f64x2(0xFF, a, b, 0x44),
+                         _mm512_maskz_shuffle_f64x2(0xFF, a, b, 0xEE));
+  }
+  for (int p = 0; p < 2; ++p)  // 128-bit lane k: row 4p + k, (t[0] + t[2], t[1] + t[3])
+    u[p] = _mm512_add_pd(_mm512_maskz_shuffle_f64x2(0xFF, t[2 * p], t[2 * p + 1], 0x88),
+                         _mm512_maskz_shuffle_f64x2(0xFF, t[2 * p], t[2 * p + 1], 0xDD));
+  // lane 2k: row k, lane 2k + 1: row k + 4
+  const __m512d s =
+      _mm512_add_pd(_mm512_maskz_unpacklo_pd(0xFF, u[0], u[1]), _mm512_maskz_unpackhi_pd(0xFF, u[0], u[1]));
+  _mm512_storeu_pd(out, _mm512_maskz_permutexvar_pd(0xFF, _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), s));
+#else
+  for (int r = 0; r < 8; ++r) out[r] = hsum(v[r]);
+#endif
+}
+
+struct Stats8 {
+  alignas(64) double mean[8];
+  alignas(64) double rstd[8];
+  alignas(32) float mh[8];
+  alignas(32) float ml[8];
+  alignas(32) float r[8];
+};
+
+// row_mean for eight rows from hsum(row_sum_vec) (which wants + 0.0): mean = Σx/n, m_hi = float(mean), m_lo =
+// float(mean − m_hi).
+inline void mean8(Stats8& st, const double* sum, double n) {
+#if NL_VEC_AVX512
+  const __m512d m =
+      _mm512_div_pd(_mm512_add_pd(_mm512_loadu_pd(sum), _mm512_setzero_pd()), _mm512_set1_pd(n));
+  const __m256 mh = _mm512_maskz_cvtpd_ps(0xFF, m);
+  _mm512_store_pd(st.mean, m);
+  _mm256_store_ps(st.mh, mh);
+  _mm256_store_ps(st.ml, _mm512_maskz_cvtpd_ps(0xFF, _mm512_sub_pd(m, _mm512_maskz_cvtps_pd(0xFF, mh))));
+#else
+  for (int j = 0; j < 8; ++j) {
+    st.mean[j] = (sum[j] + 0.0) / n;
+    st.mh[j] = static_cast<float>(st.mean[j]);
+    st.ml[j] = static_cast<float>(st.mean[j] - static_cast<double>(st.mh[j]));
+  }
+#endif
+}
+
+// finish_rstd for eight rows: var = max(Σe²/n − m_lo², 0), rstd = 1/√(var + eps), r = float(rstd).
+inline void rstd8(Stats8& st, const double* sq, double n, double eps) {
+#if NL_VEC_AVX512
+  const __m512d ml = _mm512_maskz_cvtps_pd(0xFF, _mm256_load_ps(st.ml));
+  __m512d var = _mm512_sub_pd(_mm512_div_pd(_mm512_loadu_pd(sq), _mm512_set1_pd(n)), _mm512_mul_pd(ml, ml));
+  var = _mm512_maskz_max_pd(0xFF, _mm512_setzero_pd(), var);  // (0 > var) ? 0 : var, as std::max(var, 0.0)
+  const __m512d rstd =
+      _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_maskz_sqrt_pd(0xFF, _mm512_add_pd(var, _mm512_set1_pd(eps))));
+  _mm512_store_pd(st.rstd, rstd);
+  _mm256_store_ps(st.r, _mm512_maskz_cvtpd_ps(0xFF, rstd));
+#else
+  for (int j = 0; j < 8; ++j) {
+    const double ml = static_cast<double>(st.ml[j]);
+    const double var = std::max(sq[j] / n - ml * ml, 0.0);
+    st.rstd[j] = 1.0 / std::sqrt(var + eps);
+    st.r[j] = static_cast<float>(st.rstd[j]);
+  }
+#endif
+}
+
+// y = ((x − mh) − ml)·r·w + b of one row, all in float.
+template <bool Center, bool W, bool B, typename T>
+inline void row_output(T* y, const T* x, Index n, const float* w, const float* b, float mhs, float mls,
+                       float rs, bool nt) {
+  const VF z = zerof();
+  const VF mh = bcast(mhs), ml = bcast(mls), r = bcast(rs);
+  auto out = [&](VF xv, VF wv, VF bv) __attribute__((always_inline)) {
+    VF v = mul(dev<Center>(xv, mh, ml), r);
+    if constexpr (W) v = mul(v, wv);
+    if constexpr (B) v = add(v, bv);
+    return v;
+  };
+  Index i = 0;
+  // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float
+  if (nt && stream_ok(y)) {
+    for (; i + kF <= n; i += kF) stream(y + i, out(load(x + i), W ? load(w + i) : z, B ? load(b + i) : z));
+  } else {
+    for (; i + kF <= n; i += kF) store(y + i, out(load(x + i), W ? load(w + i) : z, B ? load(b + i) : z));
+  }
+  if (i < n) {
+    const int k = static_cast<int>(n - i);
+    store_n(y + i, out(load_n(x + i, k), W ? load_n(w + i, k) : z, B ? load_n(b + i, k) : z), k);
+  }
+}
+
+// The forward for short rows (n ≤ kBatchMaxN), in blocks of eight rows, software-pipelined over
+// blocks: step s runs the outputs of block s − 2, the second passes of block s − 1 and their rstd
+// together (rstd8), and Σx of block s and their means together (hsum8, mean8), in this order (each
+// stage uses results of the previous step only). So the long dependency chains of a block's statistics
+// (horizontal sums, division, square root) overlap the work of the other two blocks. The arithmetic of every
+// row is that of rows_forward_impl (same bits); only the horizontal sums, divisions and square roots of eight
+// rows share instructions. A last block of fewer than eight rows repeats its last row in the unused slots
+// (computed, never written). NC > 0: n == NC, known at compile time. y may equal x: a block's outputs are
+// written after its statistics are complete.
+inline constexpr Index kBatchMaxN = 512;
+
+template <bool Center, bool W, bool B, int NC, typename T>
+void rows_forward_batched(const RowsForwardOf<T>& a) {
+  const Index n = NC > 0 ? NC : a.n;
+  const double nd = static_cast<double>(n);
+  const Index blocks = (a.rows + 7) / 8;
+  Stats8 st[3];  // by block index mod 3
+  auto row_ptrs = [&](Index blk, const T** xs) {
+    const Index r0 = blk * 8, last = a.rows - 1;
+    for (int j = 0; j < 8; ++j) xs[j] = a.x + std::min(r0 + j, last) * a.ldx;
+  };
+  for (Index s = 0; s < blocks + 2; ++s) {
+    const T* xs[8];
+    VD acc[8];
+    double t[8];
+    if (s >= 2) {  // the outputs of block s − 2
+      const Index blk = s - 2;
+      const Stats8& sc = st[blk % 3];
+      const Index r0 = blk * 8;
+      const int nr = static_cast<int>(std::min<Index>(8, a.rows - r0));
+      int j = 0;
+      if (NC > 0 && NC % kF == 0 && !a.stream) {  // two rows at a time: one load of γ and β for both
+        for (; j + 2 <= nr; j += 2) {
+          const T* xa = a.x + (r0 + j) * a.ldx;
+          const T* xb = xa + a.ldx;
+          T* ya = a.y + (r0 + j) * a.ldy;
+          T* yb = ya + a.ldy;
+          const VF mha = bcast(sc.mh[j]), mla = bcast(sc.ml[j]), ra = bcast(sc.r[j]);
+          const VF mhb = bcast(sc.mh[j + 1]), mlb = bcast(sc.ml[j + 1]), rb = bcast(sc.r[j + 1]);
+          // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float (as row_output)
+          for (Index i = 0; i < n; i += kF) {
+            const VF wv = W ? load(a.w + i) : zerof(), bv = B ? load(a.b + i) : zerof();
+            VF va = mul(dev<Center>(load(xa + i), mha, mla), ra);
+            VF vb = mul(dev<Center>(load(xb + i), mhb, mlb), rb);
+            if constexpr (W) {
+              va = mul(va, wv);
+              vb = mul(vb, wv);
+            }
+            if constexpr (B) {
+              va = add(va, bv);
+              vb = add(vb, bv);
+            }
+            store(ya + i, va);
+            store(yb + i, vb);
+          }
+        }
+      }
+      for (; j < nr; ++j)
+        row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, a.x + (r0 + j) * a.ldx, n, a.w, a.b, sc.mh[j],
+                                 sc.ml[j], sc.r[j], a.stream);
+    }
+    if (s >= 1 && s - 1 < blocks) {  // the second passes and rstd of block s − 1
+      const Index blk = s - 1;
+      Stats8& sb = st[blk % 3];
+      row_ptrs(blk, xs);
+      for (int j = 0; j < 8; ++j)
+        acc[j] = row_second_pass_vec<Center, false, false>(xs[j], nullptr, nullptr, n, bcast(sb.mh[j])).sq;
+      hsum8(t, acc);
+      rstd8(sb, t, nd, a.eps);
+      const Index r0 = blk * 8;
+      const int nr = static_cast<int>(std::min<Index>(8, a.rows - r0));
+      if (a.mean)
+        for (int j = 0; j < nr; ++j) a.mean[(r0 + j) * a.ld_stats] = sb.mh[j];
+      if (a.rstd)
+        for (int j = 0; j < nr; ++j) a.rstd[(r0 + j) * a.ld_stats] = sb.r[j];
+    }
+    if (s < blocks) {  // Σx and the means of block s
+      Stats8& sa = st[s % 3];
+      if constexpr (Center) {
+        row_ptrs(s, xs);
+        for (int j = 0; j < 8; ++j) acc[j] = row_sum_vec(xs[j], n);
+        hsum8(t, acc);
+        mean8(sa, t, nd);
+      } else {
+        for (int j = 0; j < 8; ++j) sa.mh[j] = sa.ml[j] = 0.0f;
+      }
+    }
+  }
+  if (a.stream) stream_fence();
+}
+
 // Rows are handled in blocks of up to kMaxBlock (about 16 KiB of x): each stage (Σx, second pass,
 // rstd, output) runs over all rows of the block before the next, so that the short dependency chains
 // of different rows overlap. The block changes only the order of independent work, never a result.
 inline constexpr int kMaxBlock = 8;
-inline int block_rows(Index n) { return static_cast<int>(std::clamp<Index>(4096 / n, 1, kMaxBlock)); }
+inline int block_rows(Index n) {
+  return static_cast<int>(std::clamp<Index>(4096 / n, 1, kMaxBlock));
+}
 
 template <bool Center, bool W, bool B, typename T>
 void rows_forward_impl(const RowsForwardOf<T>& a) {
   const Index n = a.n;
   const int block = block_rows(n);
-  const VF z = zerof();
   for (Index r0 = 0; r0 < a.rows; r0 += block) {
     const int nr = static_cast<int>(std::min<Index>(block, a.rows - r0));
     RowStats st[kMaxBlock];
@@ -267,30 +511,9 @@ void rows_forward_impl(const RowsForwardOf<T>& a) {
       if (a.mean) a.mean[(r0 + j) * a.ld_stats] = st[j].mh;
       if (a.rstd) a.rstd[(r0 + j) * a.ld_stats] = st[j].r;
     }
-    for (int j = 0; j < nr; ++j) {
-      const T* x = xs[j];
-      T* y = a.y + (r0 + j) * a.ldy;
-      const VF mh = bcast(st[j].mh), ml = bcast(st[j].ml), r = bcast(st[j].r);
-      auto out = [&](VF xv, VF wv, VF bv) {
-        VF v = mul(dev<Center>(xv, mh, ml), r);
-        if constexpr (W) v = mul(v, wv);
-        if constexpr (B) v = add(v, bv);
-        return v;
-      };
-      Index i = 0;
-      // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float
-      if (a.stream && stream_ok(y)) {
-        for (; i + kF <= n; i += kF)
-          stream(y + i, out(load(x + i), W ? load(a.w + i) : z, B ? load(a.b + i) : z));
-      } else {
-        for (; i + kF <= n; i += kF)
-          store(y + i, out(load(x + i), W ? load(a.w + i) : z, B ? load(a.b + i) : z));
-      }
-      if (i < n) {
-        const int k = static_cast<int>(n - i);
-        store_n(y + i, out(load_n(x + i, k), W ? load_n(a.w + i, k) : z, B ? load_n(a.b + i, k) : z), k);
-      }
-    }
+    for (int j = 0; j < nr; ++j)
+      row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, xs[j], n, a.w, a.b, st[j].mh, st[j].ml, st[j].r,
+                               a.stream);
   }
   if (a.stream) stream_fence();
 }
@@ -374,9 +597,35 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
+template <bool Center, bool W, bool B, typename T>
+void rows_forward_batched_n(const RowsForwardOf<T>& a) {
+  switch (a.n) {
+    case 64:
+      return rows_forward_batched<Center, W, B, 64, T>(a);
+    case 80:
+      return rows_forward_batched<Center, W, B, 80, T>(a);
+    case 128:
+      return rows_forward_batched<Center, W, B, 128, T>(a);
+    default:
+      return rows_forward_batched<Center, W, B, 0, T>(a);
+  }
+}
+
 template <typename T>
 void rows_forward_of(const RowsForwardOf<T>& a) {
   const bool w = a.w != nullptr, b = a.b != nullptr;
+  if (a.n <= kBatchMaxN && !(a.n % 64 == 0 && a.n >= 256) && a.rows > 1) {
+    if (a.center) {
+      if (w && b) return rows_forward_batched_n<true, true, true>(a);
+      if (w) return rows_forward_batched_n<true, true, false>(a);
+      if (b) return rows_forward_batched_n<true, false, true>(a);
+      return rows_forward_batched_n<true, false, false>(a);
+    }
+    if (w && b) return rows_forward_batched_n<false, true, true>(a);
+    if (w) return rows_forward_batched_n<false, true, false>(a);
+    if (b) return rows_forward_batched_n<false, false, true>(a);
+    return rows_forward_batched_n<false, false, false>(a);
+  }
   if (a.n % 64 == 0 && a.n >= 256) {
     if (a.center) {
       if (w && b) return rows_forward_pipelined<true, true, true>(a);
@@ -401,6 +650,108 @@ void rows_forward_of(const RowsForwardOf<T>& a) {
   return rows_forward_impl<false, false, false>(a);
 }
 
+// The column pass of the backward over one group of nr ≤ kParamGradRowGroup rows starting at row r0 of
+// the call: dx of the rows and the group's dγ/dβ contributions (row_norm.cpp: groups of four rows from
+// the first row of a call; the first group of a call with init assigns the partial rows).
+// NR > 0: nr == NR, known at compile time.
+template <bool Center, bool W, int NR, typename T>
+inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, const float* mhs,
+                             const float* mls, const float* rs, const float* c0s, const float* c2s) {
+  constexpr int R = kParamGradRowGroup;
+  const int nr = NR > 0 ? NR : nr_;
+  const Index n = a.n;
+  // Locals: the stores to dx could alias the argument block otherwise.
+  const float* const wp = a.w;
+  double* const dwp = a.dw;
+  double* const dbp = a.db;
+  const T* xs[R];
+  const T* dys[R];
+  T* dxs[R];
+  bool st_ok[R];
+  VF mh[R], ml[R], r[R], c0[R], c2[R];
+  for (int j = 0; j < nr; ++j) {
+    xs[j] = a.x + (r0 + j) * a.ldx;
+    dys[j] = a.dy + (r0 + j) * a.lddy;
+    dxs[j] = a.dx + (r0 + j) * a.lddx;
+    st_ok[j] = a.stream && stream_ok(dxs[j]);
+    mh[j] = bcast(mhs[j]);
+    ml[j] = bcast(mls[j]);
+    r[j] = bcast(rs[j]);
+    c0[j] = bcast(c0s[j]);
+    c2[j] = bcast(c2s[j]);
+  }
+  const bool first = a.init && r0 == 0;
+  const VF z = zerof();
+  // Scalar math (per column i, rows j of the group in order):
+  //   d = (x[j][i] − mh) − ml; g = dy[j][i]·w[i]; dx[j][i] = r·((g − c0) − d·c2), c0 = float(mean_g),
+  //   c2 = float(rstd·mean_gx̂);
+  //   pw += double(dy[j][i]·(d·r)); pb += double(dy[j][i])   (double, from 0)
+  //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
+  // (pw and pb start from the first row's term instead of 0 + it: that can only turn a +0 into −0, and
+  // row_norm.cpp sums the partial rows from +0, which gives the same bits either way.)
+  auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
+    const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
+    VD pw0 = zerod(), pw1 = zerod(), pb0 = zerod(), pb1 = zerod();
+    for (int j = 0; j < nr; ++j) {
+      const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
+      const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
+      const VF d = dev<Center>(xv, mh[j], ml[j]);
+      const VF g = W ? mul(dyv, wv) : dyv;
+      VF gc = g;
+      if constexpr (Center) gc = sub(gc, c0[j]);
+      const VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
+      if (tail)
+        store_n(dxs[j] + i, dx, k);
+      else if (st_ok[j])
+        stream(dxs[j] + i, dx);
+      else
+        store(dxs[j] + i, dx);
+      if (dwp) {
+        const VF p = mul(dyv, mul(d, r[j]));
+        pw0 = j == 0 ? cvt_lo(p) : add(pw0, cvt_lo(p));
+        pw1 = j == 0 ? cvt_hi(p) : add(pw1, cvt_hi(p));
+      }
+      if (dbp) {
+        pb0 = j == 0 ? cvt_lo(dyv) : add(pb0, cvt_lo(dyv));
+        pb1 = j == 0 ? cvt_hi(dyv) : add(pb1, cvt_hi(dyv));
+      }
+    }
+    auto flush = [&](double* part, VD p0, VD p1) __attribute__((always_inline)) {
+      if (!tail) {
+        if (first) {
+          stored(part + i, p0);
+          stored(part + i + kD, p1);
+        } else {
+          stored(part + i, add(loadd(part + i), p0));
+          stored(part + i + kD, add(loadd(part + i + kD), p1));
+        }
+        return;
+      }
+      double t[kF];
+      stored(t, p0);
+      stored(t + kD, p1);
+      for (int l = 0; l < k; ++l) part[i + l] = first ? t[l] : part[i + l] + t[l];
+    };
+    if (dwp) flush(dwp, pw0, pw1);
+    if (dbp) flush(dbp, pb0, pb1);
+  };
+  Index i = 0;
+  for (; i + kF <= n; i += kF) column(i, kF, false);
+  if (i < n) column(i, static_cast<int>(n - i), true);
+}
+
+// The per-group constants of the backward from the statistics of a row (docs/numerics.md, 6-7):
+// dx = rstd·(g − mean_g − x̂·mean_gx̂) = r·((g − mean_g) − d·(rstd·mean_gx̂)), mean_g = Σg/n (Center),
+// mean_gx̂ = rstd·Σg·d/n with Σg·d = Σg·e − m_lo·Σg; c0 = float(mean_g), c2 = float(rstd·mean_gx̂).
+template <bool Center>
+inline void backward_consts(float* c0, float* c2, double sg, double sge, double rstd, float ml, double nd) {
+  const double mean_g = Center ? sg / nd : 0.0;
+  const double sgd = sge - static_cast<double>(ml) * sg;
+  const double mean_gxh = rstd * sgd / nd;
+  *c0 = static_cast<float>(mean_g);
+  *c2 = static_cast<float>(rstd * mean_gxh);
+}
+
 template <bool Center, bool W, typename T>
 void rows_backward_impl(const RowsBackwardOf<T>& a) {
   const Index n = a.n;
@@ -410,109 +761,136 @@ void rows_backward_impl(const RowsBackwardOf<T>& a) {
     const int nr = static_cast<int>(std::min<Index>(R, a.rows - r0));
     const T* xs[R];
     const T* dys[R];
-    T* dxs[R];
-    bool st_ok[R];
-    VF mh[R], ml[R], r[R], c0[R], c2[R];
     RowStats st[R];
+    float mh[R], ml[R], r[R], c0[R], c2[R];
     for (int j = 0; j < nr; ++j) {
       xs[j] = a.x + (r0 + j) * a.ldx;
       dys[j] = a.dy + (r0 + j) * a.lddy;
-      dxs[j] = a.dx + (r0 + j) * a.lddx;
-      st_ok[j] = a.stream && stream_ok(dxs[j]);
-    }
-    for (int j = 0; j < nr; ++j) {
       row_mean<Center>(xs[j], n, st[j]);
-      mh[j] = bcast(st[j].mh);
-      ml[j] = bcast(st[j].ml);
     }
     SecondPass sp[R];
-    for (int j = 0; j < nr; ++j) sp[j] = row_second_pass<Center, true, W>(xs[j], dys[j], a.w, n, mh[j]);
+    for (int j = 0; j < nr; ++j)
+      sp[j] = row_second_pass<Center, true, W>(xs[j], dys[j], a.w, n, bcast(st[j].mh));
     for (int j = 0; j < nr; ++j) {
       finish_rstd(st[j], sp[j].sq, n, a.eps);
-      // dx = rstd·(g − mean_g − x̂·mean_gx̂) = r·((g − mean_g) − d·(rstd·mean_gx̂)),
-      // mean_gx̂ = rstd·Σg·d / n with Σg·d = Σg·e − m_lo·Σg.
-      const double mean_g = Center ? sp[j].sg / nd : 0.0;
-      const double sgd = sp[j].sge - static_cast<double>(st[j].ml) * sp[j].sg;
-      const double mean_gxh = st[j].rstd * sgd / nd;
-      r[j] = bcast(st[j].r);
-      c0[j] = bcast(static_cast<float>(mean_g));
-      c2[j] = bcast(static_cast<float>(st[j].rstd * mean_gxh));
+      backward_consts<Center>(&c0[j], &c2[j], sp[j].sg, sp[j].sge, st[j].rstd, st[j].ml, nd);
+      mh[j] = st[j].mh;
+      ml[j] = st[j].ml;
+      r[j] = st[j].r;
     }
-    const bool first = a.init && r0 == 0;
-    const VF z = zerof();
-    // Scalar math (per column i, rows j of the group in order):
-    //   d = (x[j][i] − mh) − ml; g = dy[j][i]·w[i]; dx[j][i] = r·((g − c0) − d·c2), c0 = float(mean_g),
-    //   c2 = float(rstd·mean_gx̂);
-    //   pw += double(dy[j][i]·(d·r)); pb += double(dy[j][i])   (double, from 0)
-    //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
-    auto column = [&](Index i, int k, bool tail) {
-      const VF wv = W ? (tail ? load_n(a.w + i, k) : load(a.w + i)) : z;
-      VD pw0 = zerod(), pw1 = zerod(), pb0 = zerod(), pb1 = zerod();
-      for (int j = 0; j < nr; ++j) {
-        const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
-        const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
-        const VF d = dev<Center>(xv, mh[j], ml[j]);
-        const VF g = W ? mul(dyv, wv) : dyv;
-        VF gc = g;
-        if constexpr (Center) gc = sub(gc, c0[j]);
-        const VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
-        if (tail)
-          store_n(dxs[j] + i, dx, k);
-        else if (st_ok[j])
-          stream(dxs[j] + i, dx);
-        else
-          store(dxs[j] + i, dx);
-        if (a.dw) {
-          const VF p = mul(dyv, mul(d, r[j]));
-          pw0 = add(pw0, cvt_lo(p));
-          pw1 = add(pw1, cvt_hi(p));
-        }
-        if (a.db) {
-          pb0 = add(pb0, cvt_lo(dyv));
-          pb1 = add(pb1, cvt_hi(dyv));
-        }
-      }
-      auto flush = [&](double* part, VD p0, VD p1) {
-        if (!tail) {
-          if (first) {
-            stored(part + i, p0);
-            stored(part + i + kD, p1);
-          } else {
-            stored(part + i, add(loadd(part + i), p0));
-            stored(part + i + kD, add(loadd(part + i + kD), p1));
-          }
-          return;
-        }
-        double t[kF];
-        stored(t, p0);
-        stored(t + kD, p1);
-        for (int l = 0; l < k; ++l) part[i + l] = first ? t[l] : part[i + l] + t[l];
-      };
-      if (a.dw) flush(a.dw, pw0, pw1);
-      if (a.db) flush(a.db, pb0, pb1);
-    };
-    Index i = 0;
-    for (; i + kF <= n; i += kF) column(i, kF, false);
-    if (i < n) column(i, static_cast<int>(n - i), true);
+    if (nr == R)
+      backward_columns<Center, W, R>(a, r0, nr, mh, ml, r, c0, c2);
+    else
+      backward_columns<Center, W, 0>(a, r0, nr, mh, ml, r, c0, c2);
   }
   if (a.stream) stream_fence();
+}
+
+// The backward for short rows (n ≤ kBatchMaxN) in blocks of eight rows (two groups of the dγ/dβ
+// order), software-pipelined like rows_forward_batched: step s runs the column passes of block s − 2,
+// the second passes of block s − 1 with their rstd and constants together, and Σx of block s with the
+// means together. Same arithmetic and bits as rows_backward_impl. dx may equal dy or x: a row's dx is
+// written by the column pass after both statistics passes have read the row.
+template <bool Center, bool W, int NC, typename T>
+void rows_backward_batched(const RowsBackwardOf<T>& a) {
+  const Index n = NC > 0 ? NC : a.n;
+  const double nd = static_cast<double>(n);
+  const Index blocks = (a.rows + 7) / 8;
+  struct Block {
+    Stats8 st;
+    alignas(32) float c0[8];
+    alignas(32) float c2[8];
+  };
+  Block bl[3];  // by block index mod 3
+  for (Index s = 0; s < blocks + 2; ++s) {
+    VD acc[8];
+    double t[8];
+    if (s >= 2) {  // the column passes of block s − 2, in groups of kParamGradRowGroup rows
+      const Index blk = s - 2;
+      const Block& c = bl[blk % 3];
+      const Index r0 = blk * 8;
+      const int nr = static_cast<int>(std::min<Index>(8, a.rows - r0));
+      for (int j = 0; j < nr; j += kParamGradRowGroup) {
+        const int g = std::min(kParamGradRowGroup, nr - j);
+        if (g == kParamGradRowGroup)
+          backward_columns<Center, W, kParamGradRowGroup>(a, r0 + j, g, c.st.mh + j, c.st.ml + j, c.st.r + j,
+                                                          c.c0 + j, c.c2 + j);
+        else
+          backward_columns<Center, W, 0>(a, r0 + j, g, c.st.mh + j, c.st.ml + j, c.st.r + j, c.c0 + j,
+                                         c.c2 + j);
+      }
+    }
+    if (s >= 1 && s - 1 < blocks) {  // the second passes, rstd and constants of block s − 1
+      const Index blk = s - 1;
+      Block& b = bl[blk % 3];
+      const Index r0 = blk * 8, last = a.rows - 1;
+      VD vg[8], vge[8];
+      for (int j = 0; j < 8; ++j) {
+        const Index row = std::min(r0 + j, last);
+        const SecondPassVec v = row_second_pass_vec<Center, true, W>(a.x + row * a.ldx, a.dy + row * a.lddy,
+                                                                     a.w, n, bcast(b.st.mh[j]));
+        acc[j] = v.sq;
+        vg[j] = v.sg;
+        vge[j] = v.sge;
+      }
+      hsum8(t, acc);
+      rstd8(b.st, t, nd, a.eps);
+      double sg[8], sge[8];
+      hsum8(sg, vg);
+      hsum8(sge, vge);
+      for (int j = 0; j < 8; ++j)
+        backward_consts<Center>(&b.c0[j], &b.c2[j], sg[j] + 0.0, sge[j] + 0.0, b.st.rstd[j], b.st.ml[j], nd);
+    }
+    if (s < blocks) {  // Σx and the means of block s
+      Stats8& st = bl[s % 3].st;
+      if constexpr (Center) {
+        const Index r0 = s * 8, last = a.rows - 1;
+        for (int j = 0; j < 8; ++j) acc[j] = row_sum_vec(a.x + std::min(r0 + j, last) * a.ldx, n);
+        hsum8(t, acc);
+        mean8(st, t, nd);
+      } else {
+        for (int j = 0; j < 8; ++j) st.mh[j] = st.ml[j] = 0.0f;
+      }
+    }
+  }
+  if (a.stream) stream_fence();
+}
+
+template <bool Center, bool W, typename T>
+void rows_backward_batched_n(const RowsBackwardOf<T>& a) {
+  switch (a.n) {
+    case 64:
+      return rows_backward_batched<Center, W, 64>(a);
+    case 80:
+      return rows_backward_batched<Center, W, 80>(a);
+    default:
+      return rows_backward_batched<Center, W, 0>(a);
+  }
 }
 
 template <typename T>
 void rows_backward_of(const RowsBackwardOf<T>& a) {
   const bool w = a.w != nullptr;
+  if (a.n <= kBatchMaxN && a.rows > 1) {
+    if (a.center) return w ? rows_backward_batched_n<true, true>(a) : rows_backward_batched_n<true, false>(a);
+    return w ? rows_backward_batched_n<false, true>(a) : rows_backward_batched_n<false, false>(a);
+  }
   if (a.center) return w ? rows_backward_impl<true, true>(a) : rows_backward_impl<true, false>(a);
   return w ? rows_backward_impl<false, true>(a) : rows_backward_impl<false, false>(a);
 }
 
-void rows_forward(const RowsForward& a) { rows_forward_of(a); }
-void rows_backward(const RowsBackward& a) { rows_backward_of(a); }
+void rows_forward(const RowsForward& a) {
+  rows_forward_of(a);
+}
+void rows_backward(const RowsBackward& a) {
+  rows_backward_of(a);
+}
 
 }  // namespace
 
 extern const RowKernels kTable;
-const RowKernels kTable = {sum,         sum_sq_dev,     forward,           backward_sums,
-                           backward_dx, forward_scalar, backward_dx_scalar, rows_forward,
-                           rows_backward};
+const RowKernels kTable = {
+    sum,          sum_sq_dev,   forward, backward_sums, backward_dx, forward_scalar, backward_dx_scalar,
+    rows_forward, rows_backward};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -16,6 +16,7 @@
 // partials are then summed in chunk order, in parallel over columns.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "norm/row_norm.h"
@@ -83,6 +84,51 @@ plan::Chunks row_chunks(Index groups, Index n) {
   return c;
 }
 
+// Whether a γ/β-shaped operand is n consecutive floats in row-major order (size-1 axes ignored).
+bool part_contiguous(const plan::PartOperand& p, const Dims& shape) {
+  Index expect = 1;
+  for (int d = shape.size() - 1; d >= 0; --d) {
+    if (shape[d] != 1 && p.strides[d] != expect) return false;
+    expect *= shape[d];
+  }
+  return true;
+}
+
+// The bytes [lo, hi) a view can touch.
+struct ByteSpan {
+  const char* lo;
+  const char* hi;
+};
+ByteSpan byte_span(const View& v) {
+  const char* base = reinterpret_cast<const char*>(v.data());
+  Index lo = 0, hi = 0;
+  for (int d = 0; d < v.rank(); ++d) {
+    const Index reach = (v.size(d) - 1) * v.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  return {base + lo * Index{sizeof(float)}, base + (hi + 1) * Index{sizeof(float)}};
+}
+
+// γ or β as n consecutive floats (row-major over the normalized axes): the operand itself when its
+// layout already is that and no output of the call overlaps it (the common case; no copy per call),
+// else a gathered copy in `scratch`.
+const float* part_floats(const plan::PartOperand& p, const Dims& shape, std::initializer_list<View> outs,
+                         std::vector<float>& scratch) {
+  if (!p.defined) return nullptr;
+  const bool contiguous = part_contiguous(p, shape);
+  const char* lo = p.base;
+  const char* hi = p.base + shape.product() * Index{sizeof(float)};
+  bool apart = true;
+  for (const View& out : outs) {
+    if (!out.defined() || out.empty()) continue;
+    const ByteSpan o = byte_span(out);
+    if (!(o.hi <= lo || hi <= o.lo)) apart = false;
+  }
+  if (contiguous && apart) return reinterpret_cast<const float*>(p.base);
+  scratch = plan::gather_part(p, shape);
+  return scratch.data();
+}
+
 void check_eps(double eps, const char* op) {
   NL_CHECK(std::isfinite(eps) && eps >= 0, "{}: eps must be finite and ≥ 0, got {}", op, eps);
 }
@@ -117,10 +163,9 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
 
   const plan::FullOperand xo = plan::full_operand(x, s, "x");
   const plan::FullOperand yo = plan::full_operand(y, s, "y");
-  const std::vector<float> wv = w.defined ? plan::gather_part(w, s.n_shape) : std::vector<float>{};
-  const std::vector<float> bv = b.defined ? plan::gather_part(b, s.n_shape) : std::vector<float>{};
-  const float* wp = w.defined ? wv.data() : nullptr;
-  const float* bp = b.defined ? bv.data() : nullptr;
+  std::vector<float> wv, bv;
+  const float* wp = part_floats(w, s.n_shape, {y, mean, rstd}, wv);
+  const float* bp = part_floats(b, s.n_shape, {y, mean, rstd}, bv);
   // Strided normalized axes next to a contiguous kept axis ([B,F,T] over F): the column path.
   if (column::applies(s, {&xo, &yo})) return column::forward(kind, s, yo, xo, wp, bp, pm, pr, eps);
   const kernels::RowKernels& k = kernels::row_kernels();
@@ -214,8 +259,8 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   const plan::FullOperand xo = plan::full_operand(x, s, "x");
   const plan::FullOperand dyo = plan::full_operand(dy, s, "dy");
   const plan::FullOperand dxo = plan::full_operand(dx, s, "dx");
-  const std::vector<float> wv = w.defined ? plan::gather_part(w, s.n_shape) : std::vector<float>{};
-  const float* wp = w.defined ? wv.data() : nullptr;
+  std::vector<float> wv;
+  const float* wp = part_floats(w, s.n_shape, {dx}, wv);
   if (column::applies(s, {&xo, &dyo, &dxo}))  // see row_norm_forward
     return column::backward(kind, s, dxo, dw, db, dyo, xo, wp, eps, mode);
   const kernels::RowKernels& k = kernels::row_kernels();
@@ -316,6 +361,14 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   auto write = [&](const plan::PartOperand& p, const std::vector<float>& row) {
     float* base = reinterpret_cast<float*>(p.base);
     const float* src = row.data();
+    if (part_contiguous(p, s.n_shape)) {
+      // Scalar math: out[j] = acc ? out[j] + row[j] : row[j]
+      if (acc)
+        for (Index j = 0; j < s.n; ++j) base[j] += src[j];
+      else
+        std::copy(src, src + s.n, base);
+      return;
+    }
     for_each_offset(s.n_shape, p.strides, [&](Index off) {
       base[off] = acc ? base[off] + *src : *src;
       ++src;

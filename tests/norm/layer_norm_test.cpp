@@ -402,6 +402,62 @@ TEST(LayerNormDeterminism, SameBitsOnEverySimdTarget) {
                         Tol{4, 1}));
 }
 
+// The fused kernels take short rows in blocks (eight at a time, statistics of a block computed
+// together, a short last block padded) and long rows one by one; a one-row call takes the per-row code.
+// Every row of a block must come out with the bits of the same row computed alone, on every target,
+// for LayerNorm and RMSNorm, forward (y, mean, rstd) and backward (dx) — including rows of zeros of
+// either sign (the sums skip additions of zeros), constant rows and rows far from 0.
+TEST(LayerNormDeterminism, RowBlocksGiveTheBitsOfSingleRows) {
+  std::mt19937_64 rng(17);
+  const Isa saved = active_isa();
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (Index d : {1, 7, 33, 64, 80, 100, 128, 300}) {
+      for (Index rows : {2, 7, 8, 9, 19}) {
+        Tensor x = testing::random_tensor({rows, d}, rng, 2.0, 0.5);
+        Tensor dy = testing::random_tensor({rows, d}, rng, 1.0, 0.0);
+        Tensor w = testing::random_tensor({d}, rng, 1.0, 1.0), b = testing::random_tensor({d}, rng, 0.5, 0.0);
+        for (Index j = 0; j < d; ++j) {
+          x[j] = -0.0f;                                      // row 0: all −0
+          x[d + j] = j % 2 ? -0.0f : 0.0f;                   // row 1: zeros of both signs
+          if (rows > 2) x[2 * d + j] = 3.0f;                 // row 2: constant
+          if (rows > 3) x[3 * d + j] = 1e4f + x[3 * d + j];  // row 3: far from 0
+        }
+        const std::string what = fmt::format("{} D={} rows={}", isa_name(isa), d, rows);
+        for (bool affine : {false, true}) {
+          const ConstView wv = affine ? w.cview() : ConstView{}, bv = affine ? b.cview() : ConstView{};
+          Fwd all = run_forward(x.cview(), wv, bv, {1}, 1e-5);
+          Bwd all_b = run_backward(dy.cview(), x.cview(), wv, {1}, 1e-5);
+          Tensor rms_y({rows, d}), rms_r({rows}), rms_dx({rows, d});
+          rms_norm_forward(rms_y.view(), rms_r.view(), x.cview(), wv, {1}, 1e-5);
+          rms_norm_backward(rms_dx.view(), {}, dy.cview(), x.cview(), wv, {1}, 1e-5);
+          for (Index r = 0; r < rows; ++r) {
+            Tensor xr({1, d}), dyr({1, d});
+            for (Index j = 0; j < d; ++j) {
+              xr[j] = x[r * d + j];
+              dyr[j] = dy[r * d + j];
+            }
+            Fwd one = run_forward(xr.cview(), wv, bv, {1}, 1e-5);
+            Bwd one_b = run_backward(dyr.cview(), xr.cview(), wv, {1}, 1e-5);
+            const std::string wr = fmt::format("{} row {} affine {}", what, r, affine);
+            ASSERT_TRUE(bitwise_equal(all.y.cview().select(0, r), one.y.cview().select(0, 0), wr + " y"));
+            ASSERT_TRUE(bitwise_equal(all.mean.cview().select(0, r), one.mean.cview().select(0, 0), wr + " mean"));
+            ASSERT_TRUE(bitwise_equal(all.rstd.cview().select(0, r), one.rstd.cview().select(0, 0), wr + " rstd"));
+            ASSERT_TRUE(bitwise_equal(all_b.dx.cview().select(0, r), one_b.dx.cview().select(0, 0), wr + " dx"));
+            Tensor y1({1, d}), r1({1}), dx1({1, d});
+            rms_norm_forward(y1.view(), r1.view(), xr.cview(), wv, {1}, 1e-5);
+            rms_norm_backward(dx1.view(), {}, dyr.cview(), xr.cview(), wv, {1}, 1e-5);
+            ASSERT_TRUE(bitwise_equal(rms_y.cview().select(0, r), y1.cview().select(0, 0), wr + " RMS y"));
+            ASSERT_TRUE(bitwise_equal(rms_r.cview().select(0, r), r1.cview().select(0, 0), wr + " RMS rstd"));
+            ASSERT_TRUE(bitwise_equal(rms_dx.cview().select(0, r), dx1.cview().select(0, 0), wr + " RMS dx"));
+          }
+        }
+      }
+    }
+  }
+  set_isa(saved);
+}
+
 // ---- aliasing, NaN policy -----------------------------------------------------------------------
 
 TEST(LayerNormAliasing, InPlaceEqualsOutOfPlace) {
@@ -412,6 +468,27 @@ TEST(LayerNormAliasing, InPlaceEqualsOutOfPlace) {
     Tensor inplace = x.clone();
     layer_norm_forward(inplace.view(), {}, {}, inplace.cview(), {}, {}, axes, 1e-5);
     EXPECT_TRUE(bitwise_equal(inplace.cview(), f.y.cview(), "in place"));
+  }
+}
+
+// γ and β are read in place when contiguous; an output that overlaps them (y written over the buffer
+// that holds γ) must still see the γ of the call, as with a copy.
+TEST(LayerNormAliasing, OutputOverWeightSeesTheWeightOfTheCall) {
+  std::mt19937_64 rng(14);
+  for (Index d : {5, 64, 80}) {
+    Tensor x = testing::random_tensor({3, d}, rng, 1.0, 0.0);
+    Tensor buf = testing::random_tensor({3, d}, rng, 1.0, 1.0);  // row 1 holds γ
+    const Tensor w = Tensor::copy_of(buf.cview().select(0, 1));
+    Fwd expect = run_forward(x.cview(), w.cview(), w.cview(), {1}, 1e-5);
+    Tensor mean({3}), rstd({3});
+    layer_norm_forward(buf.view(), mean.view(), rstd.view(), x.cview(), buf.cview().select(0, 1),
+                       buf.cview().select(0, 1), {1}, 1e-5);
+    EXPECT_TRUE(bitwise_equal(buf.cview(), expect.y.cview(), fmt::format("D={} y over γ", d)));
+    Tensor dy = testing::random_tensor({3, d}, rng, 1.0, 0.0), dbuf = testing::random_tensor({3, d}, rng, 1.0, 1.0);
+    const Tensor w2 = Tensor::copy_of(dbuf.cview().select(0, 2));
+    Bwd expect_b = run_backward(dy.cview(), x.cview(), w2.cview(), {1}, 1e-5);
+    layer_norm_backward(dbuf.view(), {}, {}, dy.cview(), x.cview(), dbuf.cview().select(0, 2), {1}, 1e-5);
+    EXPECT_TRUE(bitwise_equal(dbuf.cview(), expect_b.dx.cview(), fmt::format("D={} dx over γ", d)));
   }
 }
 

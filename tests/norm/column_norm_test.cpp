@@ -145,6 +145,47 @@ TEST(ColumnNorm, OffsetTenThousandWithinOneMicro) {
   EXPECT_LE(worst, 1e-6) << "max abs error at offset 1e4 over F";
 }
 
+// The column kernels form every per-column quantity with the row kernels' operations in their order
+// (column_kernels.h), so y, mean, rstd and dx are bitwise those of the row path on the transposed
+// contiguous copy; dγ and dβ sum over the groups in another order and agree within their budget.
+TEST(ColumnNorm, SameBitsAsTheTransposedRowPath) {
+  std::mt19937_64 rng(69);
+  // F: one row, below and above one block of 32/64 rows, the row path's pipelined kernel (256);
+  // T: one block of 16 columns, a partial block, several tiles and a tail.
+  for (const bool rms : {false, true})
+    for (const Index F : {1, 2, 7, 31, 33, 64, 65, 80, 130, 256})
+      for (const Index T : {8, 16, 23, 64, 203}) {
+        const Index B = 2;
+        const std::string what = fmt::format("{} [{},{},{}]", rms ? "RMSNorm" : "LayerNorm", B, F, T);
+        Tensor x = testing::random_tensor({B, F, T}, rng, 2.0, 3.0),
+               dy = testing::random_tensor({B, F, T}, rng, 1.0, 0.0);
+        Tensor w = testing::random_tensor({F}, rng, 0.5, 1.0), b = testing::random_tensor({F}, rng, 0.5, 0.0);
+        const ConstView bias = rms ? ConstView{} : b.cview();
+        for (const bool affine : {false, true}) {
+          const ConstView wv = affine ? w.cview() : ConstView{}, bv = affine ? bias : ConstView{};
+          const Out col = run(rms, x.cview(), wv, bv, dy.cview(), {1}, 1e-5);
+          const Tensor xt = Tensor::copy_of(x.cview().permute({0, 2, 1})),
+                       dyt = Tensor::copy_of(dy.cview().permute({0, 2, 1}));
+          const Out row = run(rms, xt.cview(), wv, bv, dyt.cview(), {2}, 1e-5);
+          const std::string tag = what + (affine ? " affine" : "");
+          EXPECT_TRUE(bitwise_equal(col.y.cview(), row.y.cview().permute({0, 2, 1}), tag + " y"));
+          if (!rms) {
+            EXPECT_TRUE(bitwise_equal(col.mean.cview(), row.mean.cview(), tag + " mean"));
+          }
+          EXPECT_TRUE(bitwise_equal(col.rstd.cview(), row.rstd.cview(), tag + " rstd"));
+          EXPECT_TRUE(bitwise_equal(col.dx.cview(), row.dx.cview().permute({0, 2, 1}), tag + " dx"));
+          if (affine) {
+            EXPECT_TRUE(all_close(col.dw.cview(), ref::to_double(row.dw.cview()), Tol{8, max_abs(row.dw)},
+                                  tag + " dweight"));
+          }
+          if (!rms) {
+            EXPECT_TRUE(all_close(col.db.cview(), ref::to_double(row.db.cview()), Tol{8, max_abs(row.db)},
+                                  tag + " dbias"));
+          }
+        }
+      }
+}
+
 // Float64 central differences of the float64 forward, against the fp32 kernel's backward.
 TEST(ColumnNorm, BackwardMatchesFiniteDifferences) {
   std::mt19937_64 rng(65);

@@ -1,14 +1,16 @@
 // The column path of LayerNorm and RMSNorm (see column_norm.h and column_kernels.h).
 //
 // Work units: x's groups are (outer kept index o, column t of the innermost kept axis K). A unit is o
-// and a tile of up to kColumnTile neighbouring columns. Per unit, in double, one accumulator per
-// column, rows r (the normalized elements, row-major) in increasing order:
-//   forward:  mean = Σx/n; var = Σ(x − mean)²/n (second pass over the tile, still in cache);
-//             rstd = 1/√(var + eps); y = (x − mean)·rstd·γ_r + β_r.   (RMSNorm: mean ≡ 0, no β.)
-//   backward: mean, rstd as above; Σg, Σg·x̂ with g = dy·γ_r; dx = rstd·(g − Σg/n − x̂·Σg·x̂/n)
-//             (RMSNorm: without the Σg term); dγ_r += Σ_columns dy·x̂, dβ_r += Σ_columns dy.
-// Units are independent, so the forward's bits do not depend on the schedule. dγ/dβ: units are cut
-// into chunks by plan::param_grad_chunks (shape only); each chunk adds its units' tile sums into its
+// and a tile of up to kColumnTile neighbouring columns, handed to one kernel call. Per column, the
+// kernels form exactly the row kernels' quantities in their order (docs/numerics.md "Precision"):
+//   forward:  mean = Σx/n in double; m_hi, m_lo; e = x − m_hi in fp32, var = Σe²/n − m_lo² (fp32 squares,
+//             double accumulation); rstd = 1/√(var + eps); y = ((x − m_hi) − m_lo)·r·γ_r + β_r in fp32.
+//             (RMSNorm: mean ≡ 0, no β.)
+//   backward: mean, rstd as above; Σg, Σg·e with g = dy·γ_r; dx = r·((g − mean_g) − d·rstd·mean_gx̂) in
+//             fp32 (RMSNorm: without mean_g); dγ_r += Σ_columns dy·x̂, dβ_r += Σ_columns dy.
+// so y, mean, rstd and dx are bitwise those of the row path on the transposed copy. Units are
+// independent, so the forward's bits do not depend on the schedule. dγ/dβ: units are cut into chunks by
+// plan::param_grad_chunks (shape only); each chunk adds its units' tile sums (column_kernels.h) into its
 // own double row in unit order; the rows are summed in chunk order and rounded once.
 #include "norm/column_norm.h"
 
@@ -99,9 +101,11 @@ struct Operand {
   }
 };
 
-// Outputs of at least this many bytes are written with non-temporal stores where a row of a block is
-// 64-byte aligned, as on the row path (same values).
-constexpr Index kStreamMinBytes = Index{16} << 20;
+// Outputs of at least this many bytes (beyond the L2 caches) are written with non-temporal stores
+// where a row of a block is 64-byte aligned (same values). Lower than the row path's 16 MiB: a tile
+// writes n short runs far apart, whose reads for ownership cost more than a contiguous row's (forward
+// of 32x80x1000 over F, 10 MB of y: about 8% faster at one thread).
+constexpr Index kStreamMinBytes = Index{8} << 20;
 
 Index tile_width(const Units& un, Index u) {
   return std::min(kColumnTile, un.K - (u % un.tiles) * kColumnTile);

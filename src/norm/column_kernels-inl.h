@@ -223,8 +223,10 @@ inline void block_rstd(Block& bk, Index n, double eps) {
   }
 }
 
-// Prefetches the (up to two) cache lines of 16 floats at p into the L2 cache (locality hint 1: the
-// data is used once more per pass of its block, from L1 after the first pass).
+// Prefetches the (up to two) cache lines of 16 floats at p into the L2 cache (locality hint 1). Used
+// kColumnPrefetch blocks ahead for the inputs and for the output too: a read prefetch brings an output
+// line close before the store needs it for ownership (the row path's contiguous stores get that from
+// the hardware prefetcher; a tile's n short runs far apart do not).
 inline void prefetch16(const float* p) {
   __builtin_prefetch(p, 0, 1);
   __builtin_prefetch(reinterpret_cast<const char*>(p) + 63, 0, 1);
@@ -259,9 +261,11 @@ void forward_block(const ColumnForward& a, Index c0, int k) {
     for (int j = 0; j < k; ++j) a.rstd[c0 + j] = bk.r[j];
   const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r);
   const float* pf = ahead(a.x, a.next_x, c0, a.w);
+  const float* pfy = ahead(a.y, a.next_y, c0, a.w);
   // Scalar math: y = ((x − m_hi) − m_lo)·r·γ_i + β_i in float, left to right (RMSNorm: x·r·γ_i)
   for (Index i = 0; i < n; ++i) {
     if (pf) prefetch16(pf + a.xoff[i]);
+    if (pfy) prefetch16(pfy + a.yoff[i]);
     VF v = mul(dev<Center>(ld<Full>(x + a.xoff[i], k), mh, ml), r);
     if constexpr (W) v = mul(v, bcast(a.wt[i]));
     if constexpr (B) v = add(v, bcast(a.b[i]));
@@ -312,6 +316,7 @@ void backward_block(const ColumnBackward& a, Index c0, int k, bool first) {
   const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r), c0v = load(bk.c0), c2v = load(bk.c2);
   const float* pfx = ahead(a.x, a.next_x, c0, a.w);
   const float* pfd = ahead(a.dy, a.next_dy, c0, a.w);
+  const float* pfo = ahead(a.dx, a.next_dx, c0, a.w);
   double* lw = a.lanes;
   double* lb = a.lanes + 8 * n;
   // Scalar math: d = (x − m_hi) − m_lo; g = dy·γ_i; dx = r·((g − c0) − d·c2) in float (RMSNorm: r·(g − d·c2));
@@ -321,6 +326,7 @@ void backward_block(const ColumnBackward& a, Index c0, int k, bool first) {
       prefetch16(pfx + a.xoff[i]);
       prefetch16(pfd + a.dyoff[i]);
     }
+    if (pfo) prefetch16(pfo + a.dxoff[i]);
     const VF xv = ld<Full>(x + a.xoff[i], k), dyv = ld<Full>(dy + a.dyoff[i], k);
     const VF d = dev<Center>(xv, mh, ml);
     const VF g = W ? mul(dyv, bcast(a.wt[i])) : dyv;

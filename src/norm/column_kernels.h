@@ -45,9 +45,11 @@ struct ColumnForward {
   float* mean = nullptr;
   float* rstd = nullptr;
   // The next tile the caller will hand over (same row offsets; null: none). While the output pass of
-  // block v runs, the input rows of the block kColumnPrefetch blocks ahead are prefetched, from this
-  // tile or from next_x (the tile's strided rows are too many streams for the hardware prefetchers).
+  // block v runs, the rows of x and y of the block kColumnPrefetch blocks ahead are prefetched, from
+  // this tile or from the next (the tile's strided rows are too many streams for the hardware
+  // prefetchers).
   const float* next_x = nullptr;
+  const float* next_y = nullptr;
 };
 
 // Backward of one tile: dx (may equal dy or x) from dy, x, wt (may be null), with mean and rstd
@@ -71,8 +73,9 @@ struct ColumnBackward {
   double* dw = nullptr;
   double* db = nullptr;
   double* lanes = nullptr;
-  const float* next_x = nullptr;  // as in ColumnForward (x and dy are prefetched)
+  const float* next_x = nullptr;  // as in ColumnForward (x, dy and dx are prefetched)
   const float* next_dy = nullptr;
+  const float* next_dx = nullptr;
 };
 
 struct ColumnKernels {

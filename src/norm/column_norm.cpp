@@ -101,11 +101,10 @@ struct Operand {
   }
 };
 
-// Outputs of at least this many bytes (beyond the L2 caches) are written with non-temporal stores
-// where a row of a block is 64-byte aligned (same values). Lower than the row path's 16 MiB: a tile
-// writes n short runs far apart, whose reads for ownership cost more than a contiguous row's (forward
-// of 32x80x1000 over F, 10 MB of y: about 8% faster at one thread).
-constexpr Index kStreamMinBytes = Index{8} << 20;
+// Outputs of at least this many bytes are written with non-temporal stores where a row of a block is
+// 64-byte aligned, as on the row path (same values). (With the output prefetched ahead, streaming a
+// 10 MB output measured slower, not faster.)
+constexpr Index kStreamMinBytes = Index{16} << 20;
 
 Index tile_width(const Units& un, Index u) {
   return std::min(kColumnTile, un.K - (u % un.tiles) * kColumnTile);
@@ -146,7 +145,10 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
     a.stream = stream;
     a.mean = mean.defined ? mu : nullptr;
     a.rstd = rstd.defined ? rs : nullptr;
-    if (u + 1 < un.count) a.next_x = xo.at<const float>(un, u + 1);
+    if (u + 1 < un.count) {
+      a.next_x = xo.at<const float>(un, u + 1);
+      a.next_y = yo.at<float>(un, u + 1);
+    }
     k.forward(a);
     // The tile's groups are consecutive along the innermost kept axis.
     const Index g0 = u / un.tiles * un.K + (u % un.tiles) * kColumnTile;
@@ -195,6 +197,7 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
       a.dx = dxo.at<float>(un, u);
       a.next_x = u + 1 < un.count ? xo.at<const float>(un, u + 1) : nullptr;
       a.next_dy = u + 1 < un.count ? dyo.at<const float>(un, u + 1) : nullptr;
+      a.next_dx = u + 1 < un.count ? dxo.at<float>(un, u + 1) : nullptr;
       k.backward(a);
     }
   });

@@ -214,11 +214,11 @@ TEST(ColumnNorm, DeviationsBeyondFloatSquareRangeGiveBeta) {
     EXPECT_NEAR(o.y[j], r.y[j], 4.5 * FLT_EPSILON * 4) << "column " << j;
 }
 
-// Outputs of 8 MiB or more are written with non-temporal stores where a row is aligned (column_norm.cpp):
-// the same bits as the transposed copy on the row path (which does not stream at this size).
+// Outputs of 16 MiB or more are written with non-temporal stores where a row is aligned
+// (column_norm.cpp): the same bits as the row path on the transposed copy.
 TEST(ColumnNorm, StreamingStoresGiveTheSameBits) {
   std::mt19937_64 rng(70);
-  const Dims shape{4, 80, 8000};  // 10.24 MB per tensor; rows of 32000 bytes, every block row aligned
+  const Dims shape{4, 80, 13200};  // 16.9 MB per tensor; rows of 52800 bytes, every block row aligned
   Tensor x = testing::random_tensor(shape, rng, 1.0, 2.0), dy = testing::random_tensor(shape, rng, 1.0, 0.0);
   Tensor w = testing::random_tensor({80}, rng, 0.5, 1.0), b = testing::random_tensor({80}, rng, 0.5, 0.0);
   const Out col = run(false, x.cview(), w.cview(), b.cview(), dy.cview(), {1}, 1e-5);

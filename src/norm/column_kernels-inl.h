@@ -55,7 +55,6 @@ typedef float v8f __attribute__((vector_size(32)));
   } while (0)
 #endif
 #define NL_LOAD8D(dst, p) std::memcpy(&(dst), (p), sizeof(v8d))
-#define NL_STORE8D(p, v) std::memcpy((p), &(v), sizeof(v8d))
 
 // ---- tile kernels ------------------------------------------------------------------------------------
 //
@@ -66,14 +65,14 @@ typedef float v8f __attribute__((vector_size(32)));
 
 using namespace vec;  // NOLINT: the vector layer of this target
 
-// The order of the 8 partial sums in the final tree ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 + S7)).
 struct VD2 {
   VD lo, hi;  // columns 0..7, 8..15 of a block
 };
 inline VD2 add2(VD2 a, VD2 b) { return {add(a.lo, b.lo), add(a.hi, b.hi)}; }
 inline VD2 zero2() { return {zerod(), zerod()}; }
 inline VD2 acc2(VD2 a, VF v) { return {add(a.lo, cvt_lo(v)), add(a.hi, cvt_hi(v))}; }
-// The tree of vec::hsum applied column-wise to the partials part(0..7).
+// The tree of vec::hsum applied column-wise to the partials part(0..7):
+// ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 + S7)), the partials formed in that order.
 template <typename Part>
 inline VD2 tree8(Part&& part) {
   const VD2 s0 = part(0), s4 = part(4);
@@ -96,7 +95,6 @@ inline VF ld(const float* p, int k) {
 struct Block {
   alignas(64) double sum[16], sq[16], sg[16], sge[16];
   alignas(64) float mh[16], ml[16], r[16], c0[16], c2[16];
-  alignas(64) double rstd[16];
 };
 
 // Σx per column in the order of the row kernels' row_sum (see column_kernels.h).
@@ -205,7 +203,6 @@ inline void block_rstd(Block& bk, Index n, double eps) {
     const v8d ve = var + eps;
     NL_SQRT8D(sd, ve);
     rstd = 1.0 / sd;
-    NL_STORE8D(bk.rstd + 8 * h, rstd);
     NL_STORE8F(bk.r + 8 * h, rstd);
     if constexpr (WithDy) {
       v8d sg, sge;
@@ -468,7 +465,6 @@ void store_fence() {
 #undef NL_LOAD8F
 #undef NL_LOAD8D
 #undef NL_STORE8F
-#undef NL_STORE8D
 #undef NL_SQRT8D
 
 }  // namespace

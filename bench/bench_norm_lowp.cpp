@@ -13,12 +13,14 @@
 //   BM_LayerNormFwdFP16/normlab/RxD                 the same with fp16 storage (no peer: LibTorch 1.13 has
 //                                                   no CPU fp16 layer_norm; oneDNN 2.6 has no f16 on CPU)
 //   BM_LayerNormBwdBF16/{normlab,aten,onednn}/RxD   dx (bf16), dγ, dβ (fp32; ATen bf16) from bf16 dy, x
+//   BM_RmsNormFwdBF16/normlab/RxD                   y (bf16), rstd (fp32) from bf16 x, fp32 γ (against
+//                                                   BM_RmsNormFwd/normlab: bf16 / fp32 speed, as LayerNorm)
 //   BM_AddLayerNormFwd/{normlab,aten}/RxD           fp32 s = x + residual, y = LayerNorm(s): normlab's fused
 //                                                   add_layer_norm_forward; ATen: at::add + native_layer_norm
 //   BM_AddLayerNormFwdUnfused/normlab/RxD           normlab's own add loop, then layer_norm_forward
 //   BM_LayerNormBwdFromOutput/normlab/RxD           fp32 memory-efficient backward (reads y, dy, rstd)
 // Bytes (bytes_per_second), as bench_norm.cpp: what the ideal kernel moves, in the storage type:
-//   Fwd BF16/FP16: 2·2·N; Bwd BF16: 3·2·N; AddLayerNormFwd(+Unfused): 4·4·N (read x, residual; write s, y);
+//   Fwd BF16/FP16 (LayerNorm, RmsNorm): 2·2·N; Bwd BF16: 3·2·N; AddLayerNormFwd(+Unfused): 4·4·N (read x, residual; write s, y);
 //   LayerNormBwdFromOutput: 3·4·N.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -218,6 +220,16 @@ Impl MakeFwdF16(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
   return {[=] { layer_norm_forward(y, mv, rv, x, w, b, {1}, kEps); }, [=, &p] { return Widen(p.hy.get(), n); }};
 }
 
+Impl MakeRmsFwdBf16(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
+  h->a.resize(static_cast<std::size_t>(s.rows));
+  const BF16View y(p.by.get(), Dims{s.rows, s.d});
+  const View rv(h->a.data(), Dims{s.rows});
+  const ConstBF16View x(p.bx.get(), Dims{s.rows, s.d});
+  const ConstView w(Param(0), Dims{s.d});
+  const Index n = s.numel();
+  return {[=] { rms_norm_forward(y, rv, x, w, {1}, kEps); }, [=, &p] { return Widen(p.by.get(), n); }};
+}
+
 Impl MakeBwdBf16(const std::string& impl, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
   const Index n = s.numel();
   if (impl == "normlab") {
@@ -365,6 +377,8 @@ std::vector<Op> Ops(bool onednn_bf16) {
        [](const std::string& i) -> Maker { return [i](auto& s, auto& p, auto h) { return MakeFwdBf16(i, s, p, h); }; }, 4},
       {"LayerNormFwdFP16", {"normlab"},
        [](const std::string&) -> Maker { return [](auto& s, auto& p, auto h) { return MakeFwdF16(s, p, h); }; }, 4},
+      {"RmsNormFwdBF16", {"normlab"},
+       [](const std::string&) -> Maker { return [](auto& s, auto& p, auto h) { return MakeRmsFwdBf16(s, p, h); }; }, 4},
       {"LayerNormBwdBF16", bf16_impls,
        [](const std::string& i) -> Maker { return [i](auto& s, auto& p, auto h) { return MakeBwdBf16(i, s, p, h); }; }, 6},
       {"AddLayerNormFwd", {"normlab", "aten"},

@@ -213,8 +213,9 @@ Dims group_stats_shape(const Dims& x_shape, int groups, int channel_axis = 1);  
 // double); each output element is rounded ONCE from the fp32 kernels' result to the storage type
 // (round to nearest even). So y_bf16 = round_bf16(layer_norm_forward(fp32 x widened from x_bf16)):
 // within half a storage ulp of the fp32 result, at most 1 ulp from the exact value.
-// dγ, dβ: the fp32 backward's sums over fixed units of rows (a function of the shape), each rounded once
-// to fp32, added in double: within the fp32 backward's own budget. NaN/Inf policy as above.
+// dγ, dβ: bitwise those of the fp32 backward on the widened inputs. (The fused add + norm backward with
+// bf16/fp16 storage: the fp32 backward's sums over fixed units of rows (a function of the shape), each
+// rounded once to fp32, added in double: within the fp32 backward's own budget.) NaN/Inf policy as above.
 void layer_norm_forward(BF16View y, View mean, View rstd, ConstBF16View x, ConstView weight, ConstView bias,
                         const Axes& axes, double eps = 1e-5);
 void layer_norm_forward(F16View y, View mean, View rstd, ConstF16View x, ConstView weight, ConstView bias,

@@ -1,5 +1,6 @@
 // Storage-conversion kernels, compiled once per target: include with NL_TARGET defined to the target's
-// name (src/simd/kernels_*.cpp). See convert_kernels.h for the contract. No include guard on purpose.
+// name (src/simd/kernels_*.cpp), after row_kernels-inl.h (the table takes its fused row kernels for
+// bf16/fp16). See convert_kernels.h for the contract. No include guard on purpose.
 //
 // The vector paths are chosen by the compiler flags of the including file: AVX-512 (F, BW) for the
 // avx512 target, AVX2 + F16C for the avx2 target (every CPU with AVX2 has F16C), the scalar functions of
@@ -158,7 +159,11 @@ const ConvertKernels kConvertTable = {{widen<kBf16>, widen<kF16>},
                                       {narrow<kBf16>, narrow<kF16>},
                                       {round_trip<kBf16>, round_trip<kF16>},
                                       add,
-                                      recover_centered};
+                                      recover_centered,
+                                      NL_TARGET::rows_forward_of<bfloat16>,
+                                      NL_TARGET::rows_forward_of<float16>,
+                                      NL_TARGET::rows_backward_of<bfloat16>,
+                                      NL_TARGET::rows_backward_of<float16>};
 
 }  // namespace normlab::kernels::NL_TARGET::cvt
 

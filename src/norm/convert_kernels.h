@@ -12,6 +12,9 @@
 #include <normlab/tensor.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "norm/row_kernels.h"
 
 namespace normlab::kernels {
 
@@ -31,7 +34,25 @@ struct ConvertKernels {
   // xc[i] = float((y[i] − b[i]) / (w[i]·rstd)) in double: the centred input x − mean recovered from a
   // norm's output (w, b may be null: γ = 1, β = 0). xc may equal y.
   void (*recover_centered)(float* xc, const float* y, Index n, double rstd, const float* w, const float* b);
+  // The fused LayerNorm/RMSNorm row kernels (row_kernels.h) on bf16 / fp16 rows: the same code as
+  // RowKernels::rows_forward / rows_backward, reading and writing the 16-bit type directly.
+  void (*rows_forward_bf16)(const RowsForwardOf<bfloat16>& args);
+  void (*rows_forward_f16)(const RowsForwardOf<float16>& args);
+  void (*rows_backward_bf16)(const RowsBackwardOf<bfloat16>& args);
+  void (*rows_backward_f16)(const RowsBackwardOf<float16>& args);
 };
+
+// The entries for storage type T (bfloat16 or float16).
+template <typename T>
+auto rows_forward_for(const ConvertKernels& cv) {
+  if constexpr (std::is_same_v<T, bfloat16>) return cv.rows_forward_bf16;
+  else return cv.rows_forward_f16;
+}
+template <typename T>
+auto rows_backward_for(const ConvertKernels& cv) {
+  if constexpr (std::is_same_v<T, bfloat16>) return cv.rows_backward_bf16;
+  else return cv.rows_backward_f16;
+}
 
 // The table for the active instruction set (see normlab/simd.h).
 const ConvertKernels& convert_kernels();

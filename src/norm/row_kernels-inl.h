@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "norm/row_kernels.h"
 #include "simd/vec.h"
@@ -119,6 +120,9 @@ void backward_dx_scalar(float* dx, const float* dy, const float* x, Index n, dou
 // ("Precision"): mean in double from the exactly converted floats; d = (x − m_hi) − m_lo in float with
 // m_hi = float(mean), m_lo = float(mean − m_hi); Σd² from float squares added in pairs, accumulated in
 // double; every elementwise output in float.
+// The fused kernels are templates on the storage type T of the full-shaped operands (x, y; dy, dx):
+// float, or bfloat16 / float16 through the 16-bit loads and stores of simd/vec.h (exact widening, one
+// rounding at the store), so the arithmetic is the same code for every storage type.
 
 using namespace vec;  // NOLINT: the vector layer of this target
 
@@ -135,7 +139,8 @@ inline VF dev(VF x, VF mh, VF ml) {
 
 // Σ x[i] in double. Blocks of 32: acc0 += x[i..i+8), acc1 += x[i+8..i+16), acc2, acc3 likewise; a tail
 // shorter than 32 is zero-padded; result hsum((acc0 + acc1) + (acc2 + acc3)).
-inline double row_sum(const float* x, Index n) {
+template <typename T>
+inline double row_sum(const T* x, Index n) {
   VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
   Index i = 0;
   // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i])
@@ -169,8 +174,8 @@ struct SecondPass {
   double sq = 0, sg = 0, sge = 0;
 };
 
-template <bool Center, bool WithDy, bool W>
-inline SecondPass row_second_pass(const float* x, const float* dy, const float* w, Index n, VF mh) {
+template <bool Center, bool WithDy, bool W, typename T>
+inline SecondPass row_second_pass(const T* x, std::type_identity_t<const T*> dy, const float* w, Index n, VF mh) {
   VD q0 = zerod(), q1 = zerod(), g0 = zerod(), g1 = zerod(), p0 = zerod(), p1 = zerod();
   const VF z = zerof();
   auto dev0 = [&](VF v) { return Center ? sub(v, mh) : v; };
@@ -221,8 +226,8 @@ inline SecondPass row_second_pass(const float* x, const float* dy, const float* 
   return s;
 }
 
-template <bool Center>
-inline double row_mean(const float* x, Index n, RowStats& st) {
+template <bool Center, typename T>
+inline double row_mean(const T* x, Index n, RowStats& st) {
   st.mean = Center ? row_sum(x, n) / static_cast<double>(n) : 0.0;
   st.mh = static_cast<float>(st.mean);
   st.ml = static_cast<float>(st.mean - static_cast<double>(st.mh));
@@ -243,15 +248,15 @@ inline void finish_rstd(RowStats& st, double sq, Index n, double eps) {
 inline constexpr int kMaxBlock = 8;
 inline int block_rows(Index n) { return static_cast<int>(std::clamp<Index>(4096 / n, 1, kMaxBlock)); }
 
-template <bool Center, bool W, bool B>
-void rows_forward_impl(const RowsForward& a) {
+template <bool Center, bool W, bool B, typename T>
+void rows_forward_impl(const RowsForwardOf<T>& a) {
   const Index n = a.n;
   const int block = block_rows(n);
   const VF z = zerof();
   for (Index r0 = 0; r0 < a.rows; r0 += block) {
     const int nr = static_cast<int>(std::min<Index>(block, a.rows - r0));
     RowStats st[kMaxBlock];
-    const float* xs[kMaxBlock];
+    const T* xs[kMaxBlock];
     for (int j = 0; j < nr; ++j) xs[j] = a.x + (r0 + j) * a.ldx;
     for (int j = 0; j < nr; ++j) row_mean<Center>(xs[j], n, st[j]);
     double sq[kMaxBlock];
@@ -263,8 +268,8 @@ void rows_forward_impl(const RowsForward& a) {
       if (a.rstd) a.rstd[(r0 + j) * a.ld_stats] = st[j].r;
     }
     for (int j = 0; j < nr; ++j) {
-      const float* x = xs[j];
-      float* y = a.y + (r0 + j) * a.ldy;
+      const T* x = xs[j];
+      T* y = a.y + (r0 + j) * a.ldy;
       const VF mh = bcast(st[j].mh), ml = bcast(st[j].ml), r = bcast(st[j].r);
       auto out = [&](VF xv, VF wv, VF bv) {
         VF v = mul(dev<Center>(xv, mh, ml), r);
@@ -274,7 +279,7 @@ void rows_forward_impl(const RowsForward& a) {
       };
       Index i = 0;
       // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float
-      if (a.stream && aligned64(y)) {
+      if (a.stream && stream_ok(y)) {
         for (; i + kF <= n; i += kF)
           stream(y + i, out(load(x + i), W ? load(a.w + i) : z, B ? load(a.b + i) : z));
       } else {
@@ -295,8 +300,8 @@ void rows_forward_impl(const RowsForward& a) {
 // columns. The output pass is bound by memory traffic and the two statistics passes by arithmetic;
 // interleaving them lets the two overlap. Every pass keeps its own accumulators and order, so the
 // results are those of rows_forward_impl bit for bit.
-template <bool Center>
-inline void mean_block64(VD& a0, VD& a1, VD& a2, VD& a3, const float* x) {
+template <bool Center, typename T>
+inline void mean_block64(VD& a0, VD& a1, VD& a2, VD& a3, const T* x) {
   a0 = add(a0, load_cvt(x));
   a1 = add(a1, load_cvt(x + 8));
   a2 = add(a2, load_cvt(x + 16));
@@ -307,8 +312,8 @@ inline void mean_block64(VD& a0, VD& a1, VD& a2, VD& a3, const float* x) {
   a3 = add(a3, load_cvt(x + 56));
 }
 
-template <bool Center>
-inline void second_block64(VD& q0, VD& q1, const float* x, VF mh) {
+template <bool Center, typename T>
+inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
   VF e[4];
   for (int u = 0; u < 4; ++u) e[u] = Center ? sub(load(x + u * kF), mh) : load(x + u * kF);
   const VF q = add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
@@ -316,23 +321,23 @@ inline void second_block64(VD& q0, VD& q1, const float* x, VF mh) {
   q1 = add(q1, cvt_hi(q));
 }
 
-template <bool Center, bool W, bool B>
-void rows_forward_pipelined(const RowsForward& a) {
+template <bool Center, bool W, bool B, typename T>
+void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const Index n = a.n, rows = a.rows;
   RowStats st[3];  // by row index mod 3
   for (Index s = 0; s < rows + 2; ++s) {
     const bool do_mean = Center && s < rows;
     const bool do_second = s >= 1 && s - 1 < rows;
     const bool do_out = s >= 2;
-    const float* xa = a.x + s * a.ldx;
-    const float* xb = a.x + (s - 1) * a.ldx;
-    const float* xc = a.x + (s - 2) * a.ldx;
-    float* yc = a.y + (s - 2) * a.ldy;
+    const T* xa = a.x + s * a.ldx;
+    const T* xb = a.x + (s - 1) * a.ldx;
+    const T* xc = a.x + (s - 2) * a.ldx;
+    T* yc = a.y + (s - 2) * a.ldy;
     RowStats& sb = st[(s + 2) % 3];  // row s − 1
     RowStats& sc = st[(s + 1) % 3];  // row s − 2
     const VF mhb = bcast(sb.mh);
     const VF mhc = bcast(sc.mh), mlc = bcast(sc.ml), rc = bcast(sc.r);
-    const bool st_c = do_out && a.stream && aligned64(yc);
+    const bool st_c = do_out && a.stream && stream_ok(yc);
     VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod(), q0 = zerod(), q1 = zerod();
     // Scalar math: as rows_forward_impl (Σx in blocks of 32; Σe² in blocks of 64; y per element)
     for (Index i = 0; i < n; i += 64) {
@@ -369,7 +374,8 @@ void rows_forward_pipelined(const RowsForward& a) {
   if (a.stream) stream_fence();
 }
 
-void rows_forward(const RowsForward& a) {
+template <typename T>
+void rows_forward_of(const RowsForwardOf<T>& a) {
   const bool w = a.w != nullptr, b = a.b != nullptr;
   if (a.n % 64 == 0 && a.n >= 256) {
     if (a.center) {
@@ -395,16 +401,16 @@ void rows_forward(const RowsForward& a) {
   return rows_forward_impl<false, false, false>(a);
 }
 
-template <bool Center, bool W>
-void rows_backward_impl(const RowsBackward& a) {
+template <bool Center, bool W, typename T>
+void rows_backward_impl(const RowsBackwardOf<T>& a) {
   const Index n = a.n;
   constexpr int R = kParamGradRowGroup;
   const double nd = static_cast<double>(n);
   for (Index r0 = 0; r0 < a.rows; r0 += R) {
     const int nr = static_cast<int>(std::min<Index>(R, a.rows - r0));
-    const float* xs[R];
-    const float* dys[R];
-    float* dxs[R];
+    const T* xs[R];
+    const T* dys[R];
+    T* dxs[R];
     bool st_ok[R];
     VF mh[R], ml[R], r[R], c0[R], c2[R];
     RowStats st[R];
@@ -412,7 +418,7 @@ void rows_backward_impl(const RowsBackward& a) {
       xs[j] = a.x + (r0 + j) * a.ldx;
       dys[j] = a.dy + (r0 + j) * a.lddy;
       dxs[j] = a.dx + (r0 + j) * a.lddx;
-      st_ok[j] = a.stream && aligned64(dxs[j]);
+      st_ok[j] = a.stream && stream_ok(dxs[j]);
     }
     for (int j = 0; j < nr; ++j) {
       row_mean<Center>(xs[j], n, st[j]);
@@ -492,11 +498,15 @@ void rows_backward_impl(const RowsBackward& a) {
   if (a.stream) stream_fence();
 }
 
-void rows_backward(const RowsBackward& a) {
+template <typename T>
+void rows_backward_of(const RowsBackwardOf<T>& a) {
   const bool w = a.w != nullptr;
   if (a.center) return w ? rows_backward_impl<true, true>(a) : rows_backward_impl<true, false>(a);
   return w ? rows_backward_impl<false, true>(a) : rows_backward_impl<false, false>(a);
 }
+
+void rows_forward(const RowsForward& a) { rows_forward_of(a); }
+void rows_backward(const RowsBackward& a) { rows_backward_of(a); }
 
 }  // namespace
 

@@ -19,11 +19,14 @@ inline constexpr int kLanes = 16;
 // Rows of a fused kernel: `rows` rows of n contiguous floats, row r of x at x + r·ldx (likewise y).
 // LayerNorm (center) or RMSNorm (mean ≡ 0). w, b may be null (γ = 1, β = 0). mean and rstd, when not
 // null, receive float(mean) and float(rstd) of row r at r·ld_stats. y may equal x (ldy = ldx). stream:
-// non-temporal stores for y where a row is 64-byte aligned (same values, bypasses the cache).
-struct RowsForward {
-  float* y = nullptr;
+// non-temporal stores for y where a row is aligned for them (same values, bypasses the cache).
+// T: the storage type of x and y: float, or bfloat16 / float16 (the same float arithmetic on the exactly
+// widened x, each y rounded once to nearest even: y_T = round(y of the float kernel on widened x)).
+template <typename T>
+struct RowsForwardOf {
+  T* y = nullptr;
   Index ldy = 0;
-  const float* x = nullptr;
+  const T* x = nullptr;
   Index ldx = 0;
   Index rows = 0, n = 0;
   const float* w = nullptr;
@@ -35,6 +38,7 @@ struct RowsForward {
   float* rstd = nullptr;
   Index ld_stats = 0;
 };
+using RowsForward = RowsForwardOf<float>;
 
 // Rows are taken in groups of kParamGradRowGroup from the first row of a call: per column, the
 // contributions dy·x̂ (the product rounded to float) and dy of the group's rows are summed in double, in
@@ -44,12 +48,15 @@ inline constexpr int kParamGradRowGroup = 4;
 
 // Backward of the fused kernel: dx (may equal dy or x) from dy, x, w (may be null); mean and rstd are
 // recomputed from x exactly as the forward computes them. dw, db: double partial rows of n (may be null).
-struct RowsBackward {
-  float* dx = nullptr;
+// T: the storage type of dx, dy, x (as RowsForwardOf: dx_T = round(dx of the float kernel on widened
+// dy, x); dw, db exactly those of the float kernel).
+template <typename T>
+struct RowsBackwardOf {
+  T* dx = nullptr;
   Index lddx = 0;
-  const float* dy = nullptr;
+  const T* dy = nullptr;
   Index lddy = 0;
-  const float* x = nullptr;
+  const T* x = nullptr;
   Index ldx = 0;
   Index rows = 0, n = 0;
   const float* w = nullptr;
@@ -60,6 +67,7 @@ struct RowsBackward {
   double* db = nullptr;
   bool init = false;  // the first group assigns dw/db instead of adding
 };
+using RowsBackward = RowsBackwardOf<float>;
 
 struct RowKernels {
   // Σ x[i]

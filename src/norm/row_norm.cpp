@@ -325,4 +325,9 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   if (db.defined) write(db, db_row);
 }
 
+plan::Chunks fused_row_chunks(Index groups, Index n) { return row_chunks(groups, n); }
+bool groups_at_fixed_stride(const Dims& k_shape, const Dims& k_strides, Index* ld) {
+  return linear_groups(k_shape, k_strides, ld);
+}
+
 }  // namespace normlab

@@ -3,6 +3,8 @@
 
 #include <normlab/norm.h>
 
+#include "norm/norm_plan.h"
+
 namespace normlab {
 
 struct RowNormKind {
@@ -19,5 +21,14 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
                       ConstView bias, const Axes& axes, double eps);
 void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbias, ConstView dy, ConstView x,
                        ConstView weight, const Axes& axes, double eps, GradMode mode);
+
+// The chunks of groups (each with its own dγ/dβ partial rows, summed in chunk order) of
+// row_norm_backward's contiguous-rows path: a function of the shape only. The bf16/fp16 backward
+// (storage_norm.h) uses the same chunks, so its dγ/dβ are bitwise the fp32 function's.
+plan::Chunks fused_row_chunks(Index groups, Index n);
+
+// True when group g of an operand with kept axes k_shape / k_strides starts at g·ld for every g (the
+// kept axes collapse to one stride; size-1 axes ignored; one group gives ld = 0).
+bool groups_at_fixed_stride(const Dims& k_shape, const Dims& k_strides, Index* ld);
 
 }  // namespace normlab

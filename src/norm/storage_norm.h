@@ -1,23 +1,34 @@
 // The row-group engine for storage types other than fp32 and for the fused variants (internal):
 // bf16/fp16 LayerNorm and RMSNorm, residual add + norm, and the memory-efficient backward.
 //
-// Every group is brought into an fp32 scratch row (widened exactly from bf16/fp16, or the fp32 data
-// itself) and goes through normlab's own fp32 LayerNorm/RMSNorm (the public layer_norm_forward /
-// layer_norm_backward on a [rows, n] view of the scratch, whatever kernels they use), and its outputs are
-// narrowed once (round to nearest even) into the storage type. So a bf16 y or dx is exactly round(the fp32
-// functions' result on the widened inputs), and mean/rstd are exactly theirs. dγ/dβ: the fp32 backward's
-// per-unit sums (rounded once to fp32) are added in double into one partial row per fixed chunk of groups,
-// and the chunks are summed in chunk order (units and chunks depend on the shape only). The
-// memory-efficient backward, which has no x to recompute from, runs the row kernels backward_sums /
-// backward_dx (row_kernels.h) on the recovered x − mean.
+// Contract: a bf16/fp16 y or dx is exactly round(the fp32 function's result on the widened inputs) (round
+// to nearest even, once), and mean/rstd are exactly the fp32 function's. Two routes give it:
 //
-// Units of work: when every full-shaped operand is contiguous with the normalized axes last (group g
-// at element g·n), a run of up to kUnitElems elements of consecutive groups is converted in one call
-// (vector conversions over whole rows, non-temporal stores for outputs larger than kStreamBytes) and
-// normalized by one fp32 call. Any other layout goes whole to the fp32 function (see "layouts other
+// Direct (bf16/fp16 LayerNorm/RMSNorm forward, and backward from x without ds, when x, y / dy, dx are
+// contiguous with the normalized axes last): the rows go straight through the fused row kernels
+// instantiated for the 16-bit type (RowsForwardOf<T>, RowsBackwardOf<T>, convert_kernels.h): each element
+// is widened in registers at every load and rounded at the store, the arithmetic is the fp32 kernels'
+// own code, so every pass reads and writes 2 bytes per element. dγ/dβ there: the fused kernel's double
+// partials per chunk of rows (fused_row_chunks, row_norm_backward's chunks), summed in chunk order and
+// rounded once: bitwise the fp32 function's dγ/dβ.
+//
+// Scratch (the fused add + norm, the backward with ds, the memory-efficient backward): every group is
+// brought into an fp32 scratch row (widened exactly from bf16/fp16, or the fp32 data itself) and goes
+// through normlab's own fp32 LayerNorm/RMSNorm (the public layer_norm_forward / layer_norm_backward on a
+// [rows, n] view of the scratch, whatever kernels they use), and its outputs are narrowed once (round to
+// nearest even) into the storage type. dγ/dβ there: the fp32 backward's per-unit sums (rounded once to
+// fp32) are added in double into one partial row per fixed chunk of groups, and the chunks are summed in
+// chunk order (units and chunks depend on the shape only). The memory-efficient backward, which has no x
+// to recompute from, runs the row kernels backward_sums / backward_dx (row_kernels.h) on the recovered
+// x − mean.
+//
+// Units of work (scratch route): when every full-shaped operand is contiguous with the normalized axes
+// last (group g at element g·n), a run of up to kUnitElems elements of consecutive groups is converted in
+// one call (vector conversions over whole rows, non-temporal stores for outputs larger than kStreamBytes)
+// and normalized by one fp32 call. Any other layout goes whole to the fp32 function (see "layouts other
 // than ..." below); the memory-efficient backward takes it one group at a time, gathered through its
-// strides. The units only change the schedule, never the arithmetic: the same bits for any thread count
-// and SIMD target.
+// strides. The units and tasks only change the schedule, never the arithmetic: the same bits for any
+// thread count and SIMD target.
 #pragma once
 
 #include <normlab/norm.h>
@@ -34,6 +45,7 @@
 #include "norm/convert_kernels.h"
 #include "norm/norm_plan.h"
 #include "norm/row_kernels.h"
+#include "norm/row_norm.h"
 #include "parallel/parallel.h"
 
 namespace normlab::storage {
@@ -311,6 +323,55 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
   const float* bp = b.defined ? bv.data() : nullptr;
   const kernels::ConvertKernels& cv = kernels::convert_kernels();
   const bool stream = x.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
+  constexpr bool kNarrow = format_of<T>() >= 0;
+  if constexpr (kNarrow) {
+    if (!fused) {
+      // bf16/fp16 rows straight through the fused row kernels (RowKernels::rows_forward's code on the
+      // 16-bit type, convert_kernels.h): x widened in registers, y rounded once at the store. The same
+      // arithmetic as the fp32 function on the widened x, hence the same bits; tasks of rows as row_norm.cpp.
+      kernels::RowsForwardOf<T> args;
+      args.n = s.n;
+      args.w = wp;
+      args.b = bp;
+      args.eps = eps;
+      args.center = nm.center;
+      args.stream = stream;
+      args.ldx = args.ldy = s.n;
+      const auto fwd = kernels::rows_forward_for<T>(cv);
+      // mean and rstd straight from the kernel when both sit at one common stride, else via scratch.
+      Index ldm = 0, ldr = 0;
+      const bool stats_direct = (!pm.defined || groups_at_fixed_stride(s.k_shape, pm.strides, &ldm)) &&
+                                (!pr.defined || groups_at_fixed_stride(s.k_shape, pr.strides, &ldr)) &&
+                                (!pm.defined || !pr.defined || ldm == ldr);
+      const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
+      const Index tasks = (s.groups + per_task - 1) / per_task;
+      parallel::parallel_for(tasks, [&](Index t) {
+        const Index g0 = t * per_task, rows = std::min(s.groups, g0 + per_task) - g0;
+        kernels::RowsForwardOf<T> a = args;
+        a.rows = rows;
+        a.x = xo.base + g0 * s.n;
+        a.y = yo.base + g0 * s.n;
+        if (stats_direct) {
+          a.ld_stats = pm.defined ? ldm : ldr;
+          a.mean = pm.defined ? reinterpret_cast<float*>(pm.base) + g0 * ldm : nullptr;
+          a.rstd = pr.defined ? reinterpret_cast<float*>(pr.base) + g0 * ldr : nullptr;
+          fwd(a);
+          return;
+        }
+        Scratch& sc = Scratch::get(per_task);  // f[4]: the rows' mean and rstd
+        a.mean = pm.defined ? sc.f[4] : nullptr;
+        a.rstd = pr.defined ? sc.f[4] + rows : nullptr;
+        a.ld_stats = 1;
+        fwd(a);
+        for (Index g = g0; g < g0 + rows; ++g) {
+          if (pm.defined) reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = sc.f[4][g - g0];
+          if (pr.defined)
+            reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = sc.f[4][rows + g - g0];
+        }
+      });
+      return;
+    }
+  }
   // fp32 LayerNorm/RMSNorm of `rows` contiguous rows of n: y, and each row's mean and rstd.
   const ConstView wrow = wp ? ConstView(wp, Dims{s.n}) : ConstView{}, brow = bp ? ConstView(bp, Dims{s.n}) : ConstView{};
   auto norm_rows = [&](float* yr, const float* xr, Index rows, float* mu, float* rs) {
@@ -321,7 +382,6 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
     else
       normlab::rms_norm_forward(yv, View(rs, Dims{rows}), xv, wrow, {1}, eps);
   };
-  constexpr bool kNarrow = format_of<T>() >= 0;
 
   const Index per_task = std::max<Index>(1, kUnitElems / s.n);
   const Index tasks = (s.groups + per_task - 1) / per_task;
@@ -446,11 +506,40 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   const float* rstd_base = pr.defined ? reinterpret_cast<const float*>(pr.base) : nullptr;
   const ConstView wrow = wp ? ConstView(wp, Dims{s.n}) : ConstView{};
 
-  const plan::Chunks ch = plan::param_grad_chunks(s.groups, s.n);
+  // Direct path: bf16/fp16 rows (x given, no ds) straight through the fused row kernels on the 16-bit
+  // type (dx rounded once at the store), in row_norm_backward's chunks, each chunk's first row group
+  // assigning its partial rows: dx, dγ, dβ the same arithmetic as the fp32 function on the widened inputs.
+  constexpr bool kNarrow = format_of<T>() >= 0;
+  const bool direct = kNarrow && flat && !from_output && !ds.defined();
+  const plan::Chunks ch = direct ? fused_row_chunks(s.groups, s.n) : plan::param_grad_chunks(s.groups, s.n);
   const std::size_t nn = static_cast<std::size_t>(s.n);
   std::vector<double> dw_part(dw.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
   std::vector<double> db_part(db.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
-  parallel::parallel_for(ch.count, [&](Index c) {
+  if constexpr (kNarrow) {
+    if (direct) {
+      kernels::RowsBackwardOf<T> args;
+      args.n = s.n;
+      args.w = wp;
+      args.eps = eps;
+      args.center = nm.center;
+      args.stream = stream;
+      args.ldx = args.lddy = args.lddx = s.n;
+      args.init = true;
+      const auto bwd = kernels::rows_backward_for<T>(cv);
+      parallel::parallel_for(ch.count, [&](Index c) {
+        const Index g0 = c * ch.size;
+        kernels::RowsBackwardOf<T> a = args;
+        a.rows = std::min(s.groups, g0 + ch.size) - g0;
+        a.x = so.base + g0 * s.n;
+        a.dy = dyo.base + g0 * s.n;
+        a.dx = dxo.base + g0 * s.n;
+        a.dw = dw.defined ? dw_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
+        a.db = db.defined ? db_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
+        bwd(a);
+      });
+    }
+  }
+  if (!direct) parallel::parallel_for(ch.count, [&](Index c) {
     const Index t0 = c * ch.size, t1 = std::min(s.groups, t0 + ch.size);
     Scratch& sc = Scratch::get(flat ? std::min((t1 - t0) * s.n, std::max(kUnitElems, s.n)) : s.n);
     double* dwc = dw.defined ? dw_part.data() + static_cast<std::size_t>(c) * nn : nullptr;

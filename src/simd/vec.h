@@ -12,19 +12,35 @@
 //
 // Include only from a file compiled per target (row_kernels-inl.h) with NL_TARGET defined; the code
 // lives in namespace normlab::kernels::NL_TARGET::vec, so the per-target definitions never collide.
+//
+// 16-bit storage (bf16, fp16): load / load_n / load_cvt / store / store_n / stream also take bfloat16 and
+// float16 pointers (16 halves ↔ one VF). Loads widen exactly; stores round to nearest even with the NaN
+// rule of normlab::bfloat16 / normlab::float16 (include/normlab/tensor.h), the same bits on every target
+// (AVX-512: integer rounding for bf16, F16C for fp16; AVX2: the same at 8 lanes; scalar: the
+// functions of tensor.h). A kernel written for float therefore runs on bf16/fp16 rows unchanged: each
+// element is read and written at 2 bytes, and its values are round(the float kernel on the widened data).
 #pragma once
 
 #ifndef NL_TARGET
 #error "define NL_TARGET before including simd/vec.h"
 #endif
 
+#include <normlab/tensor.h>
+
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__F16C__)
+#error "the AVX-512 vector layer needs AVX512BW, AVX512VL and F16C (16-bit storage loads and stores)"
+#endif
 #define NL_VEC_AVX512 1
 #include <immintrin.h>
 #elif defined(__AVX2__)
+#if !defined(__F16C__)
+#error "the AVX2 vector layer needs F16C (fp16 storage loads and stores)"
+#endif
 #define NL_VEC_AVX2 1
 #include <immintrin.h>
 #else
@@ -35,6 +51,12 @@ namespace normlab::kernels::NL_TARGET::vec {
 
 inline constexpr int kF = 16;  // floats per VF
 inline constexpr int kD = 8;   // doubles per VD
+
+// The 16-bit storage types the vector layer loads and stores.
+template <typename T>
+concept Half = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+template <typename T>
+inline constexpr bool kIsBf16 = std::is_same_v<T, bfloat16>;
 
 // Whether stream() issues non-temporal stores on this target (it needs a 64-byte aligned address).
 inline bool aligned64(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 63) == 0; }
@@ -75,6 +97,46 @@ inline double hsum(VD a) {
   const __m256d t = _mm256_add_pd(__builtin_shufflevector(a.v, a.v, 0, 1, 2, 3), _mm512_maskz_extractf64x4_pd(0xF, a.v, 1));
   const __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
   return _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+}
+
+// ---- 16-bit storage: VH holds 16 halves.
+using VH = __m256i;
+inline __mmask16 mask16(int k) { return static_cast<__mmask16>((1u << k) - 1u); }
+inline VH hload(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline VH hload_n(const void* p, int k) { return _mm256_maskz_loadu_epi16(mask16(k), p); }
+inline void hstore(void* p, VH h) { _mm256_storeu_si256(static_cast<__m256i*>(p), h); }
+inline void hstore_n(void* p, VH h, int k) { _mm256_mask_storeu_epi16(p, mask16(k), h); }
+inline void hstream(void* p, VH h) { _mm256_stream_si256(static_cast<__m256i*>(p), h); }  // 32-byte aligned
+template <Half T>
+inline VF widen(VH h) {
+  if constexpr (kIsBf16<T>)
+    return {_mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16))};
+  else
+    return {_mm512_maskz_cvtph_ps(0xFFFF, h)};
+}
+template <Half T>
+inline VH narrow(VF a) {
+  if constexpr (kIsBf16<T>) {
+    // Scalar math: bits = x is NaN ? (x >> 16) | 0x40 : (x + 0x7FFF + ((x >> 16) & 1)) >> 16
+    const __m512i x = _mm512_castps_si512(a.v);
+    const __m512i hi = _mm512_maskz_srli_epi32(0xFFFF, x, 16);
+    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i r = _mm512_maskz_srli_epi32(0xFFFF, _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    return _mm512_maskz_cvtepi32_epi16(0xFFFF, r);
+  } else {
+    return _mm512_maskz_cvtps_ph(0xFFFF, a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+}
+// 8 halves at p, widened exactly to double.
+template <Half T>
+inline VD load_cvt(const T* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (kIsBf16<T>)
+    return cvt8(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  else
+    return cvt8(_mm256_cvtph_ps(h));
 }
 
 #elif NL_VEC_AVX2
@@ -129,6 +191,61 @@ inline double hsum(VD a) {
   const __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
   return _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
 }
+
+// ---- 16-bit storage: VH holds 16 halves (8 in each half).
+struct VH { __m128i lo, hi; };
+inline VH hload(const void* p) {
+  const __m128i* q = static_cast<const __m128i*>(p);
+  return {_mm_loadu_si128(q), _mm_loadu_si128(q + 1)};
+}
+inline VH hload_n(const void* p, int k) {  // AVX2 has no 16-bit masked load: through a zeroed buffer
+  alignas(32) std::uint16_t t[kF] = {};
+  std::memcpy(t, p, static_cast<std::size_t>(k) * 2);
+  return hload(t);
+}
+inline void hstore(void* p, VH h) {
+  __m128i* q = static_cast<__m128i*>(p);
+  _mm_storeu_si128(q, h.lo);
+  _mm_storeu_si128(q + 1, h.hi);
+}
+inline void hstore_n(void* p, VH h, int k) {
+  alignas(32) std::uint16_t t[kF];
+  hstore(t, h);
+  std::memcpy(p, t, static_cast<std::size_t>(k) * 2);
+}
+inline void hstream(void* p, VH h) {  // 16-byte aligned
+  __m128i* q = static_cast<__m128i*>(p);
+  _mm_stream_si128(q, h.lo);
+  _mm_stream_si128(q + 1, h.hi);
+}
+template <Half T>
+inline __m256 widen8(__m128i h) {
+  if constexpr (kIsBf16<T>)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  else
+    return _mm256_cvtph_ps(h);
+}
+template <Half T>
+inline __m128i narrow8(__m256 v) {
+  if constexpr (kIsBf16<T>) {
+    // Scalar math: bits = x is NaN ? (x >> 16) | 0x40 : (x + 0x7FFF + ((x >> 16) & 1)) >> 16
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(x, 16);
+    const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));  // values ≤ 0xFFFF
+  } else {
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+  }
+}
+template <Half T>
+inline VF widen(VH h) { return {widen8<T>(h.lo), widen8<T>(h.hi)}; }
+template <Half T>
+inline VH narrow(VF a) { return {narrow8<T>(a.lo), narrow8<T>(a.hi)}; }
+template <Half T>
+inline VD load_cvt(const T* p) { return cvt8(widen8<T>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))); }
 
 #else  // scalar
 
@@ -206,6 +323,65 @@ inline double hsum(VD a) {
   return u[0] + u[1];
 }
 
+// ---- 16-bit storage: VH holds 16 halves.
+struct VH { std::uint16_t v[kF]; };
+inline VH hload(const void* p) {
+  VH h;
+  std::memcpy(h.v, p, sizeof h.v);
+  return h;
+}
+inline VH hload_n(const void* p, int k) {
+  VH h{};
+  std::memcpy(h.v, p, static_cast<std::size_t>(k) * 2);
+  return h;
+}
+inline void hstore(void* p, VH h) { std::memcpy(p, h.v, sizeof h.v); }
+inline void hstore_n(void* p, VH h, int k) { std::memcpy(p, h.v, static_cast<std::size_t>(k) * 2); }
+inline void hstream(void* p, VH h) { hstore(p, h); }
+template <Half T>
+inline float widen1(std::uint16_t h) {
+  return kIsBf16<T> ? detail::float_from_bf16_bits(h) : detail::float_from_f16_bits(h);
+}
+template <Half T>
+inline VF widen(VH h) {
+  VF r;
+  for (int l = 0; l < kF; ++l) r.v[l] = widen1<T>(h.v[l]);
+  return r;
+}
+template <Half T>
+inline VH narrow(VF a) {
+  VH h;
+  for (int l = 0; l < kF; ++l)
+    h.v[l] = kIsBf16<T> ? detail::bf16_bits_from_float(a.v[l]) : detail::f16_bits_from_float(a.v[l]);
+  return h;
+}
+template <Half T>
+inline VD load_cvt(const T* p) {
+  VD r;
+  for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(widen1<T>(p[l].bits));
+  return r;
+}
+
 #endif
+
+// ---- 16-bit storage, every target: the float operations on bfloat16 / float16 pointers.
+template <Half T>
+inline VF load(const T* p) { return widen<T>(hload(p)); }
+template <Half T>
+inline VF load_n(const T* p, int k) { return widen<T>(hload_n(p, k)); }
+template <Half T>
+inline void store(T* p, VF a) { hstore(p, narrow<T>(a)); }
+template <Half T>
+inline void store_n(T* p, VF a, int k) { hstore_n(p, narrow<T>(a), k); }
+// Non-temporal store of 16 elements; p must satisfy stream_ok.
+template <Half T>
+inline void stream(T* p, VF a) { hstream(p, narrow<T>(a)); }
+
+// Whether stream() may store kF elements of T at p (and at every kF-element step from p): float needs
+// 64-byte alignment, a 16-bit type 32 bytes.
+template <typename T>
+inline bool stream_ok(const T* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & (sizeof(T) * kF - 1)) == 0;
+}
 
 }  // namespace normlab::kernels::NL_TARGET::vec

@@ -9,8 +9,10 @@
 #include <cfloat>
 #include <cmath>
 #include <complex>
+#include <cstdint>
 #include <kissfft/kissfft.hh>
 
+#include "speech/log_mel.h"
 #include "speech/real_fft.h"
 
 namespace normlab::speech {
@@ -83,10 +85,10 @@ struct FbankComputer::Fft {
 };
 
 namespace {
-// |FFT|² then the mel sums of one frame, compiled twice from one inline source: for the baseline x86-64
-// instruction set and with AVX2 enabled (GCC target attribute; no FMA, and -ffp-contract=off), chosen by
-// normlab::active_isa() (NORMLAB_ISA). The loops are elementwise (lanes never combine differently), so
-// both give the same bits; tests/speech/fbank_test.cpp checks it.
+// |FFT|² then the mel sums of one frame, compiled three times from one inline source: for the baseline
+// x86-64 instruction set, with AVX2 and with AVX-512F (GCC target attribute; no FMA, and
+// -ffp-contract=off), chosen by normlab::active_isa() (NORMLAB_ISA). The loops are elementwise (lanes
+// never combine differently), so all three give the same bits; tests/speech/fbank_test.cpp checks it.
 [[gnu::always_inline]] inline void PowerAndMel(detail::RealFftPow2& fft, const MelBanks& mel_banks,
                                                const double* x, double* power, double* mel) {
   fft.PowerSpectrum(x, power);
@@ -99,6 +101,32 @@ void PowerAndMelBaseline(detail::RealFftPow2& fft, const MelBanks& mel_banks, co
 [[gnu::target("avx2")]] void PowerAndMelAvx2(detail::RealFftPow2& fft, const MelBanks& mel_banks,
                                              const double* x, double* power, double* mel) {
   PowerAndMel(fft, mel_banks, x, power, mel);
+}
+[[gnu::target("avx512f,prefer-vector-width=512")]] void PowerAndMelAvx512(detail::RealFftPow2& fft,
+                                                                          const MelBanks& mel_banks,
+                                                                          const double* x, double* power,
+                                                                          double* mel) {
+  PowerAndMel(fft, mel_banks, x, power, mel);
+}
+using PowerAndMelFn = void (*)(detail::RealFftPow2&, const MelBanks&, const double*, double*, double*);
+PowerAndMelFn power_and_mel_for(Isa isa) {
+  return isa == Isa::kScalar ? PowerAndMelBaseline : isa == Isa::kAvx2 ? PowerAndMelAvx2 : PowerAndMelAvx512;
+}
+
+// The log-mel kernel of src/speech/log_mel.h for each instruction set.
+void LogMelBaseline(float* y, const double* m, std::size_t n) {
+  detail::LogMel(y, m, n);
+}
+[[gnu::target("avx2")]] void LogMelAvx2(float* y, const double* m, std::size_t n) {
+  detail::LogMel(y, m, n);
+}
+[[gnu::target("avx512f,prefer-vector-width=512")]] void LogMelAvx512(float* y, const double* m,
+                                                                     std::size_t n) {
+  detail::LogMel(y, m, n);
+}
+using LogMelFn = void (*)(float*, const double*, std::size_t);
+LogMelFn log_mel_for(Isa isa) {
+  return isa == Isa::kScalar ? LogMelBaseline : isa == Isa::kAvx2 ? LogMelAvx2 : LogMelAvx512;
 }
 }  // namespace
 
@@ -126,8 +154,7 @@ void FbankComputer::Compute(float signal_raw_log_energy, std::span<double> windo
     signal_raw_log_energy = static_cast<float>(std::log(std::max(e, static_cast<double>(FLT_MIN))));
   }
   if (fft_->pow2 && opts_.use_power) {
-    (active_isa() == Isa::kScalar ? PowerAndMelBaseline : PowerAndMelAvx2)(fft_->fast, mel_banks_, window.data(),
-                                                                          power_.data(), mel_.data());
+    power_and_mel_for(active_isa())(fft_->fast, mel_banks_, window.data(), power_.data(), mel_.data());
   } else {
     if (fft_->pow2)
       fft_->fast.PowerSpectrum(window.data(), power_.data());
@@ -138,16 +165,11 @@ void FbankComputer::Compute(float signal_raw_log_energy, std::span<double> windo
     mel_banks_.Compute(power_, mel_);
   }
   const std::size_t mel_offset = (opts_.use_energy && !opts_.htk_compat) ? 1 : 0;
-  // The log is taken in float, as Kaldi and torchaudio do (logf is about twice as fast as log): the mel
-  // energy rounded to float moves the log by ≤ 6e-8 and logf is within an ulp of it, so a feature is
-  // within ~2 float ulps (≤ 4e-6 for |feature| < 32) of the double log rounded to float. An energy beyond
-  // float's range (only from absurd float WAVs) keeps the double log rather than becoming +inf.
+  // The log of the double energy, rounded once to float (detail::LogMel, src/speech/log_mel.h). Kaldi and
+  // torchaudio take logf of the energy rounded to float; the two differ by at most ~2 float ulps (≤ 4e-6 for
+  // |feature| < 32).
   if (opts_.use_log_fbank) {
-    for (std::size_t b = 0; b < mel_.size(); ++b) {
-      const double m = std::max(mel_[b], static_cast<double>(FLT_EPSILON));
-      feature[mel_offset + b] =
-          m <= static_cast<double>(FLT_MAX) ? std::log(static_cast<float>(m)) : static_cast<float>(std::log(m));
-    }
+    log_mel_for(active_isa())(feature.data() + mel_offset, mel_.data(), mel_.size());
   } else {
     for (std::size_t b = 0; b < mel_.size(); ++b) feature[mel_offset + b] = static_cast<float>(mel_[b]);
   }

@@ -137,8 +137,8 @@ namespace {
 }
 
 // ProcessWindow after the dither: DC removal, raw energy, pre-emphasis and window, compiled for the
-// baseline x86-64 instruction set and with AVX2 (chosen by normlab::active_isa(); lanes never combine
-// differently, so both give the same bits).
+// baseline x86-64 instruction set, with AVX2 and with AVX-512F (chosen by normlab::active_isa(); lanes
+// never combine differently, so all three give the same bits).
 //
 // DC removal, pre-emphasis (backwards: each step reads the previous sample before it is changed) and
 // the window function run in one pass: x[i] ← w[i]·((x[i] − mean) − c·(x[i−1] − mean)) for i = n−1..1,
@@ -157,16 +157,24 @@ namespace {
   for (std::size_t i = n - 1; i > 0; --i) x[i] = w[i] * ((x[i] - mean) - c * (x[i - 1] - mean));
   x[0] = w[0] * ((x[0] - mean) - c * (x[0] - mean));
 }
-void WindowKernelBaseline(double* x, std::size_t n, const double* w, double c, bool remove_dc, double* energy) {
+void WindowKernelBaseline(double* x, std::size_t n, const double* w, double c, bool remove_dc,
+                          double* energy) {
   WindowKernel(x, n, w, c, remove_dc, energy);
 }
 [[gnu::target("avx2")]] void WindowKernelAvx2(double* x, std::size_t n, const double* w, double c,
                                               bool remove_dc, double* energy) {
   WindowKernel(x, n, w, c, remove_dc, energy);
 }
+[[gnu::target("avx512f,prefer-vector-width=512")]] void WindowKernelAvx512(double* x, std::size_t n,
+                                                                           const double* w, double c,
+                                                                           bool remove_dc, double* energy) {
+  WindowKernel(x, n, w, c, remove_dc, energy);
+}
 }  // namespace
 
-double SumOf(const double* x, std::size_t n) { return SumOfInline(x, n); }
+double SumOf(const double* x, std::size_t n) {
+  return SumOfInline(x, n);
+}
 
 double SumOfSquaresAbout(const double* x, std::size_t n, double mean) {
   return SumOfSquaresAboutInline(x, n, mean);
@@ -188,9 +196,11 @@ void ProcessWindow(const FrameExtractionOptions& opts, const FeatureWindowFuncti
   NL_DCHECK(window.size() >= n && window_function.window().size() == n && n >= 2);
   if (opts.dither != 0.0f) dither.Apply(window.first(n), opts.dither);
   double energy = 0;
-  (active_isa() == Isa::kScalar ? WindowKernelBaseline : WindowKernelAvx2)(
-      window.data(), n, window_function.window().data(), opts.preemph_coeff, opts.remove_dc_offset,
-      log_energy_pre_window != nullptr ? &energy : nullptr);
+  (active_isa() == Isa::kScalar ? WindowKernelBaseline
+   : active_isa() == Isa::kAvx2 ? WindowKernelAvx2
+                                : WindowKernelAvx512)(window.data(), n, window_function.window().data(),
+                                                      opts.preemph_coeff, opts.remove_dc_offset,
+                                                      log_energy_pre_window != nullptr ? &energy : nullptr);
   if (log_energy_pre_window != nullptr)
     *log_energy_pre_window = static_cast<float>(std::log(std::max(energy, static_cast<double>(FLT_EPSILON))));
 }

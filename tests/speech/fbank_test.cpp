@@ -6,12 +6,16 @@
 #include <normlab/speech/fbank.h>
 #include <normlab/speech/wav.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "speech/log_mel.h"
 #include "speech/real_fft.h"
 #include "support/tolerance.h"
 
@@ -155,10 +159,52 @@ TEST(FbankTorchaudio, SameBitsOnEveryInstructionSet) {
     const Tensor ref = ComputeFbank(o, w.samples, w.samp_freq);
     for (Isa isa : supported_isas()) {
       set_isa(isa);
-      EXPECT_TRUE(bitwise_equal(ComputeFbank(o, w.samples, w.samp_freq).cview(), ref.cview())) << isa_name(isa);
+      EXPECT_TRUE(bitwise_equal(ComputeFbank(o, w.samples, w.samp_freq).cview(), ref.cview()))
+          << isa_name(isa);
     }
   }
   set_isa(saved);
+}
+
+// The log-mel kernel (src/speech/log_mel.h) is the natural log rounded once to float: against logl
+// rounded to float, over energies from below the FLT_EPSILON floor to 1e300 (random in log space, the
+// √2 split point, powers of two, 1), every length 1..9 for the tail, and the non-finite fall-back.
+TEST(LogMel, IsTheLogRoundedOnceToFloat) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> log10_of(-12.0, 300.0);
+  std::vector<double> m = {0.0,
+                           -1.0,
+                           1e-30,
+                           FLT_EPSILON,
+                           std::nextafter(double{FLT_EPSILON}, 0.0),
+                           1.0,
+                           std::sqrt(2.0),
+                           std::nextafter(std::sqrt(2.0), 2.0),
+                           std::nextafter(std::sqrt(2.0), 1.0),
+                           0.5,
+                           2.0,
+                           1e300,
+                           DBL_MAX};
+  for (int e = -23; e <= 1000; e += 7) m.push_back(std::ldexp(1.0, e));
+  for (int i = 0; i < 20000; ++i) m.push_back(std::pow(10.0, log10_of(rng)));
+  std::vector<float> y(m.size());
+  detail::LogMel(y.data(), m.data(), m.size());
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const long double v = std::max<long double>(m[i], FLT_EPSILON);
+    ASSERT_EQ(y[i], static_cast<float>(std::log(v))) << "m = " << m[i];
+  }
+  for (std::size_t n = 1; n <= 9; ++n) {  // the tail of a length that is not a multiple of 4
+    std::vector<float> t(n);
+    detail::LogMel(t.data(), m.data() + 20, n);
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(t[i], y[20 + i]) << n;
+  }
+  const double odd[3] = {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN(),
+                         4.0};
+  float r[3];
+  detail::LogMel(r, odd, 3);
+  EXPECT_EQ(r[0], std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(r[1]));
+  EXPECT_EQ(r[2], static_cast<float>(std::log(4.0L)));
 }
 
 TEST(FbankTorchaudio, FtLayoutIsTheTranspose) {
@@ -369,7 +415,8 @@ TEST(FbankExtractor, ReuseEqualsAFreshComputationBitwise) {
     o.frame_opts.snip_edges = snip;
     o.frame_opts.dither_seed = 11;
     o.use_energy = true;
-    const std::vector<std::vector<float>> waves = {synthetic(4000, 1), synthetic(401, 2), synthetic(16000, 3)};
+    const std::vector<std::vector<float>> waves = {synthetic(4000, 1), synthetic(401, 2),
+                                                   synthetic(16000, 3)};
     FbankExtractor ex(o);
     for (int pass = 0; pass < 2; ++pass)
       for (std::size_t k = 0; k < waves.size(); ++k) {

@@ -95,9 +95,9 @@ inline ::testing::AssertionResult bitwise_equal(ConstView a, ConstView b, const 
     try {                                                                                    \
       stmt;                                                                                  \
       ADD_FAILURE() << "expected normlab::Error containing \"" << (needle) << "\"";          \
-    } catch (const ::normlab::Error& e) {                                                    \
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)                       \
-          << "message \"" << e.what() << "\" lacks \"" << (needle) << "\"";                  \
+    } catch (const ::normlab::Error& nl_error_) {                                            \
+      EXPECT_NE(std::string(nl_error_.what()).find(needle), std::string::npos)               \
+          << "message \"" << nl_error_.what() << "\" lacks \"" << (needle) << "\"";          \
     }                                                                                        \
   } while (0)
 

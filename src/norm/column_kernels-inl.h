@@ -1,20 +1,23 @@
 // Column kernels, compiled once per target: include with NL_TARGET defined to the target's name.
 // See column_kernels.h for the contract. No include guard on purpose.
 //
-// The blocks of 8 columns use GCC vector extensions (v8d: 8 doubles). Their arithmetic is defined
-// lane by lane, so a target that splits a v8d into narrower registers (SSE2, AVX2) performs the same
-// IEEE operations on every lane as AVX-512 does; with -ffp-contract=off no target fuses a multiply-add.
-// The columns left over after the blocks (w mod 8) run the same formulas one column at a time.
+// The tile kernels are written against simd/vec.h (VF: 16 floats, VD: 8 doubles, the same lane-wise
+// IEEE operations on every target), one VF per row holding 16 neighbouring columns. The per-column
+// constants (mean, rstd, the backward's means) are computed 8 columns at a time with GCC vector
+// extensions (v8d: 8 doubles), whose arithmetic is also defined lane by lane; with -ffp-contract=off no
+// target fuses a multiply-add. segment_sums (channel-norm engine) uses v8d as well.
 #ifndef NL_TARGET
 #error "define NL_TARGET before including column_kernels-inl.h"
 #endif
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "norm/column_kernels.h"
+#include "simd/vec.h"
 
 namespace normlab::kernels::NL_TARGET {
 namespace column_impl {  // apart from the row kernels' names (sum, forward, ...) of the same target
@@ -30,6 +33,7 @@ typedef float v8f __attribute__((vector_size(32)));
 #if defined(__AVX512F__)
 #define NL_LOAD8F(dst, p) (dst) = (v8d)_mm512_mask_cvtps_pd(_mm512_setzero_pd(), 0xFF, _mm256_loadu_ps(p))
 #define NL_STORE8F(p, v) _mm256_storeu_ps((p), _mm512_mask_cvtpd_ps(_mm256_setzero_ps(), 0xFF, (__m512d)(v)))
+#define NL_SQRT8D(dst, v) (dst) = (v8d)_mm512_mask_sqrt_pd(_mm512_setzero_pd(), 0xFF, (__m512d)(v))
 #else
 #define NL_LOAD8F(dst, p)                     \
   do {                                        \
@@ -42,253 +46,334 @@ typedef float v8f __attribute__((vector_size(32)));
     const v8f f_ = __builtin_convertvector((v), v8f); \
     std::memcpy((p), &f_, sizeof f_);                 \
   } while (0)
+#define NL_SQRT8D(dst, v)                                        \
+  do {                                                           \
+    double l_[8];                                                \
+    std::memcpy(l_, &(v), sizeof l_);                            \
+    for (int k_ = 0; k_ < 8; ++k_) l_[k_] = __builtin_sqrt(l_[k_]); \
+    std::memcpy(&(dst), l_, sizeof l_);                          \
+  } while (0)
 #endif
 #define NL_LOAD8D(dst, p) std::memcpy(&(dst), (p), sizeof(v8d))
 
-constexpr int kMaxBlocks = static_cast<int>(kColumnTile / 8);
+// ---- tile kernels ------------------------------------------------------------------------------------
+//
+// A tile is processed in blocks of 16 columns (the last one may have k < 16 valid columns: masked
+// loads read zeros there, and nothing of those lanes is stored or summed). Per block: Σx, the second
+// pass, the per-column constants, then the output pass, all over the block's n rows (one cache line or
+// two per row, still in L1 from the first pass).
 
-template <int NB>
-void stats_blocks(double* mean, double* rstd, const float* x, const Index* xoff, Index n, Index w, double eps,
-                  bool center) {
-  constexpr Index c0 = 8 * NB;
-  constexpr int nb = NB > 0 ? NB : 1;
-  const double nn = static_cast<double>(n);
-  v8d acc[nb], mu[nb];
-  double tail[8] = {};
-  for (int b = 0; b < NB; ++b) acc[b] = v8d{};
-  if (center) {
-    // Scalar math: s[j] += x[xoff[r] + j], r = 0, 1, ..., n − 1; mean[j] = s[j] / n
-    for (Index r = 0; r < n; ++r) {
-      const float* p = x + xoff[r];
-      for (int b = 0; b < NB; ++b) {
-        v8d v;
-        NL_LOAD8F(v, p + 8 * b);
-        acc[b] += v;
+using namespace vec;  // NOLINT: the vector layer of this target
+
+struct VD2 {
+  VD lo, hi;  // columns 0..7, 8..15 of a block
+};
+inline VD2 add2(VD2 a, VD2 b) { return {add(a.lo, b.lo), add(a.hi, b.hi)}; }
+inline VD2 zero2() { return {zerod(), zerod()}; }
+inline VD2 acc2(VD2 a, VF v) { return {add(a.lo, cvt_lo(v)), add(a.hi, cvt_hi(v))}; }
+// The tree of vec::hsum applied column-wise to the partials part(0..7):
+// ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 + S7)), the partials formed in that order.
+template <typename Part>
+inline VD2 tree8(Part&& part) {
+  const VD2 s0 = part(0), s4 = part(4);
+  const VD2 u04 = add2(s0, s4);
+  const VD2 s2 = part(2), s6 = part(6);
+  const VD2 a = add2(u04, add2(s2, s6));
+  const VD2 s1 = part(1), s5 = part(5);
+  const VD2 u15 = add2(s1, s5);
+  const VD2 s3 = part(3), s7 = part(7);
+  return add2(a, add2(u15, add2(s3, s7)));
+}
+
+template <bool Full>
+inline VF ld(const float* p, int k) {
+  if constexpr (Full) return load(p);
+  return load_n(p, k);
+}
+
+// Per-column values of one block of 16 columns.
+struct Block {
+  alignas(64) double sum[16], sq[16], sg[16], sge[16];
+  alignas(64) float mh[16], ml[16], r[16], c0[16], c2[16];
+};
+
+// Σx per column in the order of the row kernels' row_sum (see column_kernels.h).
+template <bool Full>
+inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int k) {
+  auto part = [&](int l) {
+    VD2 a[4] = {zero2(), zero2(), zero2(), zero2()};
+    Index i0 = 0;
+    // Scalar math: P[q][j] += double(x[off[i0 + 8q + l] + j]), i0 = 0, 32, 64, ...
+    for (; i0 + 32 <= n; i0 += 32)
+      for (int q = 0; q < 4; ++q) a[q] = acc2(a[q], ld<Full>(x + off[i0 + 8 * q + l], k));
+    for (int q = 0; q < 4; ++q)
+      if (i0 + 8 * q + l < n) a[q] = acc2(a[q], ld<Full>(x + off[i0 + 8 * q + l], k));
+    return add2(add2(a[0], a[1]), add2(a[2], a[3]));
+  };
+  const VD2 s = tree8(part);
+  stored(bk.sum, s.lo);
+  stored(bk.sum + 8, s.hi);
+}
+
+// The second pass (see column_kernels.h): Σe² and, with dy, Σg and Σg·e, e = x − m_hi, g = dy·γ_r.
+template <bool Center, bool WithDy, bool W, bool Full>
+inline void block_second(Block& bk, const float* x, const Index* xoff, const float* dy, const Index* dyoff,
+                         const float* wt, Index n, int k) {
+  const VF mh = load(bk.mh), z = zerof();
+  VD2 tq[8], tg[8], tp[8];
+  for (int l = 0; l < 8; ++l) {
+    VD2 q[2] = {zero2(), zero2()}, g[2] = {zero2(), zero2()}, p[2] = {zero2(), zero2()};
+    // Scalar math (lane L = l, l + 8 of each block of 64 rows; rows ≥ n give e = g = 0):
+    //   q = (e₀² + e₁²) + (e₂² + e₃²), s = (g₀ + g₁) + (g₂ + g₃), t = (g₀e₀ + g₁e₁) + (g₂e₂ + g₃e₃) in float,
+    //   e_u, g_u of row i0 + 16u + L; Q_L += double(q) (likewise s, t)
+    auto lane = [&](Index i0, int h, bool tail) {
+      const int L = l + 8 * h;
+      VF e[4], gv[4];
+      for (int u = 0; u < 4; ++u) {
+        const Index i = i0 + 16 * u + L;
+        const bool in = !tail || i < n;
+        const VF xv = in ? ld<Full>(x + xoff[i], k) : z;
+        e[u] = in ? (Center ? sub(xv, mh) : xv) : z;
+        if constexpr (WithDy) {
+          const VF dv = in ? ld<Full>(dy + dyoff[i], k) : z;
+          gv[u] = in ? (W ? mul(dv, bcast(wt[i])) : dv) : z;
+        }
       }
-      for (Index j = c0; j < w; ++j) tail[j - c0] += static_cast<double>(p[j]);
-    }
-    for (int b = 0; b < NB; ++b) mu[b] = acc[b] / nn;
-    for (Index j = c0; j < w; ++j) mean[j] = tail[j - c0] / nn;
-  } else {
-    for (int b = 0; b < NB; ++b) mu[b] = v8d{};
-    for (Index j = c0; j < w; ++j) mean[j] = 0.0;
-  }
-  if (NB > 0) std::memcpy(mean, mu, sizeof(v8d) * NB);
-  for (int b = 0; b < NB; ++b) acc[b] = v8d{};
-  for (int j = 0; j < 8; ++j) tail[j] = 0.0;
-  // Scalar math: d = x[xoff[r] + j] − mean[j]; s[j] += d·d, r = 0, 1, ..., n − 1
-  for (Index r = 0; r < n; ++r) {
-    const float* p = x + xoff[r];
-    for (int b = 0; b < NB; ++b) {
-      v8d v;
-      NL_LOAD8F(v, p + 8 * b);
-      const v8d d = v - mu[b];
-      acc[b] += d * d;
-    }
-    for (Index j = c0; j < w; ++j) {
-      const double d = static_cast<double>(p[j]) - mean[j];
-      tail[j - c0] += d * d;
-    }
-  }
-  // Scalar math: rstd[j] = 1/√(s[j]/n + eps) (sqrt and division are correctly rounded everywhere)
-  for (int b = 0; b < NB; ++b) {
-    const v8d v = acc[b] / nn + eps;
-#if defined(__AVX512F__)
-    const v8d r = 1.0 / (v8d)_mm512_mask_sqrt_pd(_mm512_setzero_pd(), 0xFF, (__m512d)v);
-    std::memcpy(rstd + 8 * b, &r, sizeof r);
-#else
-    double l[8];
-    std::memcpy(l, &v, sizeof l);
-    for (int k = 0; k < 8; ++k) rstd[8 * b + k] = 1.0 / __builtin_sqrt(l[k]);
-#endif
-  }
-  for (Index j = c0; j < w; ++j) rstd[j] = 1.0 / __builtin_sqrt(tail[j - c0] / nn + eps);
-}
-
-// Fixed tree over the 8 lanes of a block sum: (0+4)+(2+6) ... as documented in column_kernels.h.
-inline double lane_tree8(double* l) {
-  for (int k = 4; k >= 1; k /= 2)
-    for (int i = 0; i < k; ++i) l[i] += l[i + k];
-  return l[0];
-}
-
-template <int NB>
-void backward_sums_blocks(double* sg, double* sgx, double* dw, double* db, const float* dy,
-                          const Index* dyoff, const float* x, const Index* xoff, Index n, Index w,
-                          const double* mean, const double* rstd, const float* wt) {
-  constexpr Index c0 = 8 * NB;
-  v8d ag[NB > 0 ? NB : 1], agx[NB > 0 ? NB : 1], mu[NB > 0 ? NB : 1], rs[NB > 0 ? NB : 1];
-  double tg[8] = {}, tgx[8] = {};
-  for (int b = 0; b < NB; ++b) {
-    ag[b] = v8d{};
-    agx[b] = v8d{};
-    NL_LOAD8D(mu[b], mean + 8 * b);
-    NL_LOAD8D(rs[b], rstd + 8 * b);
-  }
-  const bool params = dw || db;
-  // Scalar math: x̂ = (x − mean[j])·rstd[j]; g = dy·wt[r]; sg[j] += g; sgx[j] += g·x̂;
-  //              dw[r] += Σ_j dy·x̂; db[r] += Σ_j dy (order over j: see column_kernels.h)
-  for (Index r = 0; r < n; ++r) {
-    const float* px = x + xoff[r];
-    const float* pd = dy + dyoff[r];
-    const double wr = wt ? static_cast<double>(wt[r]) : 1.0;
-    v8d pw = v8d{}, pb = v8d{};
-    for (int b = 0; b < NB; ++b) {
-      v8d xv, dv;
-      NL_LOAD8F(xv, px + 8 * b);
-      NL_LOAD8F(dv, pd + 8 * b);
-      const v8d xh = (xv - mu[b]) * rs[b];
-      const v8d g = wt ? dv * wr : dv;
-      ag[b] += g;
-      agx[b] += g * xh;
-      if (params) {
-        pw += dv * xh;
-        pb += dv;
+      q[h] = acc2(q[h], add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3]))));
+      if constexpr (WithDy) {
+        g[h] = acc2(g[h], add(add(gv[0], gv[1]), add(gv[2], gv[3])));
+        p[h] = acc2(p[h], add(add(mul(gv[0], e[0]), mul(gv[1], e[1])), add(mul(gv[2], e[2]), mul(gv[3], e[3]))));
       }
+    };
+    Index i0 = 0;
+    for (; i0 + 64 <= n; i0 += 64) {
+      lane(i0, 0, false);
+      lane(i0, 1, false);
     }
-    double rw = 0, rb = 0;
-    if (params && NB > 0) {
-      double l[8];
-      std::memcpy(l, &pw, sizeof l);
-      rw = lane_tree8(l);
-      std::memcpy(l, &pb, sizeof l);
-      rb = lane_tree8(l);
+    if (i0 < n) {
+      lane(i0, 0, true);
+      lane(i0, 1, true);
     }
-    for (Index j = c0; j < w; ++j) {
-      const double d = static_cast<double>(pd[j]);
-      const double xh = (static_cast<double>(px[j]) - mean[j]) * rstd[j];
-      const double g = wt ? d * wr : d;
-      tg[j - c0] += g;
-      tgx[j - c0] += g * xh;
-      rw += d * xh;
-      rb += d;
+    tq[l] = add2(q[0], q[1]);
+    if constexpr (WithDy) {
+      tg[l] = add2(g[0], g[1]);
+      tp[l] = add2(p[0], p[1]);
     }
-    if (dw) dw[r] += rw;
-    if (db) db[r] += rb;
   }
-  if (NB > 0) {
-    std::memcpy(sg, ag, sizeof(v8d) * NB);
-    std::memcpy(sgx, agx, sizeof(v8d) * NB);
-  }
-  for (Index j = c0; j < w; ++j) {
-    sg[j] = tg[j - c0];
-    sgx[j] = tgx[j - c0];
+  const VD2 sq = tree8([&](int l) { return tq[l]; });
+  stored(bk.sq, sq.lo);
+  stored(bk.sq + 8, sq.hi);
+  if constexpr (WithDy) {
+    const VD2 sg = tree8([&](int l) { return tg[l]; }), sp = tree8([&](int l) { return tp[l]; });
+    stored(bk.sg, sg.lo);
+    stored(bk.sg + 8, sg.hi);
+    stored(bk.sge, sp.lo);
+    stored(bk.sge + 8, sp.hi);
   }
 }
 
-// Calls fn<NB>(...) with NB = ⌊w/8⌋ as a constant (w ≤ kColumnTile).
-#define NL_DISPATCH_BLOCKS(fn, ...) \
-  switch (w / 8) {                  \
-    case 0:                         \
-      return fn<0>(__VA_ARGS__);    \
-    case 1:                         \
-      return fn<1>(__VA_ARGS__);    \
-    case 2:                         \
-      return fn<2>(__VA_ARGS__);    \
-    case 3:                         \
-      return fn<3>(__VA_ARGS__);    \
-    case 4:                         \
-      return fn<4>(__VA_ARGS__);    \
-    case 5:                         \
-      return fn<5>(__VA_ARGS__);    \
-    case 6:                         \
-      return fn<6>(__VA_ARGS__);    \
-    case 7:                         \
-      return fn<7>(__VA_ARGS__);    \
-    default:                        \
-      return fn<8>(__VA_ARGS__);    \
+// m_hi, m_lo from Σx (as the row kernels' row_mean).
+template <bool Center>
+inline void block_mean(Block& bk, Index n) {
+  const double nd = static_cast<double>(n);
+  for (int h = 0; h < 2; ++h) {
+    v8d s, mean;
+    NL_LOAD8D(s, bk.sum + 8 * h);
+    // Scalar math: mean = Σx/n; m_hi = float(mean); m_lo = float(mean − m_hi)   (0 when !Center)
+    mean = Center ? s / nd : v8d{};
+    NL_STORE8F(bk.mh + 8 * h, mean);
+    v8d mh;
+    NL_LOAD8F(mh, bk.mh + 8 * h);
+    const v8d lo = mean - mh;
+    NL_STORE8F(bk.ml + 8 * h, lo);
   }
-static_assert(kMaxBlocks == 8, "NL_DISPATCH_BLOCKS covers 0..8 blocks");
-
-void stats(double* mean, double* rstd, const float* x, const Index* xoff, Index n, Index w, double eps,
-           bool center) {
-  NL_DISPATCH_BLOCKS(stats_blocks, mean, rstd, x, xoff, n, w, eps, center)
 }
 
-void backward_sums(double* sg, double* sgx, double* dw, double* db, const float* dy, const Index* dyoff,
-                   const float* x, const Index* xoff, Index n, Index w, const double* mean,
-                   const double* rstd, const float* wt) {
-  NL_DISPATCH_BLOCKS(backward_sums_blocks, sg, sgx, dw, db, dy, dyoff, x, xoff, n, w, mean, rstd, wt)
-}
-
-template <int NB>
-void forward_blocks(float* y, const Index* yoff, const float* x, const Index* xoff, Index n, Index w,
-                    const double* mean, const double* rstd, const float* wt, const float* b) {
-  constexpr Index c0 = 8 * NB;
-  constexpr int nb = NB > 0 ? NB : 1;
-  v8d mu[nb], rs[nb];
-  for (int k = 0; k < NB; ++k) {
-    NL_LOAD8D(mu[k], mean + 8 * k);
-    NL_LOAD8D(rs[k], rstd + 8 * k);
-  }
-  // Scalar math: y[yoff[r] + j] = float((x[xoff[r] + j] − mean[j])·rstd[j]·wt[r] + b[r])
-  for (Index r = 0; r < n; ++r) {
-    const float* px = x + xoff[r];
-    float* py = y + yoff[r];
-    const double wr = wt ? static_cast<double>(wt[r]) : 1.0, br = b ? static_cast<double>(b[r]) : 0.0;
-    for (int k = 0; k < NB; ++k) {
-      v8d xv;
-      NL_LOAD8F(xv, px + 8 * k);
-      v8d v = (xv - mu[k]) * rs[k];
-      if (wt) v = v * wr;
-      if (b) v = v + br;
-      NL_STORE8F(py + 8 * k, v);
-    }
-    for (Index j = c0; j < w; ++j) {
-      double v = (static_cast<double>(px[j]) - mean[j]) * rstd[j];
-      if (wt) v = v * wr;
-      if (b) v = v + br;
-      py[j] = static_cast<float>(v);
+// rstd and r from Σe² (as the row kernels' finish_rstd); with dy, c0 and c2 of the backward.
+template <bool Center, bool WithDy>
+inline void block_rstd(Block& bk, Index n, double eps) {
+  const double nd = static_cast<double>(n);
+  for (int h = 0; h < 2; ++h) {
+    v8d sq, ml, var, sd, rstd;
+    NL_LOAD8D(sq, bk.sq + 8 * h);
+    NL_LOAD8F(ml, bk.ml + 8 * h);
+    // Scalar math: var = max(Σe²/n − m_lo², 0); rstd = 1/√(var + eps); r = float(rstd)
+    var = sq / nd - ml * ml;
+    var = var < 0.0 ? v8d{} : var;
+    const v8d ve = var + eps;
+    NL_SQRT8D(sd, ve);
+    rstd = 1.0 / sd;
+    NL_STORE8F(bk.r + 8 * h, rstd);
+    if constexpr (WithDy) {
+      v8d sg, sge;
+      NL_LOAD8D(sg, bk.sg + 8 * h);
+      NL_LOAD8D(sge, bk.sge + 8 * h);
+      // Scalar math: mean_g = Σg/n (0 when !Center); Σg·d = Σg·e − m_lo·Σg; mean_gx̂ = rstd·Σg·d/n;
+      //              c0 = float(mean_g); c2 = float(rstd·mean_gx̂)
+      const v8d mean_g = Center ? sg / nd : v8d{};
+      const v8d sgd = sge - ml * sg;
+      const v8d mean_gxh = rstd * sgd / nd;
+      const v8d c2 = rstd * mean_gxh;
+      NL_STORE8F(bk.c0 + 8 * h, mean_g);
+      NL_STORE8F(bk.c2 + 8 * h, c2);
     }
   }
 }
 
-void forward(float* y, const Index* yoff, const float* x, const Index* xoff, Index n, Index w,
-             const double* mean, const double* rstd, const float* wt, const float* b) {
-  NL_DISPATCH_BLOCKS(forward_blocks, y, yoff, x, xoff, n, w, mean, rstd, wt, b)
+// Prefetches the (up to two) cache lines of 16 floats at p into the L2 cache (locality hint 1). Used
+// kColumnPrefetch blocks ahead for the inputs and for the output too: a read prefetch brings an output
+// line close before the store needs it for ownership (the row path's contiguous stores get that from
+// the hardware prefetcher; a tile's n short runs far apart do not).
+inline void prefetch16(const float* p) {
+  __builtin_prefetch(p, 0, 1);
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + 63, 0, 1);
 }
 
-template <int NB>
-void backward_dx_blocks(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,
-                        const Index* xoff, Index n, Index w, const double* mean, const double* rstd,
-                        const float* wt, const double* mg, const double* mgx) {
-  constexpr Index c0 = 8 * NB;
-  constexpr int nb = NB > 0 ? NB : 1;
-  v8d mu[nb], rs[nb];
-  for (int k = 0; k < NB; ++k) {
-    NL_LOAD8D(mu[k], mean + 8 * k);
-    NL_LOAD8D(rs[k], rstd + 8 * k);
+// The block kColumnPrefetch blocks after the one at c0 of a tile of w columns at t (next: the next
+// tile, or null).
+inline const float* ahead(const float* t, const float* next, Index c0, Index w) {
+  const Index c = c0 + kF * kColumnPrefetch;
+  return c < w ? t + c : next ? next + (c - w) : nullptr;
+}
+
+template <bool Center>
+inline VF dev(VF x, VF mh, VF ml) {
+  if constexpr (Center) return sub(sub(x, mh), ml);
+  return x;
+}
+
+template <bool Center, bool W, bool B, bool Full>
+[[gnu::flatten]] void forward_block(const ColumnForward& a, Index c0, int k) {
+  Block bk;
+  const float* x = a.x + c0;
+  float* y = a.y + c0;
+  const Index n = a.n;
+  block_sum<Full>(bk, x, a.xoff, n, k);
+  block_mean<Center>(bk, n);
+  block_second<Center, false, false, Full>(bk, x, a.xoff, nullptr, nullptr, nullptr, n, k);
+  block_rstd<Center, false>(bk, n, a.eps);
+  if (a.mean)
+    for (int j = 0; j < k; ++j) a.mean[c0 + j] = bk.mh[j];
+  if (a.rstd)
+    for (int j = 0; j < k; ++j) a.rstd[c0 + j] = bk.r[j];
+  const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r);
+  const float* pf = ahead(a.x, a.next_x, c0, a.w);
+  const float* pfy = ahead(a.y, a.next_y, c0, a.w);
+  // Scalar math: y = ((x − m_hi) − m_lo)·r·γ_i + β_i in float, left to right (RMSNorm: x·r·γ_i)
+  for (Index i = 0; i < n; ++i) {
+    if (pf) prefetch16(pf + a.xoff[i]);
+    if (pfy) prefetch16(pfy + a.yoff[i]);
+    VF v = mul(dev<Center>(ld<Full>(x + a.xoff[i], k), mh, ml), r);
+    if constexpr (W) v = mul(v, bcast(a.wt[i]));
+    if constexpr (B) v = add(v, bcast(a.b[i]));
+    float* p = y + a.yoff[i];
+    if constexpr (!Full)
+      store_n(p, v, k);
+    else if (a.stream && aligned64(p))
+      stream(p, v);
+    else
+      store(p, v);
   }
-  // Scalar math: dx = float(rstd[j]·(dy·wt[r] − mg[j] − x̂·mgx[j])), x̂ = (x − mean[j])·rstd[j]
-  for (Index r = 0; r < n; ++r) {
-    const float* px = x + xoff[r];
-    const float* pd = dy + dyoff[r];
-    float* po = dx + dxoff[r];
-    const double wr = wt ? static_cast<double>(wt[r]) : 1.0;
-    for (int k = 0; k < NB; ++k) {
-      v8d xv, dv, a, ax;
-      NL_LOAD8F(xv, px + 8 * k);
-      NL_LOAD8F(dv, pd + 8 * k);
-      NL_LOAD8D(a, mg + 8 * k);
-      NL_LOAD8D(ax, mgx + 8 * k);
-      const v8d xh = (xv - mu[k]) * rs[k];
-      const v8d g = wt ? dv * wr : dv;
-      NL_STORE8F(po + 8 * k, rs[k] * (g - a - xh * ax));
+}
+
+template <bool Center, bool W, bool B>
+void forward_impl(const ColumnForward& a) {
+  for (Index c0 = 0; c0 < a.w; c0 += kF) {
+    if (c0 + kF <= a.w)
+      forward_block<Center, W, B, true>(a, c0, kF);
+    else
+      forward_block<Center, W, B, false>(a, c0, static_cast<int>(a.w - c0));
+  }
+  if (a.stream) stream_fence();
+}
+
+void forward(const ColumnForward& a) {
+  const bool w = a.wt != nullptr, b = a.b != nullptr;
+  if (a.center) {
+    if (w && b) return forward_impl<true, true, true>(a);
+    if (w) return forward_impl<true, true, false>(a);
+    if (b) return forward_impl<true, false, true>(a);
+    return forward_impl<true, false, false>(a);
+  }
+  if (w) return forward_impl<false, true, false>(a);
+  return forward_impl<false, false, false>(a);
+}
+
+// flatten (also on forward_block): the block passes inlined whatever the compiler's inlining budget for
+// the rest of this file (out of line they measured 5-20% slower).
+template <bool Center, bool W, bool Full>
+[[gnu::flatten]] void backward_block(const ColumnBackward& a, Index c0, int k, bool first) {
+  Block bk;
+  const float* x = a.x + c0;
+  const float* dy = a.dy + c0;
+  float* dx = a.dx + c0;
+  const Index n = a.n;
+  block_sum<Full>(bk, x, a.xoff, n, k);
+  block_mean<Center>(bk, n);
+  block_second<Center, true, W, Full>(bk, x, a.xoff, dy, a.dyoff, a.wt, n, k);
+  block_rstd<Center, true>(bk, n, a.eps);
+  const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r), c0v = load(bk.c0), c2v = load(bk.c2);
+  const float* pfx = ahead(a.x, a.next_x, c0, a.w);
+  const float* pfd = ahead(a.dy, a.next_dy, c0, a.w);
+  const float* pfo = ahead(a.dx, a.next_dx, c0, a.w);
+  double* lw = a.lanes;
+  double* lb = a.lanes + 8 * n;
+  // Scalar math: d = (x − m_hi) − m_lo; g = dy·γ_i; dx = r·((g − c0) − d·c2) in float (RMSNorm: r·(g − d·c2));
+  //              lanes_w[i][j mod 8] += double(dy·(d·r)); lanes_b[i][j mod 8] += double(dy)
+  for (Index i = 0; i < n; ++i) {
+    if (pfx) {
+      prefetch16(pfx + a.xoff[i]);
+      prefetch16(pfd + a.dyoff[i]);
     }
-    for (Index j = c0; j < w; ++j) {
-      const double xh = (static_cast<double>(px[j]) - mean[j]) * rstd[j];
-      const double d = static_cast<double>(pd[j]);
-      const double g = wt ? d * wr : d;
-      po[j] = static_cast<float>(rstd[j] * (g - mg[j] - xh * mgx[j]));
+    if (pfo) prefetch16(pfo + a.dxoff[i]);
+    const VF xv = ld<Full>(x + a.xoff[i], k), dyv = ld<Full>(dy + a.dyoff[i], k);
+    const VF d = dev<Center>(xv, mh, ml);
+    const VF g = W ? mul(dyv, bcast(a.wt[i])) : dyv;
+    const VF gc = Center ? sub(g, c0v) : g;
+    const VF v = mul(r, sub(gc, mul(d, c2v)));
+    float* p = dx + a.dxoff[i];
+    if constexpr (!Full)
+      store_n(p, v, k);
+    else if (a.stream && aligned64(p))
+      stream(p, v);
+    else
+      store(p, v);
+    if (a.dw) {
+      VF t = mul(dyv, mul(d, r));
+      if constexpr (!Full) t = keep_n(t, k);  // the zero-padded columns may hold NaN (eps = 0)
+      const VD base = first ? zerod() : loadd(lw + 8 * i);
+      stored(lw + 8 * i, add(add(base, cvt_lo(t)), cvt_hi(t)));
+    }
+    if (a.db) {
+      const VD base = first ? zerod() : loadd(lb + 8 * i);
+      stored(lb + 8 * i, add(add(base, cvt_lo(dyv)), cvt_hi(dyv)));
     }
   }
 }
 
-void backward_dx(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,
-                 const Index* xoff, Index n, Index w, const double* mean, const double* rstd, const float* wt,
-                 const double* mg, const double* mgx) {
-  NL_DISPATCH_BLOCKS(backward_dx_blocks, dx, dxoff, dy, dyoff, x, xoff, n, w, mean, rstd, wt, mg, mgx)
+template <bool Center, bool W>
+void backward_impl(const ColumnBackward& a) {
+  for (Index c0 = 0; c0 < a.w; c0 += kF) {
+    if (c0 + kF <= a.w)
+      backward_block<Center, W, true>(a, c0, kF, c0 == 0);
+    else
+      backward_block<Center, W, false>(a, c0, static_cast<int>(a.w - c0), c0 == 0);
+  }
+  // Scalar math: dw[i] += hsum(lanes_w[i]); db[i] += hsum(lanes_b[i])
+  if (a.dw)
+    for (Index i = 0; i < a.n; ++i) a.dw[i] += hsum(loadd(a.lanes + 8 * i));
+  if (a.db)
+    for (Index i = 0; i < a.n; ++i) a.db[i] += hsum(loadd(a.lanes + 8 * a.n + 8 * i));
+  if (a.stream) stream_fence();
 }
+
+void backward(const ColumnBackward& a) {
+  const bool w = a.wt != nullptr;
+  if (a.center) return w ? backward_impl<true, true>(a) : backward_impl<true, false>(a);
+  return w ? backward_impl<false, true>(a) : backward_impl<false, false>(a);
+}
+
+// ---- segment sums and copies (channel-norm engine) --------------------------------------------------
 
 // Fixed tree over 16 lanes held as two blocks of 8 (lanes 0-7 and 8-15).
 inline double lane_tree16(const double* lo, const double* hi) {
@@ -379,17 +464,16 @@ void store_fence() {
   _mm_sfence();
 }
 
-#undef NL_DISPATCH_BLOCKS
 #undef NL_LOAD8F
 #undef NL_LOAD8D
 #undef NL_STORE8F
+#undef NL_SQRT8D
 
 }  // namespace
 }  // namespace column_impl
 
 extern const ColumnKernels kColumnTable;
-const ColumnKernels kColumnTable = {
-    column_impl::stats,        column_impl::forward,     column_impl::backward_sums, column_impl::backward_dx,
-    column_impl::segment_sums, column_impl::copy_stream, column_impl::store_fence};
+const ColumnKernels kColumnTable = {column_impl::forward, column_impl::backward, column_impl::segment_sums,
+                                    column_impl::copy_stream, column_impl::store_fence};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -3,11 +3,19 @@
 //
 // A TILE is w ≤ kColumnTile neighbouring groups ("columns") that sit side by side in memory: row r of
 // the tile (r < n, the r-th normalized element in row-major order of the normalized axes) holds the w
-// columns' elements at base + off[r] + j, j < w. Every per-column quantity is a sum over r in
-// increasing order in double, one accumulator per column: lanes are independent, so vectorizing along
-// j changes nothing and every instruction set computes the same bits. Elementwise math is double with
-// one final rounding to float, as in the row kernels. The only cross-column sums are the dγ/dβ
-// contributions of a tile (backward_sums), combined in a fixed order described there.
+// columns' elements at base + off[r] + j, j < w. The kernels are written against simd/vec.h and work on
+// the columns 16 at a time (one VF per row), so lanes are columns: every per-column quantity is formed
+// with exactly the operations, and in exactly the order, that the fused row kernels (row_kernels-inl.h,
+// docs/numerics.md "Precision") apply to that group as a contiguous row. Hence y, mean, rstd and dx are
+// bitwise those of normalizing the transposed copy on the row path, on every target (vec.h gives the
+// same bits on avx512, avx2 and scalar). Concretely, for one column with elements x_i, i < n:
+//   Σx:  row i goes to partial P[i mod 32] (summed in double from 0, in increasing i);
+//        S_l = (P_l + P_{8+l}) + (P_{16+l} + P_{24+l}), Σx = ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 + S7)).
+//   Second pass (e = x − m_hi in float): blocks of 64 rows; in block k, "lane" L < 16 forms the float
+//        q_L = (e²_{64k+L} + e²_{64k+16+L}) + (e²_{64k+32+L} + e²_{64k+48+L}) (rows ≥ n count as e = 0),
+//        Q_L = Σ_k double(q_L), T_l = Q_l + Q_{l+8}, Σe² = ((T0 + T4) + (T2 + T6)) + ((T1 + T5) + (T3 + T7));
+//        the backward forms Σg and Σg·e (g = dy·γ) the same way.
+// The only cross-column sums are the dγ/dβ contributions of a tile (backward), see ColumnBackward.
 //
 // One source file (column_kernels-inl.h) is compiled once per instruction set (src/simd/kernels_*.cpp).
 #pragma once
@@ -16,31 +24,67 @@
 
 namespace normlab::kernels {
 
-inline constexpr Index kColumnTile = 64;  // columns per tile (8 blocks of 8)
+inline constexpr Index kColumnTile = 64;  // columns per tile (four vectors of 16)
+// Prefetch distance in blocks of 16 columns (one tile): far enough ahead to hide a memory access.
+inline constexpr Index kColumnPrefetch = 4;
+
+// Forward of one tile: y (may equal x), and float(mean), float(rstd) of column j into mean[j], rstd[j]
+// when not null. wt, b: per row (γ_r, β_r), may be null. stream: non-temporal stores for the rows of y
+// whose 16-column block is 64-byte aligned (same values).
+struct ColumnForward {
+  float* y = nullptr;
+  const Index* yoff = nullptr;
+  const float* x = nullptr;
+  const Index* xoff = nullptr;
+  Index n = 0, w = 0;
+  const float* wt = nullptr;
+  const float* b = nullptr;
+  double eps = 0;
+  bool center = true;
+  bool stream = false;
+  float* mean = nullptr;
+  float* rstd = nullptr;
+  // The next tile the caller will hand over (same row offsets; null: none). While the output pass of
+  // block v runs, the rows of x and y of the block kColumnPrefetch blocks ahead are prefetched, from
+  // this tile or from the next (the tile's strided rows are too many streams for the hardware
+  // prefetchers).
+  const float* next_x = nullptr;
+  const float* next_y = nullptr;
+};
+
+// Backward of one tile: dx (may equal dy or x) from dy, x, wt (may be null), with mean and rstd
+// recomputed from x as the forward does. dw, db (double, per row, may be null): dw[r] += Σ_j dy·x̂ and
+// db[r] += Σ_j dy over the tile's columns, where the float term of column j (dy·(d·r), or dy) is added
+// in double to lane j mod 8 of a per-row accumulator starting at 0, in increasing j, and the 8 lanes
+// are combined by vec::hsum's tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). lanes: scratch of
+// 16·n doubles (needed when dw or db is given).
+struct ColumnBackward {
+  float* dx = nullptr;
+  const Index* dxoff = nullptr;
+  const float* dy = nullptr;
+  const Index* dyoff = nullptr;
+  const float* x = nullptr;
+  const Index* xoff = nullptr;
+  Index n = 0, w = 0;
+  const float* wt = nullptr;
+  double eps = 0;
+  bool center = true;
+  bool stream = false;
+  double* dw = nullptr;
+  double* db = nullptr;
+  double* lanes = nullptr;
+  const float* next_x = nullptr;  // as in ColumnForward (x, dy and dx are prefetched)
+  const float* next_dy = nullptr;
+  const float* next_dx = nullptr;
+};
 
 struct ColumnKernels {
-  // Per column j < w, two passes: mean[j] = Σ_r x[xoff[r] + j] / n (0 when !center), then
-  // rstd[j] = 1/√(Σ_r (x − mean[j])² / n + eps).
-  void (*stats)(double* mean, double* rstd, const float* x, const Index* xoff, Index n, Index w, double eps,
-                bool center);
-  // y[yoff[r] + j] = float((x − mean[j])·rstd[j]·wt[r] + b[r]); wt and b may be null. y may equal x.
-  void (*forward)(float* y, const Index* yoff, const float* x, const Index* xoff, Index n, Index w,
-                  const double* mean, const double* rstd, const float* wt, const float* b);
-  // With g = dy·wt[r] and x̂ = (x − mean[j])·rstd[j]: sg[j] = Σ_r g, sgx[j] = Σ_r g·x̂; and, when not
-  // null, dw[r] += Σ_j dy·x̂ and db[r] += Σ_j dy, where the sum over j runs as: column j < 8·⌊w/8⌋
-  // goes to lane j mod 8 (blocks in increasing order), the 8 lanes are combined by the fixed tree
-  // (l += l+4, l += l+2, l += l+1), then the remaining columns are added in increasing j.
-  void (*backward_sums)(double* sg, double* sgx, double* dw, double* db, const float* dy, const Index* dyoff,
-                        const float* x, const Index* xoff, Index n, Index w, const double* mean,
-                        const double* rstd, const float* wt);
-  // dx[dxoff[r] + j] = float(rstd[j]·(dy·wt[r] − mg[j] − x̂·mgx[j])). dx may equal dy or x.
-  void (*backward_dx)(float* dx, const Index* dxoff, const float* dy, const Index* dyoff, const float* x,
-                      const Index* xoff, Index n, Index w, const double* mean, const double* rstd,
-                      const float* wt, const double* mg, const double* mgx);
+  void (*forward)(const ColumnForward& a);
+  void (*backward)(const ColumnBackward& a);
   // Over one contiguous segment of n floats, with d = x[i] − c: s[0] = Σ d, s[1] = Σ d², and when dy is
-  // not null s[2] = Σ dy, s[3] = Σ dy·d (also used by the channel-norm engine: moments of a segment
-  // around one of its own values, in one pass). Element i < 16·⌊n/16⌋ goes to lane i mod 16, the 16
-  // lanes are combined by the fixed tree (l += l+8, +4, +2, +1), then the rest is added in order.
+  // not null s[2] = Σ dy, s[3] = Σ dy·d (used by the channel-norm engine: moments of a segment around
+  // one of its own values, in one pass). Element i < 16·⌊n/16⌋ goes to lane i mod 16, the 16 lanes are
+  // combined by the fixed tree (l += l+8, +4, +2, +1), then the rest is added in order.
   void (*segment_sums)(double* s, const float* x, const float* dy, Index n, double c);
   // dst[i] = src[i] with non-temporal stores where dst is 64-byte aligned (ordinary stores at the
   // unaligned ends); for outputs that do not fit in cache (also used by the channel-norm engine). Call

@@ -1,14 +1,16 @@
 // The column path of LayerNorm and RMSNorm (see column_norm.h and column_kernels.h).
 //
 // Work units: x's groups are (outer kept index o, column t of the innermost kept axis K). A unit is o
-// and a tile of up to kColumnTile neighbouring columns. Per unit, in double, one accumulator per
-// column, rows r (the normalized elements, row-major) in increasing order:
-//   forward:  mean = Σx/n; var = Σ(x − mean)²/n (second pass over the tile, still in cache);
-//             rstd = 1/√(var + eps); y = (x − mean)·rstd·γ_r + β_r.   (RMSNorm: mean ≡ 0, no β.)
-//   backward: mean, rstd as above; Σg, Σg·x̂ with g = dy·γ_r; dx = rstd·(g − Σg/n − x̂·Σg·x̂/n)
-//             (RMSNorm: without the Σg term); dγ_r += Σ_columns dy·x̂, dβ_r += Σ_columns dy.
-// Units are independent, so the forward's bits do not depend on the schedule. dγ/dβ: units are cut
-// into chunks by plan::param_grad_chunks (shape only); each chunk adds its units' tile sums into its
+// and a tile of up to kColumnTile neighbouring columns, handed to one kernel call. Per column, the
+// kernels form exactly the row kernels' quantities in their order (docs/numerics.md "Precision"):
+//   forward:  mean = Σx/n in double; m_hi, m_lo; e = x − m_hi in fp32, var = Σe²/n − m_lo² (fp32 squares,
+//             double accumulation); rstd = 1/√(var + eps); y = ((x − m_hi) − m_lo)·r·γ_r + β_r in fp32.
+//             (RMSNorm: mean ≡ 0, no β.)
+//   backward: mean, rstd as above; Σg, Σg·e with g = dy·γ_r; dx = r·((g − mean_g) − d·rstd·mean_gx̂) in
+//             fp32 (RMSNorm: without mean_g); dγ_r += Σ_columns dy·x̂, dβ_r += Σ_columns dy.
+// so y, mean, rstd and dx are bitwise those of the row path on the transposed copy. Units are
+// independent, so the forward's bits do not depend on the schedule. dγ/dβ: units are cut into chunks by
+// plan::param_grad_chunks (shape only); each chunk adds its units' tile sums (column_kernels.h) into its
 // own double row in unit order; the rows are summed in chunk order and rounded once.
 #include "norm/column_norm.h"
 
@@ -97,21 +99,12 @@ struct Operand {
     const Index o = u / un.tiles, t = u % un.tiles;
     return reinterpret_cast<T*>(base) + plan::group_offset(o, un.outer_shape, outer) + t * kColumnTile;
   }
-  // Asks for unit u's tile ahead of its use: its rows are n short runs far apart, too many streams for
-  // the hardware prefetcher to follow.
-  void prefetch(const Units& un, Index u, bool write) const {
-    if (u >= un.count) return;
-    const char* t = at<const char>(un, u);
-    const Index bytes = std::min(kColumnTile, un.K - (u % un.tiles) * kColumnTile) * Index{sizeof(float)};
-    for (const Index r : rows)
-      for (Index b = 0; b < bytes; b += 64) {
-        if (write)
-          __builtin_prefetch(t + r * Index{sizeof(float)} + b, 1, 3);
-        else
-          __builtin_prefetch(t + r * Index{sizeof(float)} + b, 0, 3);
-      }
-  }
 };
+
+// Outputs of at least this many bytes are written with non-temporal stores where a row of a block is
+// 64-byte aligned, as on the row path (same values). (With the output prefetched ahead, streaming a
+// 10 MB output measured slower, not faster.)
+constexpr Index kStreamMinBytes = Index{16} << 20;
 
 Index tile_width(const Units& un, Index u) {
   return std::min(kColumnTile, un.K - (u % un.tiles) * kColumnTile);
@@ -135,21 +128,35 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
   const Units un = units_of(s);
   const Operand xo(s, x), yo(s, y);
   const kernels::ColumnKernels& k = kernels::column_kernels();
+  const bool stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
   parallel::parallel_for(un.count, [&](Index u) {
-    const Index wd = tile_width(un, u);
-    xo.prefetch(un, u + 1, false);
-    yo.prefetch(un, u + 1, true);
-    double mu[kColumnTile], rs[kColumnTile];
-    const float* xt = xo.at<const float>(un, u);
-    k.stats(mu, rs, xt, xo.rows.data(), s.n, wd, eps, kind.center);
-    k.forward(yo.at<float>(un, u), yo.rows.data(), xt, xo.rows.data(), s.n, wd, mu, rs, w, b);
+    float mu[kColumnTile], rs[kColumnTile];
+    kernels::ColumnForward a;
+    a.y = yo.at<float>(un, u);
+    a.yoff = yo.rows.data();
+    a.x = xo.at<const float>(un, u);
+    a.xoff = xo.rows.data();
+    a.n = s.n;
+    a.w = tile_width(un, u);
+    a.wt = w;
+    a.b = b;
+    a.eps = eps;
+    a.center = kind.center;
+    a.stream = stream;
+    a.mean = mean.defined ? mu : nullptr;
+    a.rstd = rstd.defined ? rs : nullptr;
+    if (u + 1 < un.count) {
+      a.next_x = xo.at<const float>(un, u + 1);
+      a.next_y = yo.at<float>(un, u + 1);
+    }
+    k.forward(a);
     // The tile's groups are consecutive along the innermost kept axis.
     const Index g0 = u / un.tiles * un.K + (u % un.tiles) * kColumnTile;
-    auto write_stats = [&](const plan::PartOperand& p, const double* v) {
+    auto write_stats = [&](const plan::PartOperand& p, const float* v) {
       if (!p.defined) return;
       float* at = reinterpret_cast<float*>(p.base) + plan::group_offset(g0, s.k_shape, p.strides);
       const Index step = p.strides[p.strides.size() - 1];
-      for (Index j = 0; j < wd; ++j) at[j * step] = static_cast<float>(v[j]);
+      for (Index j = 0; j < a.w; ++j) at[j * step] = v[j];
     };
     write_stats(mean, mu);
     write_stats(rstd, rs);
@@ -162,32 +169,36 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
   const Units un = units_of(s);
   const Operand xo(s, x), dyo(s, dy), dxo(s, dx);
   const kernels::ColumnKernels& k = kernels::column_kernels();
-  const double nn = static_cast<double>(s.n);
   const std::size_t n = static_cast<std::size_t>(s.n);
+  const bool stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
 
   const plan::Chunks ch = plan::param_grad_chunks(un.count, s.n);
   std::vector<double> dw_part(dweight.defined ? static_cast<std::size_t>(ch.count) * n : 0);
   std::vector<double> db_part(dbias.defined ? static_cast<std::size_t>(ch.count) * n : 0);
   parallel::parallel_for(ch.count, [&](Index c) {
-    double* dwc = dweight.defined ? dw_part.data() + static_cast<std::size_t>(c) * n : nullptr;
-    double* dbc = dbias.defined ? db_part.data() + static_cast<std::size_t>(c) * n : nullptr;
+    std::vector<double> lanes(dweight.defined || dbias.defined ? 16 * n : 0);
+    kernels::ColumnBackward a;
+    a.dxoff = dxo.rows.data();
+    a.dyoff = dyo.rows.data();
+    a.xoff = xo.rows.data();
+    a.n = s.n;
+    a.wt = w;
+    a.eps = eps;
+    a.center = kind.center;
+    a.stream = stream;
+    a.dw = dweight.defined ? dw_part.data() + static_cast<std::size_t>(c) * n : nullptr;
+    a.db = dbias.defined ? db_part.data() + static_cast<std::size_t>(c) * n : nullptr;
+    a.lanes = lanes.data();
     const Index u_end = std::min(un.count, (c + 1) * ch.size);
     for (Index u = c * ch.size; u < u_end; ++u) {
-      const Index wd = tile_width(un, u);
-      xo.prefetch(un, u + 1, false);
-      dyo.prefetch(un, u + 1, false);
-      dxo.prefetch(un, u + 1, true);
-      double mu[kColumnTile], rs[kColumnTile], mg[kColumnTile], mgx[kColumnTile];
-      const float* xt = xo.at<const float>(un, u);
-      const float* dyt = dyo.at<const float>(un, u);
-      k.stats(mu, rs, xt, xo.rows.data(), s.n, wd, eps, kind.center);
-      k.backward_sums(mg, mgx, dwc, dbc, dyt, dyo.rows.data(), xt, xo.rows.data(), s.n, wd, mu, rs, w);
-      for (Index j = 0; j < wd; ++j) {
-        mg[j] = kind.center ? mg[j] / nn : 0.0;
-        mgx[j] = mgx[j] / nn;
-      }
-      k.backward_dx(dxo.at<float>(un, u), dxo.rows.data(), dyt, dyo.rows.data(), xt, xo.rows.data(), s.n, wd,
-                    mu, rs, w, mg, mgx);
+      a.w = tile_width(un, u);
+      a.x = xo.at<const float>(un, u);
+      a.dy = dyo.at<const float>(un, u);
+      a.dx = dxo.at<float>(un, u);
+      a.next_x = u + 1 < un.count ? xo.at<const float>(un, u + 1) : nullptr;
+      a.next_dy = u + 1 < un.count ? dyo.at<const float>(un, u + 1) : nullptr;
+      a.next_dx = u + 1 < un.count ? dxo.at<float>(un, u + 1) : nullptr;
+      k.backward(a);
     }
   });
   if (!dweight.defined && !dbias.defined) return;

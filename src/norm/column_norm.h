@@ -1,7 +1,8 @@
 // The column path of LayerNorm and RMSNorm (internal): normalized axes whose elements are strided while
 // the innermost kept axis is contiguous, e.g. [B,F,T] over F with T contiguous. The reduction runs down
 // the rows of a tile of neighbouring groups, vectorized along the contiguous axis: no transpose, no
-// gather. row_norm_forward/backward call it after their checks (see row_norm.cpp).
+// gather, and the row path's bits for y, mean, rstd and dx (docs/numerics.md). row_norm_forward/backward
+// call it after their checks (see row_norm.cpp).
 #pragma once
 
 #include <initializer_list>

@@ -45,7 +45,10 @@ View sliced(Tensor& parent, std::mt19937_64& rng, Index B, Index F, Index T, dou
 
 TEST(TorchLayouts, LayerNormAndRmsNormOverFOfBft) {
   std::mt19937_64 rng(606);
-  const std::vector<Dims> shapes = {{4, 80, 100}, {2, 33, 1025}, {3, 7, 203}, {1, 1025, 9}};
+  // T = 1 and 7 are below the column path's 8 frames (gathered onto the row path), 9 and 33 a partial
+  // block of 16 columns, 100 and 203 several blocks, 1025 sixteen tiles and one column.
+  const std::vector<Dims> shapes = {{4, 80, 100}, {2, 33, 1025}, {3, 7, 203}, {1, 1025, 9},
+                                    {2, 80, 33},  {3, 40, 7},    {3, 24, 1}};
   for (const Dims& shape : shapes) {
     const Index B = shape[0], F = shape[1], T = shape[2];
     SCOPED_TRACE(shape.str());

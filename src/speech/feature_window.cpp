@@ -116,23 +116,32 @@ namespace {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-[[gnu::always_inline]] inline double SumOfInline(const double* x, std::size_t n) {
+// T = double, or float samples (each converted exactly to double first: the same sums).
+template <typename T>
+[[gnu::always_inline]] inline double SumOfInline(const T* x, std::size_t n) {
   double acc[8] = {};
   std::size_t i = 0;
   // Scalar math: acc[j] += x[i + j], eight independent lanes.
   for (; i + 8 <= n; i += 8)
-    for (std::size_t j = 0; j < 8; ++j) acc[j] += x[i + j];
-  for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += x[i];
+    for (std::size_t j = 0; j < 8; ++j) acc[j] += static_cast<double>(x[i + j]);
+  for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += static_cast<double>(x[i]);
   return CombineLanes(acc);
 }
 
-[[gnu::always_inline]] inline double SumOfSquaresAboutInline(const double* x, std::size_t n, double mean) {
+template <typename T>
+[[gnu::always_inline]] inline double SumOfSquaresAboutInline(const T* x, std::size_t n, double mean) {
   double acc[8] = {};
   std::size_t i = 0;
   // Scalar math: acc[j] += (x[i + j] − mean)², eight independent lanes.
   for (; i + 8 <= n; i += 8)
-    for (std::size_t j = 0; j < 8; ++j) acc[j] += (x[i + j] - mean) * (x[i + j] - mean);
-  for (std::size_t j = 0; i < n; ++i, ++j) acc[j] += (x[i] - mean) * (x[i] - mean);
+    for (std::size_t j = 0; j < 8; ++j) {
+      const double d = static_cast<double>(x[i + j]) - mean;
+      acc[j] += d * d;
+    }
+  for (std::size_t j = 0; i < n; ++i, ++j) {
+    const double d = static_cast<double>(x[i]) - mean;
+    acc[j] += d * d;
+  }
   return CombineLanes(acc);
 }
 
@@ -170,6 +179,56 @@ void WindowKernelBaseline(double* x, std::size_t n, const double* w, double c, b
                                                                            bool remove_dc, double* energy) {
   WindowKernel(x, n, w, c, remove_dc, energy);
 }
+
+// The same window kernel reading the float samples of a frame that lies inside the buffer (and with no
+// dither): y[i] = w[i]·((x[i] − mean) − c·(x[i−1] − mean)) for i = 1..n−1 in increasing order (y is not
+// x, so there is nothing to overwrite), y[0] likewise with x[0], and the zero padding y[n..padded). The
+// samples are converted exactly to double where they are read, so every value is that of WindowKernel on
+// the converted copy: the same bits, without the copy and without the backwards pass.
+[[gnu::always_inline]] inline void WindowKernelFromSamples(double* y, std::size_t padded, const float* x,
+                                                           std::size_t n, const double* w, double c,
+                                                           bool remove_dc, double* energy) {
+  const double mean = remove_dc ? SumOfInline(x, n) / static_cast<double>(n) : 0.0;
+  if (energy != nullptr) *energy = SumOfSquaresAboutInline(x, n, mean);
+  if (c == 0.0) {
+    // Scalar math: y[i] = w[i]·(x[i] − mean).
+    for (std::size_t i = 0; i < n; ++i) y[i] = w[i] * (static_cast<double>(x[i]) - mean);
+  } else {
+    y[0] = w[0] * ((static_cast<double>(x[0]) - mean) - c * (static_cast<double>(x[0]) - mean));
+    // Scalar math: y[i] = w[i]·((x[i] − mean) − c·(x[i−1] − mean)).
+    for (std::size_t i = 1; i < n; ++i)
+      y[i] = w[i] * ((static_cast<double>(x[i]) - mean) - c * (static_cast<double>(x[i - 1]) - mean));
+  }
+  for (std::size_t i = n; i < padded; ++i) y[i] = 0.0;
+}
+using WindowFromSamplesFn = void (*)(double*, std::size_t, const float*, std::size_t, const double*, double,
+                                     bool, double*);
+void WindowFromSamplesBaseline(double* y, std::size_t padded, const float* x, std::size_t n, const double* w,
+                               double c, bool remove_dc, double* energy) {
+  WindowKernelFromSamples(y, padded, x, n, w, c, remove_dc, energy);
+}
+[[gnu::target("avx2")]] void WindowFromSamplesAvx2(double* y, std::size_t padded, const float* x,
+                                                   std::size_t n, const double* w, double c, bool remove_dc,
+                                                   double* energy) {
+  WindowKernelFromSamples(y, padded, x, n, w, c, remove_dc, energy);
+}
+[[gnu::target("avx512f,prefer-vector-width=512")]] void WindowFromSamplesAvx512(double* y, std::size_t padded,
+                                                                                const float* x, std::size_t n,
+                                                                                const double* w, double c,
+                                                                                bool remove_dc,
+                                                                                double* energy) {
+  WindowKernelFromSamples(y, padded, x, n, w, c, remove_dc, energy);
+}
+// log(max(E, FLT_EPSILON)) of a frame energy E, as Kaldi's log_energy_pre_window.
+float LogEnergy(double energy) {
+  return static_cast<float>(std::log(std::max(energy, static_cast<double>(FLT_EPSILON))));
+}
+
+WindowFromSamplesFn window_from_samples_for(Isa isa) {
+  return isa == Isa::kScalar ? WindowFromSamplesBaseline
+         : isa == Isa::kAvx2 ? WindowFromSamplesAvx2
+                             : WindowFromSamplesAvx512;
+}
 }  // namespace
 
 double SumOf(const double* x, std::size_t n) {
@@ -201,8 +260,7 @@ void ProcessWindow(const FrameExtractionOptions& opts, const FeatureWindowFuncti
                                 : WindowKernelAvx512)(window.data(), n, window_function.window().data(),
                                                       opts.preemph_coeff, opts.remove_dc_offset,
                                                       log_energy_pre_window != nullptr ? &energy : nullptr);
-  if (log_energy_pre_window != nullptr)
-    *log_energy_pre_window = static_cast<float>(std::log(std::max(energy, static_cast<double>(FLT_EPSILON))));
+  if (log_energy_pre_window != nullptr) *log_energy_pre_window = LogEnergy(energy);
 }
 
 void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std::int64_t frame,
@@ -214,6 +272,18 @@ void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std:
   const std::int64_t n = static_cast<std::int64_t>(wave.size());
   NL_CHECK(n > 0, "cannot extract frame {} from an empty waveform buffer", frame);
   if (window.size() != static_cast<std::size_t>(padded)) window.assign(static_cast<std::size_t>(padded), 0.0);
+  if (opts.dither == 0.0f && start >= 0 && start + length <= n && length >= 2) {
+    // The common case: one pass from the samples (WindowKernelFromSamples), the same bits as below.
+    const FeatureWindowFunction& wf = window_function;
+    NL_DCHECK(wf.window().size() == static_cast<std::size_t>(length));
+    double energy = 0;
+    window_from_samples_for(active_isa())(window.data(), static_cast<std::size_t>(padded),
+                                          wave.data() + start, static_cast<std::size_t>(length),
+                                          wf.window().data(), opts.preemph_coeff, opts.remove_dc_offset,
+                                          log_energy_pre_window != nullptr ? &energy : nullptr);
+    if (log_energy_pre_window != nullptr) *log_energy_pre_window = LogEnergy(energy);
+    return;
+  }
   std::fill(window.begin() + length, window.end(), 0.0);  // the zero padding up to the FFT length
   if (start >= 0 && start + length <= n) {
     // Scalar math: float → double.

@@ -1,11 +1,15 @@
 // Framing, window functions and the per-frame pipeline (Kaldi's feature-window.cc semantics).
 #include <gtest/gtest.h>
+#include <normlab/simd.h>
 #include <normlab/speech/feature_window.h>
 #include <normlab/speech/mel_banks.h>
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
+#include <string>
 #include <vector>
 
 #include "support/tolerance.h"
@@ -103,6 +107,52 @@ TEST(FeatureWindow, MirroringRepeatsTheEdgeSampleLikeKaldiAndTorchaudio) {
   EXPECT_EQ(w, (std::vector<double>{11, 10, 10, 11, 12, 13, 14, 15}));
   ExtractWindow(0, x, 1, o, wf, d, w, nullptr);  // starts at 2: 12..15, then 15 14 13 12
   EXPECT_EQ(w, (std::vector<double>{12, 13, 14, 15, 15, 14, 13, 12}));
+}
+
+// A frame inside the buffer with no dither takes the one-pass kernel that reads the float samples; it
+// must give the bits of the general path (convert to double, then ProcessWindow) for every window
+// type, pre-emphasis on and off, DC removal on and off, the raw energy, and every instruction set.
+TEST(FeatureWindow, FramesInsideTheBufferGiveTheBitsOfProcessWindow) {
+  std::vector<float> x(1200);
+  std::uint32_t state = 12345;
+  for (float& v : x) {  // int16-range samples plus a DC offset
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<float>(static_cast<int>(state >> 16) - 32768) * 0.5f + 300.0f;
+  }
+  const Isa saved = active_isa();
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (const char* type : {"povey", "hamming", "hanning", "sine", "rectangular", "blackman"})
+      for (float preemph : {0.97f, 0.0f})
+        for (bool dc : {true, false}) {
+          SCOPED_TRACE(std::string(type) + " preemph " + std::to_string(preemph) + " dc " +
+                       std::to_string(dc) + " " + isa_name(isa));
+          FrameExtractionOptions o;
+          o.dither = 0;
+          o.window_type = type;
+          o.preemph_coeff = preemph;
+          o.remove_dc_offset = dc;
+          FeatureWindowFunction wf(o);
+          DitherState d(0);
+          for (std::int64_t frame : {0, 3, 4}) {  // frame 4 ends at sample 1040 ≤ 1200
+            std::vector<double> fast;
+            float e_fast = 0;
+            ExtractWindow(0, x, frame, o, wf, d, fast, &e_fast);
+            const std::int64_t start = FirstSampleOfFrame(frame, o);
+            ASSERT_LE(start + o.WindowSize(), static_cast<std::int64_t>(x.size()));
+            std::vector<double> ref(static_cast<std::size_t>(o.PaddedWindowSize()), 0.0);
+            for (std::int64_t s = 0; s < o.WindowSize(); ++s)
+              ref[static_cast<std::size_t>(s)] = x[static_cast<std::size_t>(start + s)];
+            float e_ref = 0;
+            ProcessWindow(o, wf, d, ref, &e_ref);
+            ASSERT_EQ(fast.size(), ref.size());
+            for (std::size_t k = 0; k < ref.size(); ++k)
+              ASSERT_EQ(std::bit_cast<std::uint64_t>(fast[k]), std::bit_cast<std::uint64_t>(ref[k])) << k;
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(e_fast), std::bit_cast<std::uint32_t>(e_ref));
+          }
+        }
+  }
+  set_isa(saved);
 }
 
 TEST(FrameExtractionOptions, ValidateNamesTheOption) {

@@ -41,6 +41,27 @@ const FbankOptions& validated(const FbankOptions& o) {
   o.Validate();
   return o;
 }
+
+// Kaldi refuses a waveform whose rate differs from the options' (no resampling).
+void CheckSampleFrequency(const FrameExtractionOptions& fo, float samp_freq) {
+  NL_CHECK(samp_freq == fo.samp_freq,
+           "sample frequency mismatch: the options say {} Hz but the waveform has {} Hz (normlab does not "
+           "resample; set --sample-frequency {} or resample the audio)",
+           fo.samp_freq, samp_freq, samp_freq);
+}
+
+// t × d features, frame after frame, as a [T, F] tensor or transposed into [F, T].
+Tensor FeaturesAs(const float* tf, Index t, Index d, FeatureLayout layout) {
+  Tensor out(layout == FeatureLayout::kTF ? Dims{t, d} : Dims{d, t});
+  float* o = out.data();
+  if (layout == FeatureLayout::kTF) {
+    std::copy_n(tf, t * d, o);
+  } else {
+    for (Index f = 0; f < t; ++f)
+      for (Index j = 0; j < d; ++j) o[j * t + f] = tf[f * d + j];
+  }
+  return out;
+}
 }  // namespace
 
 // The power spectrum |X_k|², k = 0..N/2, of a real frame of N samples, in double (why double:
@@ -185,10 +206,7 @@ OnlineFbank::OnlineFbank(const FbankOptions& opts)
 
 void OnlineFbank::AcceptWaveform(float samp_freq, std::span<const float> samples) {
   NL_CHECK(!finished_, "OnlineFbank: AcceptWaveform called after InputFinished");
-  NL_CHECK(samp_freq == opts_.frame_opts.samp_freq,
-           "sample frequency mismatch: the options say {} Hz but the waveform has {} Hz (normlab does not "
-           "resample; set --sample-frequency {} or resample the audio)",
-           opts_.frame_opts.samp_freq, samp_freq, samp_freq);
+  CheckSampleFrequency(opts_.frame_opts, samp_freq);
   if (samples.empty()) return;
   remainder_.insert(remainder_.end(), samples.begin(), samples.end());
   ComputeFeatures();
@@ -215,6 +233,19 @@ std::span<const float> OnlineFbank::GetFrame(std::int64_t frame) const {
   return std::span<const float>(features_).subspan(static_cast<std::size_t>(frame) * d, d);
 }
 
+void OnlineFbank::ComputeFrames(std::span<const float> wave, std::int64_t offset, std::int64_t first,
+                                std::int64_t last, float* out) {
+  const std::size_t d = static_cast<std::size_t>(Dim());
+  const bool need_energy = computer_.NeedRawLogEnergy();
+  for (std::int64_t f = first; f < last; ++f) {
+    float raw_log_energy = 0.0f;
+    ExtractWindow(offset, wave, f, opts_.frame_opts, window_function_, dither_, window_,
+                  need_energy ? &raw_log_energy : nullptr);
+    computer_.Compute(raw_log_energy, window_,
+                      std::span<float>(out + static_cast<std::size_t>(f - first) * d, d));
+  }
+}
+
 void OnlineFbank::ComputeFeatures() {
   const FrameExtractionOptions& fo = opts_.frame_opts;
   const std::int64_t total = waveform_offset_ + static_cast<std::int64_t>(remainder_.size());
@@ -222,14 +253,8 @@ void OnlineFbank::ComputeFeatures() {
   if (new_frames > num_frames_ && !remainder_.empty()) {
     const std::size_t d = static_cast<std::size_t>(Dim());
     features_.resize(static_cast<std::size_t>(new_frames) * d);
-    const bool need_energy = computer_.NeedRawLogEnergy();
-    for (std::int64_t f = num_frames_; f < new_frames; ++f) {
-      float raw_log_energy = 0.0f;
-      ExtractWindow(waveform_offset_, remainder_, f, fo, window_function_, dither_, window_,
-                    need_energy ? &raw_log_energy : nullptr);
-      computer_.Compute(raw_log_energy, window_,
-                        std::span<float>(features_).subspan(static_cast<std::size_t>(f) * d, d));
-    }
+    ComputeFrames(remainder_, waveform_offset_, num_frames_, new_frames,
+                  features_.data() + static_cast<std::size_t>(num_frames_) * d);
     num_frames_ = new_frames;
   }
   // Drop the samples no later frame needs, keeping one extra frame length of history: a final frame
@@ -245,29 +270,28 @@ void OnlineFbank::ComputeFeatures() {
 }
 
 Tensor OnlineFbank::Features(FeatureLayout layout) const {
-  const Index t = num_frames_, d = Dim();
-  Tensor out(layout == FeatureLayout::kTF ? Dims{t, d} : Dims{d, t});
-  float* o = out.data();
-  if (layout == FeatureLayout::kTF) {
-    std::copy_n(features_.data(), t * d, o);
-  } else {
-    for (Index f = 0; f < t; ++f)
-      for (Index j = 0; j < d; ++j) o[j * t + f] = features_[static_cast<std::size_t>(f * d + j)];
-  }
-  return out;
+  return FeaturesAs(features_.data(), num_frames_, Dim(), layout);
 }
 
+// The whole waveform at once: the frames of OnlineFbank fed everything and finished, in the same order
+// with the same dither sequence (so the same bits), computed straight from `samples` into the result
+// without copying the waveform into the stream buffer or the features out of it.
 Tensor FbankExtractor::Compute(std::span<const float> samples, float samp_freq, FeatureLayout layout) {
   fbank_.Reset();
-  fbank_.AcceptWaveform(samp_freq, samples);
-  fbank_.InputFinished();
+  CheckSampleFrequency(opts_.frame_opts, samp_freq);
   const FrameExtractionOptions& fo = opts_.frame_opts;
-  NL_CHECK(fbank_.NumFramesReady() > 0,
+  const std::int64_t frames =
+      samples.empty() ? 0 : NumFrames(static_cast<std::int64_t>(samples.size()), fo, true);
+  NL_CHECK(frames > 0,
            "the waveform has {} samples ({:.1f} ms), too short for one {}-sample frame ({} ms at {} Hz{}); "
            "Kaldi would output 0 frames, normlab refuses",
            samples.size(), 1000.0 * static_cast<double>(samples.size()) / fo.samp_freq, fo.WindowSize(),
            fo.frame_length_ms, fo.samp_freq, fo.snip_edges ? ", snip-edges true" : ", snip-edges false");
-  return fbank_.Features(layout);
+  const Index d = fbank_.Dim();
+  Tensor tf(Dims{frames, d});
+  fbank_.ComputeFrames(samples, 0, 0, frames, tf.data());
+  if (layout == FeatureLayout::kTF) return tf;
+  return FeaturesAs(tf.data(), frames, d, layout);
 }
 
 Tensor ComputeFbank(const FbankOptions& opts, std::span<const float> samples, float samp_freq,

@@ -98,7 +98,12 @@ class OnlineFbank {
   Tensor Features(FeatureLayout layout = FeatureLayout::kTF) const;
 
  private:
+  friend class FbankExtractor;
   void ComputeFeatures();
+  // Frames [first, last) of the waveform whose samples from stream position `offset` on are `wave`, in
+  // frame order (the dither generator advances frame by frame), each written to out + (f − first)·Dim().
+  void ComputeFrames(std::span<const float> wave, std::int64_t offset, std::int64_t first, std::int64_t last,
+                     float* out);
 
   FbankOptions opts_;
   FbankComputer computer_;

@@ -221,6 +221,12 @@ Dims stats_shape(const Plan& p) {
 }
 
 std::vector<double> group_counts(const Plan& p) {
+  if (p.grouping == Grouping::kBatch) {
+    // Every channel gets the same sum ((0 + valid(0)) + valid(1)) + ..., formed once.
+    double t = 0.0;
+    for (Index b = 0; b < p.B; ++b) t += static_cast<double>(p.valid(b));
+    return std::vector<double>(static_cast<std::size_t>(p.groups), t);
+  }
   std::vector<double> n(static_cast<std::size_t>(p.groups), 0.0);
   for (Index b = 0; b < p.B; ++b)
     for (Index c = 0; c < p.C; ++c)
@@ -238,27 +244,40 @@ std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& p
 
 namespace {
 
-// Per-group moments from per-segment Σx, mean_s = Σx/n_s and M2_s (see channel_norm.h), combined in
-// segment order.
-Moments combine_moments(const Plan& p, const std::vector<double>& sum, const std::vector<double>& mean_s,
-                        const std::vector<double>& m2) {
+// Per-group moments from the per-segment statistics st[0 .. B·C) (Σx, mean_s = Σx/n_s, M2_s; see
+// channel_norm.h), combined in segment order (b major, c minor; empty segments hold zeros).
+Moments combine_moments(const Plan& p, const kernels::SegmentStats* st) {
   Moments m;
   m.count = group_counts(p);
-  m.mean = reduce_to_groups(p, sum);
+  m.mean.assign(m.count.size(), 0.0);
+  const bool batch = p.grouping == Grouping::kBatch;
+  for (Index b = 0; b < p.B; ++b)
+    for (Index c = 0; c < p.C; ++c)
+      m.mean[static_cast<std::size_t>(batch ? c : p.group_of(b, c))] += st[b * p.C + c].sum;
   for (std::size_t g = 0; g < m.mean.size(); ++g) m.mean[g] = m.count[g] > 0 ? m.mean[g] / m.count[g] : 0.0;
   m.var.assign(m.mean.size(), 0.0);
   for (Index b = 0; b < p.B; ++b) {
     const double ns = static_cast<double>(p.valid(b));
     if (ns == 0) continue;
     for (Index c = 0; c < p.C; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
-                        g = static_cast<std::size_t>(p.group_of(b, c));
-      const double d = mean_s[s] - m.mean[g];
-      m.var[g] += m2[s] + ns * d * d;
+      const kernels::SegmentStats& t = st[b * p.C + c];
+      const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c));
+      const double d = t.mean - m.mean[g];
+      m.var[g] += t.m2 + ns * d * d;
     }
   }
   for (std::size_t g = 0; g < m.var.size(); ++g) m.var[g] = m.count[g] > 0 ? m.var[g] / m.count[g] : 0.0;
   return m;
+}
+
+// Per-segment statistics of the calling thread, reused from call to call (a pass over a large tensor
+// would otherwise allocate, fault in and zero B·C entries every time). Entry s is written by the task
+// that owns segment s.
+kernels::SegmentStats* segment_workspace(const Plan& p) {
+  thread_local std::vector<kernels::SegmentStats> ws;
+  const std::size_t n = static_cast<std::size_t>(p.segments());
+  if (ws.size() < n) ws.resize(n);
+  return ws.data();
 }
 
 }  // namespace
@@ -276,53 +295,62 @@ void mean_pair(double mean, float& mh, float& ml) {
 Moments moments(const Plan& p, ConstView x) {
   const Operand xo = operand(x, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
-  std::vector<double> sum(static_cast<std::size_t>(p.segments()), 0.0), m2(sum.size(), 0.0),
-      mean_s(sum.size(), 0.0);
+  kernels::SegmentStats* st = segment_workspace(p);
   for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
     const Index n = p.valid(b);
-    if (!n) return;
-    kernels::SegmentStats st;
-    k.segment_stats(&st, seg_in(xo, p, b, c, scratch), nullptr, n);
-    sum[static_cast<std::size_t>(s)] = st.sum;
-    mean_s[static_cast<std::size_t>(s)] = st.mean;
-    m2[static_cast<std::size_t>(s)] = st.m2;
+    if (!n) {
+      st[s] = kernels::SegmentStats{};
+      return;
+    }
+    k.segment_stats(st + s, seg_in(xo, p, b, c, scratch), nullptr, n);
   });
-  return combine_moments(p, sum, mean_s, m2);
+  return combine_moments(p, st);
 }
 
-GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps) {
+GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const float* w) {
   const Operand xo = operand(x, p), dyo = operand(dy, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
-  const std::size_t nseg = static_cast<std::size_t>(p.segments());
-  std::vector<double> sum(nseg, 0.0), m2(nseg, 0.0), mean_s(nseg, 0.0), sdyd(nseg, 0.0);
-  GradStats r;
-  r.sdy.assign(nseg, 0.0);
-  r.sdyxh.assign(nseg, 0.0);
+  kernels::SegmentStats* st = segment_workspace(p);
   for_segments(p, 2, needs_gather(xo, p) || needs_gather(dyo, p),
                [&](Index b, Index c, Index s, float* scratch) {
                  const Index n = p.valid(b);
-                 if (!n) return;
-                 const std::size_t si = static_cast<std::size_t>(s);
-                 kernels::SegmentStats st;
-                 k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
-                 sum[si] = st.sum;
-                 m2[si] = st.m2;
-                 mean_s[si] = st.mean;
-                 r.sdy[si] = st.sdy;
-                 sdyd[si] = st.sdyd;
+                 if (!n) {
+                   st[s] = kernels::SegmentStats{};
+                   return;
+                 }
+                 k.segment_stats(st + s, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S),
+                                 n);
                });
-  r.m = combine_moments(p, sum, mean_s, m2);
-  r.rstd.resize(r.m.var.size());
-  for (std::size_t g = 0; g < r.rstd.size(); ++g)
-    r.rstd[g] = r.m.count[g] > 0 ? 1.0 / std::sqrt(r.m.var[g] + eps) : 0.0;
-  // Σdy·x̂ = rstd·Σdy·(x − mean) = rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy).
+  GradStats r;
+  r.m = combine_moments(p, st);
+  const std::size_t ng = r.m.var.size(), nc = static_cast<std::size_t>(p.C);
+  r.rstd.resize(ng);
+  for (std::size_t g = 0; g < ng; ++g) r.rstd[g] = r.m.count[g] > 0 ? 1.0 / std::sqrt(r.m.var[g] + eps) : 0.0;
+  r.mg.assign(ng, 0.0);
+  r.mgx.assign(ng, 0.0);
+  r.dweight.assign(nc, 0.0);
+  r.dbias.assign(nc, 0.0);
+  const bool batch = p.grouping == Grouping::kBatch;
+  // In segment order (b major, c minor), per segment: Σdy·x̂ = rstd·Σdy·(x − mean)
+  // = rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy) (0 for an empty segment); Σ γ_c·Σdy and
+  // Σ γ_c·Σdy·x̂ per group; Σ_b Σdy·x̂ and Σ_b Σdy per channel.
   for (Index b = 0; b < p.B; ++b) {
-    if (p.valid(b) == 0) continue;
+    const bool empty = p.valid(b) == 0;
     for (Index c = 0; c < p.C; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
-                        g = static_cast<std::size_t>(p.group_of(b, c));
-      r.sdyxh[s] = r.rstd[g] * (sdyd[s] + (mean_s[s] - r.m.mean[g]) * r.sdy[s]);
+      const kernels::SegmentStats& t = st[b * p.C + c];
+      const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c)),
+                        ci = static_cast<std::size_t>(c);
+      const double sdyxh = empty ? 0.0 : r.rstd[g] * (t.sdyd + (t.mean - r.m.mean[g]) * t.sdy);
+      const double wc = w ? static_cast<double>(w[c]) : 1.0;
+      r.mg[g] += wc * t.sdy;
+      r.mgx[g] += wc * sdyxh;
+      r.dweight[ci] += sdyxh;
+      r.dbias[ci] += t.sdy;
     }
+  }
+  for (std::size_t g = 0; g < ng; ++g) {
+    r.mg[g] = r.m.count[g] > 0 ? r.mg[g] / r.m.count[g] : 0.0;
+    r.mgx[g] = r.m.count[g] > 0 ? r.mgx[g] / r.m.count[g] : 0.0;
   }
   return r;
 }
@@ -576,6 +604,21 @@ void write_param_grads(const Plan& p, View dweight, View dbias, const std::vecto
     if (dbias.defined()) {
       float& d = dbias.data()[c * dbias.stride(0)];
       d = acc ? d + static_cast<float>(sb) : static_cast<float>(sb);
+    }
+  }
+}
+
+void write_channel_grads(View dweight, View dbias, const std::vector<double>& sw,
+                         const std::vector<double>& sb, GradMode mode) {
+  const bool acc = mode == GradMode::kAccumulate;
+  for (std::size_t c = 0; c < sw.size(); ++c) {
+    if (dweight.defined()) {
+      float& d = dweight.data()[static_cast<Index>(c) * dweight.stride(0)];
+      d = acc ? d + static_cast<float>(sw[c]) : static_cast<float>(sw[c]);
+    }
+    if (dbias.defined()) {
+      float& d = dbias.data()[static_cast<Index>(c) * dbias.stride(0)];
+      d = acc ? d + static_cast<float>(sb[c]) : static_cast<float>(sb[c]);
     }
   }
 }

@@ -93,12 +93,15 @@ Moments moments(const Plan& p, ConstView x);
 // The statistics of a training backward in one pass over x and dy: the moments above, rstd per group
 // (0 for empty groups) and, per segment, sdy = Σ dy (double, exact terms) and sdyxh = Σ dy·x̂, formed
 // from the segment's own Σ dy·(x − mean_s) (fp32 products, double accumulation) as
-// rstd_g·(Σ dy·(x − mean_s) + (mean_s − mean_g)·Σ dy).
+// rstd_g·(Σ dy·(x − mean_s) + (mean_s − mean_g)·Σ dy) (0 for empty segments), combined in segment order
+// (b major, c minor; nothing per segment is kept):
+//   mg_g  = Σ_seg γ_c·sdy / n_g,  mgx_g = Σ_seg γ_c·sdyxh / n_g  (0 for empty groups; γ = 1 when w is null)
+//   dweight_c = Σ_b sdyxh[b, c],  dbias_c = Σ_b sdy[b, c]         (double, in b order)
 struct GradStats {
   Moments m;
-  std::vector<double> rstd, sdy, sdyxh;
+  std::vector<double> rstd, mg, mgx, dweight, dbias;
 };
-GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps);
+GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const float* w);
 
 // y = (x − mean_g)·rstd_g·γ_c + β_c at real elements, 0 at padded ones, in fp32 as
 // ((x − m_hi) − m_lo)·float(rstd_g·γ_c) + β_c with (m_hi, m_lo) the fp32 pair of mean_g. mean, rstd per
@@ -134,6 +137,10 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
 // dweight_c = Σ_b sdyxh[b, c], dbias_c = Σ_b sdy[b, c] (double, in b order), written per mode.
 void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,
                        const std::vector<double>& sdyxh, GradMode mode);
+
+// dweight_c = sw[c], dbias_c = sb[c] (rounded to float), written per mode.
+void write_channel_grads(View dweight, View dbias, const std::vector<double>& sw,
+                         const std::vector<double>& sb, GradMode mode);
 
 // Shared argument checks.
 void check_eps(double eps, const char* op);

@@ -64,24 +64,10 @@ void train_forward(const Plan& p, View y, View save_mean, View save_rstd, ConstV
 // statistics, one for dx).
 void train_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
                     const float* w, double eps, GradMode mode) {
-  const chnorm::GradStats st = chnorm::grad_stats(p, dy, x, eps);
-  const chnorm::Moments& m = st.m;
-  // mean(g) and mean(g·x̂) per group, g = dy·γ_c: Σ over the group's segments in segment order.
-  std::vector<double> mg(static_cast<std::size_t>(p.groups), 0.0), mgx(mg.size(), 0.0);
-  for (Index b = 0; b < p.B; ++b)
-    for (Index c = 0; c < p.C; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c),
-                        g = static_cast<std::size_t>(p.group_of(b, c));
-      const double wc = w ? static_cast<double>(w[c]) : 1.0;
-      mg[g] += wc * st.sdy[s];
-      mgx[g] += wc * st.sdyxh[s];
-    }
-  for (std::size_t g = 0; g < mg.size(); ++g) {
-    mg[g] = m.count[g] > 0 ? mg[g] / m.count[g] : 0.0;
-    mgx[g] = m.count[g] > 0 ? mgx[g] / m.count[g] : 0.0;
-  }
-  chnorm::input_grad(p, dx, dy, x, m.mean, st.rstd, w, mg, mgx);
-  chnorm::write_param_grads(p, dweight, dbias, st.sdy, st.sdyxh, mode);
+  // mean(g) and mean(g·x̂) per group, g = dy·γ_c, and dγ, dβ: formed by grad_stats in segment order.
+  const chnorm::GradStats st = chnorm::grad_stats(p, dy, x, eps, w);
+  chnorm::input_grad(p, dx, dy, x, st.m.mean, st.rstd, w, st.mg, st.mgx);
+  chnorm::write_channel_grads(dweight, dbias, st.dweight, st.dbias, mode);
 }
 
 // Running statistics [C] read in double, and the rstd they give.

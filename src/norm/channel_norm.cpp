@@ -399,6 +399,27 @@ void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& me
   const Operand xo = operand(x, p), yo = operand(y, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
+  if (p.grouping == Grouping::kBatch && !p.masked() && xo.s_contiguous && yo.s_contiguous) {
+    // Every segment is S consecutive floats in x and y: the constants once per channel (as
+    // normalize_seg forms them), then the kernel alone per segment.
+    std::vector<kernels::NormalizeConsts> kc(static_cast<std::size_t>(p.C));
+    for (Index c = 0; c < p.C; ++c) {
+      kernels::NormalizeConsts& t = kc[static_cast<std::size_t>(c)];
+      mean_pair(mean[static_cast<std::size_t>(c)], t.mh, t.ml);
+      t.s = static_cast<float>(rstd[static_cast<std::size_t>(c)] * (w ? static_cast<double>(w[c]) : 1.0));
+      t.b = b ? b[c] : 0.0f;
+    }
+    const float* xb = reinterpret_cast<const float*>(xo.base);
+    float* yb = reinterpret_cast<float*>(yo.base);
+    for_segments(
+        p, 0, false,
+        [&](Index bi, Index c, Index, float*) {
+          k.normalize(yb + seg_offset(yo, p, bi, c), xb + seg_offset(xo, p, bi, c), p.S,
+                      kc[static_cast<std::size_t>(c)], stream);
+        },
+        stream);
+    return;
+  }
   for_segments(
       p, 2, needs_gather(xo, p) || needs_gather(yo, p),
       [&](Index bi, Index c, Index, float* scratch) {
@@ -434,6 +455,32 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
   const bool stream = stream_output(p);
+  if (p.grouping == Grouping::kBatch && !p.masked() && xo.s_contiguous && dyo.s_contiguous &&
+      dxo.s_contiguous) {
+    // Every segment is S consecutive floats in x, dy and dx: the constants once per channel (as
+    // input_grad_seg forms them), then the kernel alone per segment.
+    std::vector<kernels::InputGradConsts> kc(static_cast<std::size_t>(p.C));
+    for (Index c = 0; c < p.C; ++c) {
+      const std::size_t g = static_cast<std::size_t>(c);
+      kernels::InputGradConsts& t = kc[g];
+      mean_pair(mean[g], t.mh, t.ml);
+      t.r = static_cast<float>(rstd[g]);
+      t.w = w ? w[c] : 1.0f;
+      t.c0 = static_cast<float>(mean_g[g]);
+      t.c2 = static_cast<float>(rstd[g] * mean_gx[g]);
+    }
+    const float* xb = reinterpret_cast<const float*>(xo.base);
+    const float* dyb = reinterpret_cast<const float*>(dyo.base);
+    float* dxb = reinterpret_cast<float*>(dxo.base);
+    for_segments(
+        p, 0, false,
+        [&](Index b, Index c, Index, float*) {
+          k.input_grad(dxb + seg_offset(dxo, p, b, c), dyb + seg_offset(dyo, p, b, c),
+                       xb + seg_offset(xo, p, b, c), p.S, kc[static_cast<std::size_t>(c)], stream);
+        },
+        stream);
+    return;
+  }
   for_segments(
       p, 3, gather,
       [&](Index b, Index c, Index, float* scratch) {

@@ -244,26 +244,32 @@ std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& p
 
 namespace {
 
-// Per-group moments from the per-segment statistics st[0 .. B·C) (Σx, mean_s = Σx/n_s, M2_s; see
+// The per-segment statistics (kernels::SegmentStats) of one pass, as arrays of B·C doubles.
+struct SegmentArrays {
+  double *sum, *mean, *m2, *sdy, *sdyd;
+  void put(Index s, const kernels::SegmentStats& t) const;
+};
+
+// Per-group moments from the per-segment statistics st (entries 0 .. B·C) (Σx, mean_s = Σx/n_s, M2_s; see
 // channel_norm.h), combined in segment order (b major, c minor; empty segments hold zeros).
-Moments combine_moments(const Plan& p, const kernels::SegmentStats* st) {
+Moments combine_moments(const Plan& p, const SegmentArrays& st) {
   Moments m;
   m.count = group_counts(p);
   m.mean.assign(m.count.size(), 0.0);
   const bool batch = p.grouping == Grouping::kBatch;
   for (Index b = 0; b < p.B; ++b)
     for (Index c = 0; c < p.C; ++c)
-      m.mean[static_cast<std::size_t>(batch ? c : p.group_of(b, c))] += st[b * p.C + c].sum;
+      m.mean[static_cast<std::size_t>(batch ? c : p.group_of(b, c))] += st.sum[b * p.C + c];
   for (std::size_t g = 0; g < m.mean.size(); ++g) m.mean[g] = m.count[g] > 0 ? m.mean[g] / m.count[g] : 0.0;
   m.var.assign(m.mean.size(), 0.0);
   for (Index b = 0; b < p.B; ++b) {
     const double ns = static_cast<double>(p.valid(b));
     if (ns == 0) continue;
     for (Index c = 0; c < p.C; ++c) {
-      const kernels::SegmentStats& t = st[b * p.C + c];
+      const Index s = b * p.C + c;
       const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c));
-      const double d = t.mean - m.mean[g];
-      m.var[g] += t.m2 + ns * d * d;
+      const double d = st.mean[s] - m.mean[g];
+      m.var[g] += st.m2[s] + ns * d * d;
     }
   }
   for (std::size_t g = 0; g < m.var.size(); ++g) m.var[g] = m.count[g] > 0 ? m.var[g] / m.count[g] : 0.0;
@@ -273,11 +279,20 @@ Moments combine_moments(const Plan& p, const kernels::SegmentStats* st) {
 // Per-segment statistics of the calling thread, reused from call to call (a pass over a large tensor
 // would otherwise allocate, fault in and zero B·C entries every time). Entry s is written by the task
 // that owns segment s.
-kernels::SegmentStats* segment_workspace(const Plan& p) {
-  thread_local std::vector<kernels::SegmentStats> ws;
+SegmentArrays segment_workspace(const Plan& p) {
+  thread_local std::vector<double> ws;
   const std::size_t n = static_cast<std::size_t>(p.segments());
-  if (ws.size() < n) ws.resize(n);
-  return ws.data();
+  if (ws.size() < 5 * n) ws.resize(5 * n);
+  double* d = ws.data();
+  return {d, d + n, d + 2 * n, d + 3 * n, d + 4 * n};
+}
+
+void SegmentArrays::put(Index s, const kernels::SegmentStats& t) const {
+  sum[s] = t.sum;
+  mean[s] = t.mean;
+  m2[s] = t.m2;
+  sdy[s] = t.sdy;
+  sdyd[s] = t.sdyd;
 }
 
 }  // namespace
@@ -295,14 +310,12 @@ void mean_pair(double mean, float& mh, float& ml) {
 Moments moments(const Plan& p, ConstView x) {
   const Operand xo = operand(x, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
-  kernels::SegmentStats* st = segment_workspace(p);
+  const SegmentArrays st = segment_workspace(p);
   for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
     const Index n = p.valid(b);
-    if (!n) {
-      st[s] = kernels::SegmentStats{};
-      return;
-    }
-    k.segment_stats(st + s, seg_in(xo, p, b, c, scratch), nullptr, n);
+    kernels::SegmentStats t;
+    if (n) k.segment_stats(&t, seg_in(xo, p, b, c, scratch), nullptr, n);
+    st.put(s, t);
   });
   return combine_moments(p, st);
 }
@@ -310,16 +323,14 @@ Moments moments(const Plan& p, ConstView x) {
 GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const float* w) {
   const Operand xo = operand(x, p), dyo = operand(dy, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
-  kernels::SegmentStats* st = segment_workspace(p);
+  const SegmentArrays st = segment_workspace(p);
   for_segments(p, 2, needs_gather(xo, p) || needs_gather(dyo, p),
                [&](Index b, Index c, Index s, float* scratch) {
                  const Index n = p.valid(b);
-                 if (!n) {
-                   st[s] = kernels::SegmentStats{};
-                   return;
-                 }
-                 k.segment_stats(st + s, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S),
-                                 n);
+                 kernels::SegmentStats t;
+                 if (n)
+                   k.segment_stats(&t, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
+                 st.put(s, t);
                });
   GradStats r;
   r.m = combine_moments(p, st);
@@ -337,15 +348,16 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const
   for (Index b = 0; b < p.B; ++b) {
     const bool empty = p.valid(b) == 0;
     for (Index c = 0; c < p.C; ++c) {
-      const kernels::SegmentStats& t = st[b * p.C + c];
+      const Index s = b * p.C + c;
       const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c)),
                         ci = static_cast<std::size_t>(c);
-      const double sdyxh = empty ? 0.0 : r.rstd[g] * (t.sdyd + (t.mean - r.m.mean[g]) * t.sdy);
+      const double sdy = st.sdy[s];
+      const double sdyxh = empty ? 0.0 : r.rstd[g] * (st.sdyd[s] + (st.mean[s] - r.m.mean[g]) * sdy);
       const double wc = w ? static_cast<double>(w[c]) : 1.0;
-      r.mg[g] += wc * t.sdy;
+      r.mg[g] += wc * sdy;
       r.mgx[g] += wc * sdyxh;
       r.dweight[ci] += sdyxh;
-      r.dbias[ci] += t.sdy;
+      r.dbias[ci] += sdy;
     }
   }
   for (std::size_t g = 0; g < ng; ++g) {

@@ -315,7 +315,9 @@ Moments moments(const Plan& p, ConstView x) {
     const Index n = p.valid(b);
     kernels::SegmentStats t;
     if (n) k.segment_stats(&t, seg_in(xo, p, b, c, scratch), nullptr, n);
-    st.put(s, t);
+    st.sum[s] = t.sum;  // (no Σdy terms in a forward)
+    st.mean[s] = t.mean;
+    st.m2[s] = t.m2;
   });
   return combine_moments(p, st);
 }

@@ -234,14 +234,6 @@ std::vector<double> group_counts(const Plan& p) {
   return n;
 }
 
-std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& per_segment) {
-  std::vector<double> out(static_cast<std::size_t>(p.groups), 0.0);
-  for (Index b = 0; b < p.B; ++b)
-    for (Index c = 0; c < p.C; ++c)
-      out[static_cast<std::size_t>(p.group_of(b, c))] += per_segment[static_cast<std::size_t>(b * p.C + c)];
-  return out;
-}
-
 namespace {
 
 // The per-segment statistics (kernels::SegmentStats) of one pass, as arrays of B·C doubles.
@@ -525,8 +517,8 @@ void for_groups(const Plan& p, int buffers, bool need_scratch, F&& f, bool strea
   });
 }
 
-// The group's moments from its segments' sums, exactly as group_counts, reduce_to_groups and
-// combine_moments form them (the same operations in the same order, so the same bits).
+// The group's moments from its segments' sums, exactly as group_counts and combine_moments form them
+// (the same operations in the same order, so the same bits).
 void combine_group(const Plan& p, Index b, Index c0, Index spg, const std::vector<double>& sum,
                    const std::vector<double>& mean_s, const std::vector<double>& m2, double& count,
                    double& mean, double& var) {
@@ -608,7 +600,7 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
           sdy[s] = st.sdy;
           sdyd[s] = st.sdyd;
         }
-        // As grad_stats and train_backward (channel_norm_ops.cpp) form them, in the same order.
+        // As grad_stats forms them, in the same order.
         double count, mean, var;
         combine_group(p, b, c0, spg, sum, mean_s, m2, count, mean, var);
         const double rstd = count > 0 ? 1.0 / std::sqrt(var + eps) : 0.0;

@@ -77,8 +77,6 @@ Dims stats_shape(const Plan& p);
 // Element count of every group (real elements only).
 std::vector<double> group_counts(const Plan& p);
 
-// Combines per-segment values into per-group sums (serially, in segment order).
-std::vector<double> reduce_to_groups(const Plan& p, const std::vector<double>& per_segment);
 
 // Per-group biased moments of x over real elements: mean = Σx/n, var = Σ(x−mean)²/n, in one pass over
 // memory: per segment s (n_s real elements, in cache) Σx in double and M2_s = Σ(x − mean_s)² with
@@ -128,7 +126,7 @@ void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<do
 // rstd per group, normalize) and the training backward's dx with the per-segment sdy, sdyxh, group by
 // group: a group's segments are read from memory for the statistics and again from cache for y or dx.
 // The arithmetic is that of moments + normalize and grad_stats + input_grad with the backward's means of
-// g and g·x̂ (channel_norm_ops.cpp), operation for operation, so the bits are the same.
+// g and g·x̂ (as grad_stats forms them), operation for operation, so the bits are the same.
 Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
                            std::vector<double>& rstd);
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,

@@ -79,14 +79,20 @@ class RealFftPow2 {
     double* ar = work_.data();
     while (reinterpret_cast<std::uintptr_t>(ar) % 64 != 0) ++ar;
     double *ai = ar + WorkStride(), *br = ai + WorkStride(), *bi = br + WorkStride();
-    // Scalar math: z_j = x_{2j} + i·x_{2j+1}, j = 0..m−1 (deinterleave).
-    for (std::int32_t j = 0; j < m; ++j) {
-      ar[j] = x[2 * j];
-      ai[j] = x[2 * j + 1];
-    }
     double *xr = ar, *xi = ai, *yr = br, *yi = bi;
     const double* tw = tw_.data();
     std::int32_t len = m, s = 1;
+    if (m >= 4) {  // the first radix-4 pass reads z_j = x_{2j} + i·x_{2j+1} straight from the frame
+      FirstRadix4Pass(m / 4, tw, x, xr, xi);
+      tw += 6 * (m / 4);
+      len = m / 4;
+      s = 4;
+    } else {  // m = 2
+      xr[0] = x[0];
+      xi[0] = x[1];
+      xr[1] = x[2];
+      xi[1] = x[3];
+    }
     for (; len >= 4; len /= 4, s *= 4) {
       Radix4Pass(len / 4, s, tw, xr, xi, yr, yi);
       tw += 6 * (len / 4);
@@ -127,6 +133,24 @@ class RealFftPow2 {
   }
 
  private:
+  // The first radix-4 pass (s = 1) of Radix4Pass below, with z_j = x_{2j} + i·x_{2j+1} read from the frame
+  // x: one butterfly per p, vectorized over p (outputs interleaved by 4), into yr/yi.
+  [[gnu::always_inline]] static inline void FirstRadix4Pass(std::int32_t q, const double* tw, const double* x,
+                                                            double* yr, double* yi) {
+    const double *w1r = tw, *w2r = tw + q, *w3r = tw + 2 * q;
+    const double *w1i = tw + 3 * q, *w2i = tw + 4 * q, *w3i = tw + 5 * q;
+    const std::size_t q2 = 2 * static_cast<std::size_t>(q);
+    // Scalar math: the butterfly of Radix4Pass with r = 0, s = 1, a = z_p, b = z_{p+q}, c = z_{p+2q},
+    // d = z_{p+3q}.
+#pragma GCC ivdep
+    for (std::size_t p = 0; p < static_cast<std::size_t>(q); ++p) {
+      const double* a = x + 2 * p;
+      Butterfly<true>(a[0], a[1], a[q2], a[q2 + 1], a[2 * q2], a[2 * q2 + 1], a[3 * q2], a[3 * q2 + 1], w1r[p],
+                      w1i[p], w2r[p], w2i[p], w3r[p], w3i[p], yr[4 * p], yi[4 * p], yr[4 * p + 1], yi[4 * p + 1],
+                      yr[4 * p + 2], yi[4 * p + 2], yr[4 * p + 3], yi[4 * p + 3]);
+    }
+  }
+
   // One radix-4 Stockham pass over sub-transforms of length 4q with stride s: for p < q, r < s,
   // a, b, c, d = x[r + s·(p + {0, q, 2q, 3q})] →
   //   y[r + s·4p] = (a + c) + (b + d),          y[r + s·(4p + 1)] = w^p ·((a − c) − i(b − d)),
@@ -137,16 +161,6 @@ class RealFftPow2 {
     const double *w1r = tw, *w2r = tw + q, *w3r = tw + 2 * q;
     const double *w1i = tw + 3 * q, *w2i = tw + 4 * q, *w3i = tw + 5 * q;
     const std::size_t sq = static_cast<std::size_t>(s) * static_cast<std::size_t>(q);
-    if (s == 1) {  // the first pass: one butterfly per p, vectorized over p (outputs interleaved by 4)
-      // Scalar math: the butterfly below with r = 0, s = 1.
-#pragma GCC ivdep
-      for (std::size_t p = 0; p < static_cast<std::size_t>(q); ++p) {
-        Butterfly<true>(xr[p], xi[p], xr[p + sq], xi[p + sq], xr[p + 2 * sq], xi[p + 2 * sq], xr[p + 3 * sq],
-                  xi[p + 3 * sq], w1r[p], w1i[p], w2r[p], w2i[p], w3r[p], w3i[p], yr[4 * p], yi[4 * p],
-                  yr[4 * p + 1], yi[4 * p + 1], yr[4 * p + 2], yi[4 * p + 2], yr[4 * p + 3], yi[4 * p + 3]);
-      }
-      return;
-    }
     const std::size_t ss = static_cast<std::size_t>(s);
     {
       // p = 0: w^0 = 1 (cos 0 = 1, sin −0 = −0 exactly), so the products by the twiddles are left out;

@@ -113,20 +113,22 @@ class RealFftPow2 {
       std::swap(xi, yi);
     }
     // xr/xi now hold Z = DFT_m(z) in natural order. Real-input split: with A = Z_k, B = conj(Z_{m−k}),
-    // X_k = (A + B)/2 + W^k·(A − B)/(2i). The loop runs from k = 0 (aligned loads; Z_m = Z_0 is stored
-    // after the end for its B) and power[0] is overwritten with the exact k = 0 formula after it.
+    // 2·X_k = (A + B) + W^k·(A − B)/i, and |X_k|² = |2·X_k|²/4 (the factors 2 and 1/4 are exact, so
+    // this gives the bits of halving first, short of overflow or subnormals). The loop runs from k = 0
+    // (aligned loads; Z_m = Z_0 is stored after the end for its B) and power[0] is overwritten with
+    // the exact k = 0 formula after it.
     xr[m] = xr[0];
     xi[m] = xi[0];
     const double* wr = post_r_.data();
     const double* wi = post_i_.data();
     // Scalar math: power_k = |X_k|², k = 0..m−1, from Z_k and Z_{m−k}.
     for (std::int32_t k = 0; k < m; ++k) {
-      const double a_r = xr[k], a_i = xi[k], b_r = xr[m - k], b_i = -xi[m - k];
-      const double e_r = 0.5 * (a_r + b_r), e_i = 0.5 * (a_i + b_i);
-      const double o_r = 0.5 * (a_i - b_i), o_i = -0.5 * (a_r - b_r);  // (A − B)/(2i)
+      const double a_r = xr[k], a_i = xi[k], c_r = xr[m - k], c_i = xi[m - k];  // B = c_r − i·c_i
+      const double e_r = a_r + c_r, e_i = a_i - c_i;                             // A + B
+      const double o_r = a_i + c_i, o_i = c_r - a_r;                             // (A − B)/i
       const double re = e_r + (wr[k] * o_r - wi[k] * o_i);
       const double im = e_i + (wr[k] * o_i + wi[k] * o_r);
-      power[k] = re * re + im * im;
+      power[k] = 0.25 * (re * re + im * im);
     }
     power[0] = (xr[0] + xi[0]) * (xr[0] + xi[0]);
     power[m] = (xr[0] - xi[0]) * (xr[0] - xi[0]);

@@ -46,12 +46,12 @@ typedef float v8f __attribute__((vector_size(32)));
     const v8f f_ = __builtin_convertvector((v), v8f); \
     std::memcpy((p), &f_, sizeof f_);                 \
   } while (0)
-#define NL_SQRT8D(dst, v)                                        \
-  do {                                                           \
-    double l_[8];                                                \
-    std::memcpy(l_, &(v), sizeof l_);                            \
+#define NL_SQRT8D(dst, v)                                           \
+  do {                                                              \
+    double l_[8];                                                   \
+    std::memcpy(l_, &(v), sizeof l_);                               \
     for (int k_ = 0; k_ < 8; ++k_) l_[k_] = __builtin_sqrt(l_[k_]); \
-    std::memcpy(&(dst), l_, sizeof l_);                          \
+    std::memcpy(&(dst), l_, sizeof l_);                             \
   } while (0)
 #endif
 #define NL_LOAD8D(dst, p) std::memcpy(&(dst), (p), sizeof(v8d))
@@ -68,9 +68,15 @@ using namespace vec;  // NOLINT: the vector layer of this target
 struct VD2 {
   VD lo, hi;  // columns 0..7, 8..15 of a block
 };
-inline VD2 add2(VD2 a, VD2 b) { return {add(a.lo, b.lo), add(a.hi, b.hi)}; }
-inline VD2 zero2() { return {zerod(), zerod()}; }
-inline VD2 acc2(VD2 a, VF v) { return {add(a.lo, cvt_lo(v)), add(a.hi, cvt_hi(v))}; }
+inline VD2 add2(VD2 a, VD2 b) {
+  return {add(a.lo, b.lo), add(a.hi, b.hi)};
+}
+inline VD2 zero2() {
+  return {zerod(), zerod()};
+}
+inline VD2 acc2(VD2 a, VF v) {
+  return {add(a.lo, cvt_lo(v)), add(a.hi, cvt_hi(v))};
+}
 // The tree of vec::hsum applied column-wise to the partials part(0..7):
 // ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 + S7)), the partials formed in that order.
 template <typename Part>
@@ -142,7 +148,8 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
       q[h] = acc2(q[h], add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3]))));
       if constexpr (WithDy) {
         g[h] = acc2(g[h], add(add(gv[0], gv[1]), add(gv[2], gv[3])));
-        p[h] = acc2(p[h], add(add(mul(gv[0], e[0]), mul(gv[1], e[1])), add(mul(gv[2], e[2]), mul(gv[3], e[3]))));
+        p[h] =
+            acc2(p[h], add(add(mul(gv[0], e[0]), mul(gv[1], e[1])), add(mul(gv[2], e[2]), mul(gv[3], e[3]))));
       }
     };
     Index i0 = 0;
@@ -318,7 +325,8 @@ template <bool Center, bool W, bool Full>
   const float* pfo = ahead(a.dx, a.next_dx, c0, a.w);
   double* lw = a.lanes;
   double* lb = a.lanes + 8 * n;
-  // Scalar math: d = (x − m_hi) − m_lo; g = dy·γ_i; dx = r·((g − c0) − d·c2) in float (RMSNorm: r·(g − d·c2));
+  // Scalar math: d = (x − m_hi) − m_lo; g = dy·γ_i; dx = r·((g − c0) − d·c2) in float (RMSNorm: r·(g −
+  // d·c2));
   //              lanes_w[i][j mod 8] += double(dy·(d·r)); lanes_b[i][j mod 8] += double(dy)
   for (Index i = 0; i < n; ++i) {
     if (pfx) {
@@ -373,97 +381,6 @@ void backward(const ColumnBackward& a) {
   return w ? backward_impl<false, true>(a) : backward_impl<false, false>(a);
 }
 
-// ---- segment sums and copies (channel-norm engine) --------------------------------------------------
-
-// Fixed tree over 16 lanes held as two blocks of 8 (lanes 0-7 and 8-15).
-inline double lane_tree16(const double* lo, const double* hi) {
-  double l[16];
-  for (int i = 0; i < 8; ++i) {
-    l[i] = lo[i];
-    l[i + 8] = hi[i];
-  }
-  for (int k = 8; k >= 1; k /= 2)
-    for (int i = 0; i < k; ++i) l[i] += l[i + k];
-  return l[0];
-}
-
-void segment_sums(double* s, const float* x, const float* dy, Index n, double c) {
-  v8d a0 = v8d{}, a1 = v8d{}, q0 = v8d{}, q1 = v8d{}, g0 = v8d{}, g1 = v8d{}, h0 = v8d{}, h1 = v8d{};
-  Index i = 0;
-  if (dy) {
-    // Scalar math: d = x[i] − c; Σd += d; Σd² += d·d; Σdy += dy[i]; Σdy·d += dy[i]·d (lane i mod 16)
-    for (; i + 16 <= n; i += 16) {
-      v8d x0, x1, y0, y1;
-      NL_LOAD8F(x0, x + i);
-      NL_LOAD8F(x1, x + i + 8);
-      NL_LOAD8F(y0, dy + i);
-      NL_LOAD8F(y1, dy + i + 8);
-      const v8d d0 = x0 - c, d1 = x1 - c;
-      a0 += d0;
-      a1 += d1;
-      q0 += d0 * d0;
-      q1 += d1 * d1;
-      g0 += y0;
-      g1 += y1;
-      h0 += y0 * d0;
-      h1 += y1 * d1;
-    }
-  } else {
-    // Scalar math: d = x[i] − c; Σd += d; Σd² += d·d (lane i mod 16)
-    for (; i + 16 <= n; i += 16) {
-      v8d x0, x1;
-      NL_LOAD8F(x0, x + i);
-      NL_LOAD8F(x1, x + i + 8);
-      const v8d d0 = x0 - c, d1 = x1 - c;
-      a0 += d0;
-      a1 += d1;
-      q0 += d0 * d0;
-      q1 += d1 * d1;
-    }
-  }
-  double lo[8], hi[8];
-  auto tree = [&](const v8d& u, const v8d& v) {
-    std::memcpy(lo, &u, sizeof lo);
-    std::memcpy(hi, &v, sizeof hi);
-    return lane_tree16(lo, hi);
-  };
-  double sd = tree(a0, a1), sq = tree(q0, q1), sg = dy ? tree(g0, g1) : 0.0, sh = dy ? tree(h0, h1) : 0.0;
-  for (; i < n; ++i) {
-    const double d = static_cast<double>(x[i]) - c;
-    sd += d;
-    sq += d * d;
-    if (dy) {
-      const double g = static_cast<double>(dy[i]);
-      sg += g;
-      sh += g * d;
-    }
-  }
-  s[0] = sd;
-  s[1] = sq;
-  if (dy) {
-    s[2] = sg;
-    s[3] = sh;
-  }
-}
-
-void copy_stream(float* dst, const float* src, Index n) {
-  Index i = 0;
-  // Scalar math: dst[i] = src[i] (ordinary stores up to the first 64-byte boundary, then non-temporal)
-  for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = src[i];
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
-#elif defined(__AVX__)
-  for (; i + 8 <= n; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
-#else
-  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
-#endif
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
-void store_fence() {
-  _mm_sfence();
-}
-
 #undef NL_LOAD8F
 #undef NL_LOAD8D
 #undef NL_STORE8F
@@ -473,7 +390,6 @@ void store_fence() {
 }  // namespace column_impl
 
 extern const ColumnKernels kColumnTable;
-const ColumnKernels kColumnTable = {column_impl::forward, column_impl::backward, column_impl::segment_sums,
-                                    column_impl::copy_stream, column_impl::store_fence};
+const ColumnKernels kColumnTable = {column_impl::forward, column_impl::backward};
 
 }  // namespace normlab::kernels::NL_TARGET

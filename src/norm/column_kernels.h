@@ -10,7 +10,8 @@
 // bitwise those of normalizing the transposed copy on the row path, on every target (vec.h gives the
 // same bits on avx512, avx2 and scalar). Concretely, for one column with elements x_i, i < n:
 //   Σx:  row i goes to partial P[i mod 32] (summed in double from 0, in increasing i);
-//        S_l = (P_l + P_{8+l}) + (P_{16+l} + P_{24+l}), Σx = ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 + S7)).
+//        S_l = (P_l + P_{8+l}) + (P_{16+l} + P_{24+l}), Σx = ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 +
+//        S7)).
 //   Second pass (e = x − m_hi in float): blocks of 64 rows; in block k, "lane" L < 16 forms the float
 //        q_L = (e²_{64k+L} + e²_{64k+16+L}) + (e²_{64k+32+L} + e²_{64k+48+L}) (rows ≥ n count as e = 0),
 //        Q_L = Σ_k double(q_L), T_l = Q_l + Q_{l+8}, Σe² = ((T0 + T4) + (T2 + T6)) + ((T1 + T5) + (T3 + T7));
@@ -81,16 +82,6 @@ struct ColumnBackward {
 struct ColumnKernels {
   void (*forward)(const ColumnForward& a);
   void (*backward)(const ColumnBackward& a);
-  // Over one contiguous segment of n floats, with d = x[i] − c: s[0] = Σ d, s[1] = Σ d², and when dy is
-  // not null s[2] = Σ dy, s[3] = Σ dy·d (used by the channel-norm engine: moments of a segment around
-  // one of its own values, in one pass). Element i < 16·⌊n/16⌋ goes to lane i mod 16, the 16 lanes are
-  // combined by the fixed tree (l += l+8, +4, +2, +1), then the rest is added in order.
-  void (*segment_sums)(double* s, const float* x, const float* dy, Index n, double c);
-  // dst[i] = src[i] with non-temporal stores where dst is 64-byte aligned (ordinary stores at the
-  // unaligned ends); for outputs that do not fit in cache (also used by the channel-norm engine). Call
-  // store_fence() before another thread may read dst.
-  void (*copy_stream)(float* dst, const float* src, Index n);
-  void (*store_fence)();
 };
 
 // The table for the active instruction set (see normlab/simd.h).

@@ -21,49 +21,6 @@ inline double lane_tree(double* acc) {
   return acc[0];
 }
 
-double sum(const float* x, Index n) {
-  double acc[kLanes] = {};
-  Index i = 0;
-  // Scalar math: acc[i % kLanes] += x[i]
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(x[i + l]);
-  for (int l = 0; i + l < n; ++l) acc[l] += static_cast<double>(x[i + l]);
-  return lane_tree(acc);
-}
-
-double sum_sq_dev(const float* x, Index n, double mean) {
-  double acc[kLanes] = {};
-  Index i = 0;
-  // Scalar math: d = x[i] − mean; acc[i % kLanes] += d·d
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const double d = static_cast<double>(x[i + l]) - mean;
-      acc[l] += d * d;
-    }
-  for (int l = 0; i + l < n; ++l) {
-    const double d = static_cast<double>(x[i + l]) - mean;
-    acc[l] += d * d;
-  }
-  return lane_tree(acc);
-}
-
-void forward(float* y, const float* x, Index n, double mean, double rstd, const float* w, const float* b) {
-  // Scalar math: y[i] = float((x[i] − mean)·rstd·w[i] + b[i])
-  if (w && b) {
-    for (Index i = 0; i < n; ++i)
-      y[i] = static_cast<float>((static_cast<double>(x[i]) - mean) * rstd * static_cast<double>(w[i]) +
-                                static_cast<double>(b[i]));
-  } else if (w) {
-    for (Index i = 0; i < n; ++i)
-      y[i] = static_cast<float>((static_cast<double>(x[i]) - mean) * rstd * static_cast<double>(w[i]));
-  } else if (b) {
-    for (Index i = 0; i < n; ++i)
-      y[i] = static_cast<float>((static_cast<double>(x[i]) - mean) * rstd + static_cast<double>(b[i]));
-  } else {
-    for (Index i = 0; i < n; ++i) y[i] = static_cast<float>((static_cast<double>(x[i]) - mean) * rstd);
-  }
-}
-
 void backward_sums(double* sums, double* dw, double* db, const float* dy, const float* x, Index n,
                    double mean, double rstd, const float* w) {
   double sg[kLanes] = {}, sgx[kLanes] = {};
@@ -96,20 +53,6 @@ void backward_dx(float* dx, const float* dy, const float* x, Index n, double mea
     const double xh = (static_cast<double>(x[i]) - mean) * rstd;
     const double g = w ? static_cast<double>(dy[i]) * static_cast<double>(w[i]) : static_cast<double>(dy[i]);
     dx[i] = static_cast<float>(rstd * (g - mean_g - xh * mean_gx));
-  }
-}
-
-void forward_scalar(float* y, const float* x, Index n, double mean, double rstd, double w, double b) {
-  // Scalar math: y[i] = float((x[i] − mean)·rstd·w + b)
-  for (Index i = 0; i < n; ++i) y[i] = static_cast<float>((static_cast<double>(x[i]) - mean) * rstd * w + b);
-}
-
-void backward_dx_scalar(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
-                        double w, double mean_g, double mean_gx) {
-  // Scalar math: dx[i] = float(rstd·(dy[i]·w − mean_g − x̂·mean_gx)), x̂ = (x[i] − mean)·rstd
-  for (Index i = 0; i < n; ++i) {
-    const double xh = (static_cast<double>(x[i]) - mean) * rstd;
-    dx[i] = static_cast<float>(rstd * (static_cast<double>(dy[i]) * w - mean_g - xh * mean_gx));
   }
 }
 
@@ -889,8 +832,6 @@ void rows_backward(const RowsBackward& a) {
 }  // namespace
 
 extern const RowKernels kTable;
-const RowKernels kTable = {
-    sum,          sum_sq_dev,   forward, backward_sums, backward_dx, forward_scalar, backward_dx_scalar,
-    rows_forward, rows_backward};
+const RowKernels kTable = {backward_sums, backward_dx, rows_forward, rows_backward};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstddef>
 #include <numbers>
+#include <vector>
 
 namespace normlab::speech {
 
@@ -145,49 +147,18 @@ template <typename T>
   return CombineLanes(acc);
 }
 
-// ProcessWindow after the dither: DC removal, raw energy, pre-emphasis and window, compiled for the
-// baseline x86-64 instruction set, with AVX2 and with AVX-512F (chosen by normlab::active_isa(); lanes
-// never combine differently, so all three give the same bits).
-//
-// DC removal, pre-emphasis (backwards: each step reads the previous sample before it is changed) and
-// the window function run in one pass: x[i] ← w[i]·((x[i] − mean) − c·(x[i−1] − mean)) for i = n−1..1,
-// x[0] ← w[0]·((x[0] − mean) − c·(x[0] − mean)). The same operations, in the same order, as the DC
-// removal followed by Preemphasize() and the window.
-[[gnu::always_inline]] inline void WindowKernel(double* x, std::size_t n, const double* w, double c,
-                                                bool remove_dc, double* energy) {
-  const double mean = remove_dc ? SumOfInline(x, n) / static_cast<double>(n) : 0.0;
-  if (energy != nullptr) *energy = SumOfSquaresAboutInline(x, n, mean);
-  if (c == 0.0) {
-    // Scalar math: x[i] = w[i]·(x[i] − mean).
-    for (std::size_t i = 0; i < n; ++i) x[i] = w[i] * (x[i] - mean);
-    return;
-  }
-  // Scalar math: x[i] = w[i]·((x[i] − mean) − c·(x[i−1] − mean)), i descending (x[i−1] is still unchanged).
-  for (std::size_t i = n - 1; i > 0; --i) x[i] = w[i] * ((x[i] - mean) - c * (x[i - 1] - mean));
-  x[0] = w[0] * ((x[0] - mean) - c * (x[0] - mean));
-}
-void WindowKernelBaseline(double* x, std::size_t n, const double* w, double c, bool remove_dc,
-                          double* energy) {
-  WindowKernel(x, n, w, c, remove_dc, energy);
-}
-[[gnu::target("avx2")]] void WindowKernelAvx2(double* x, std::size_t n, const double* w, double c,
-                                              bool remove_dc, double* energy) {
-  WindowKernel(x, n, w, c, remove_dc, energy);
-}
-[[gnu::target("avx512f,prefer-vector-width=512")]] void WindowKernelAvx512(double* x, std::size_t n,
-                                                                           const double* w, double c,
-                                                                           bool remove_dc, double* energy) {
-  WindowKernel(x, n, w, c, remove_dc, energy);
-}
-
-// The same window kernel reading the float samples of a frame that lies inside the buffer (and with no
-// dither): y[i] = w[i]·((x[i] − mean) − c·(x[i−1] − mean)) for i = 1..n−1 in increasing order (y is not
-// x, so there is nothing to overwrite), y[0] likewise with x[0], and the zero padding y[n..padded). The
-// samples are converted exactly to double where they are read, so every value is that of WindowKernel on
-// the converted copy: the same bits, without the copy and without the backwards pass.
-[[gnu::always_inline]] inline void WindowKernelFromSamples(double* y, std::size_t padded, const float* x,
-                                                           std::size_t n, const double* w, double c,
-                                                           bool remove_dc, double* energy) {
+// DC removal, raw energy, pre-emphasis and window of one frame (after the dither), from the n samples x
+// (float samples of the buffer, or doubles) into y, which must not overlap x, then the zero padding
+// y[n..padded):
+//   mean = Σx/n (or 0), energy = Σ(x − mean)², y[0] = w[0]·((x[0] − mean) − c·(x[0] − mean)),
+//   y[i] = w[i]·((x[i] − mean) − c·(x[i−1] − mean)), i = 1..n−1,
+// the same operations, in the same order, as the DC removal followed by Preemphasize() and the window on
+// a double copy (float samples are converted exactly where they are read). Compiled for the baseline
+// x86-64 instruction set, with AVX2 and with AVX-512F (chosen by normlab::active_isa(); lanes never
+// combine differently, so all three give the same bits).
+template <typename T>
+[[gnu::always_inline]] inline void WindowKernel(double* y, std::size_t padded, const T* x, std::size_t n,
+                                                const double* w, double c, bool remove_dc, double* energy) {
   const double mean = remove_dc ? SumOfInline(x, n) / static_cast<double>(n) : 0.0;
   if (energy != nullptr) *energy = SumOfSquaresAboutInline(x, n, mean);
   if (c == 0.0) {
@@ -201,34 +172,38 @@ void WindowKernelBaseline(double* x, std::size_t n, const double* w, double c, b
   }
   for (std::size_t i = n; i < padded; ++i) y[i] = 0.0;
 }
-using WindowFromSamplesFn = void (*)(double*, std::size_t, const float*, std::size_t, const double*, double,
-                                     bool, double*);
-void WindowFromSamplesBaseline(double* y, std::size_t padded, const float* x, std::size_t n, const double* w,
-                               double c, bool remove_dc, double* energy) {
-  WindowKernelFromSamples(y, padded, x, n, w, c, remove_dc, energy);
+template <typename T>
+using WindowKernelFn = void (*)(double*, std::size_t, const T*, std::size_t, const double*, double, bool,
+                                double*);
+template <typename T>
+void WindowKernelBaseline(double* y, std::size_t padded, const T* x, std::size_t n, const double* w, double c,
+                          bool remove_dc, double* energy) {
+  WindowKernel(y, padded, x, n, w, c, remove_dc, energy);
 }
-[[gnu::target("avx2")]] void WindowFromSamplesAvx2(double* y, std::size_t padded, const float* x,
-                                                   std::size_t n, const double* w, double c, bool remove_dc,
-                                                   double* energy) {
-  WindowKernelFromSamples(y, padded, x, n, w, c, remove_dc, energy);
+template <typename T>
+[[gnu::target("avx2")]] void WindowKernelAvx2(double* y, std::size_t padded, const T* x, std::size_t n,
+                                              const double* w, double c, bool remove_dc, double* energy) {
+  WindowKernel(y, padded, x, n, w, c, remove_dc, energy);
 }
-[[gnu::target("avx512f,prefer-vector-width=512")]] void WindowFromSamplesAvx512(double* y, std::size_t padded,
-                                                                                const float* x, std::size_t n,
-                                                                                const double* w, double c,
-                                                                                bool remove_dc,
-                                                                                double* energy) {
-  WindowKernelFromSamples(y, padded, x, n, w, c, remove_dc, energy);
+template <typename T>
+[[gnu::target("avx512f,prefer-vector-width=512")]] void WindowKernelAvx512(double* y, std::size_t padded,
+                                                                           const T* x, std::size_t n,
+                                                                           const double* w, double c,
+                                                                           bool remove_dc, double* energy) {
+  WindowKernel(y, padded, x, n, w, c, remove_dc, energy);
 }
+template <typename T>
+WindowKernelFn<T> window_kernel_for(Isa isa) {
+  return isa == Isa::kScalar ? WindowKernelBaseline<T>
+         : isa == Isa::kAvx2 ? WindowKernelAvx2<T>
+                             : WindowKernelAvx512<T>;
+}
+
 // log(max(E, FLT_EPSILON)) of a frame energy E, as Kaldi's log_energy_pre_window.
 float LogEnergy(double energy) {
   return static_cast<float>(std::log(std::max(energy, static_cast<double>(FLT_EPSILON))));
 }
 
-WindowFromSamplesFn window_from_samples_for(Isa isa) {
-  return isa == Isa::kScalar ? WindowFromSamplesBaseline
-         : isa == Isa::kAvx2 ? WindowFromSamplesAvx2
-                             : WindowFromSamplesAvx512;
-}
 }  // namespace
 
 double SumOf(const double* x, std::size_t n) {
@@ -254,12 +229,13 @@ void ProcessWindow(const FrameExtractionOptions& opts, const FeatureWindowFuncti
   const std::size_t n = static_cast<std::size_t>(opts.WindowSize());
   NL_DCHECK(window.size() >= n && window_function.window().size() == n && n >= 2);
   if (opts.dither != 0.0f) dither.Apply(window.first(n), opts.dither);
+  // The kernel reads its samples from a copy (it writes out of place); one scratch buffer per thread.
+  thread_local std::vector<double> samples;
+  samples.assign(window.begin(), window.begin() + static_cast<std::ptrdiff_t>(n));
   double energy = 0;
-  (active_isa() == Isa::kScalar ? WindowKernelBaseline
-   : active_isa() == Isa::kAvx2 ? WindowKernelAvx2
-                                : WindowKernelAvx512)(window.data(), n, window_function.window().data(),
-                                                      opts.preemph_coeff, opts.remove_dc_offset,
-                                                      log_energy_pre_window != nullptr ? &energy : nullptr);
+  window_kernel_for<double>(active_isa())(
+      window.data(), n, samples.data(), n, window_function.window().data(), opts.preemph_coeff,
+      opts.remove_dc_offset, log_energy_pre_window != nullptr ? &energy : nullptr);
   if (log_energy_pre_window != nullptr) *log_energy_pre_window = LogEnergy(energy);
 }
 
@@ -273,14 +249,15 @@ void ExtractWindow(std::int64_t sample_offset, std::span<const float> wave, std:
   NL_CHECK(n > 0, "cannot extract frame {} from an empty waveform buffer", frame);
   if (window.size() != static_cast<std::size_t>(padded)) window.assign(static_cast<std::size_t>(padded), 0.0);
   if (opts.dither == 0.0f && start >= 0 && start + length <= n && length >= 2) {
-    // The common case: one pass from the samples (WindowKernelFromSamples), the same bits as below.
+    // The common case: the kernel reads the float samples of the buffer directly (no double copy); the
+    // same bits as the general path below.
     const FeatureWindowFunction& wf = window_function;
     NL_DCHECK(wf.window().size() == static_cast<std::size_t>(length));
     double energy = 0;
-    window_from_samples_for(active_isa())(window.data(), static_cast<std::size_t>(padded),
-                                          wave.data() + start, static_cast<std::size_t>(length),
-                                          wf.window().data(), opts.preemph_coeff, opts.remove_dc_offset,
-                                          log_energy_pre_window != nullptr ? &energy : nullptr);
+    window_kernel_for<float>(active_isa())(window.data(), static_cast<std::size_t>(padded),
+                                           wave.data() + start, static_cast<std::size_t>(length),
+                                           wf.window().data(), opts.preemph_coeff, opts.remove_dc_offset,
+                                           log_energy_pre_window != nullptr ? &energy : nullptr);
     if (log_energy_pre_window != nullptr) *log_energy_pre_window = LogEnergy(energy);
     return;
   }

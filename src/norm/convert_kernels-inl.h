@@ -2,23 +2,18 @@
 // name (src/simd/kernels_*.cpp), after row_kernels-inl.h (the table takes its fused row kernels for
 // bf16/fp16). See convert_kernels.h for the contract. No include guard on purpose.
 //
-// The vector paths are chosen by the compiler flags of the including file: AVX-512 (F, BW) for the
-// avx512 target, AVX2 + F16C for the avx2 target (every CPU with AVX2 has F16C), the scalar functions of
-// normlab/tensor.h otherwise. Tails always use the scalar functions; tests/norm/lowp_norm_test.cpp checks
-// every target against them bit for bit.
+// The vector loops use the widening loads and rounding stores of simd/vec.h (AVX-512, AVX2 + F16C, or
+// the scalar functions of normlab/tensor.h, by the including file's target), the same ones the fused row
+// kernels use on bf16/fp16 rows. Tails use the scalar functions; tests/norm/lowp_norm_test.cpp checks every
+// target against them bit for bit.
 #ifndef NL_TARGET
 #error "define NL_TARGET before including convert_kernels-inl.h"
 #endif
 
-#include "norm/convert_kernels.h"
+#include <type_traits>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
-#define NL_CVT_AVX512 1
-#include <immintrin.h>
-#elif defined(__AVX2__) && defined(__F16C__)
-#define NL_CVT_AVX2 1
-#include <immintrin.h>
-#endif
+#include "norm/convert_kernels.h"
+#include "simd/vec.h"
 
 namespace normlab::kernels::NL_TARGET::cvt {
 namespace {
@@ -30,103 +25,43 @@ inline float widen1(std::uint16_t h, int f) {
   return f == kBf16 ? detail::float_from_bf16_bits(h) : detail::float_from_f16_bits(h);
 }
 
-#if defined(NL_CVT_AVX512)
-constexpr Index kW = 16;  // floats per vector
-using VecF = __m512;
-using VecH = __m256i;  // kW halves
-// The maskz forms with a full mask: the unmasked intrinsics of GCC 12 trip -Wmaybe-uninitialized.
-constexpr __mmask16 kAll = 0xFFFF;
-inline VecF widen_v(const std::uint16_t* p, int f) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  if (f == kF16) return _mm512_maskz_cvtph_ps(kAll, h);
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, h), 16));
-}
-inline VecH narrow_v(VecF v, int f) {
-  if (f == kF16) return _mm512_maskz_cvtps_ph(kAll, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // Scalar math: bits = x ≥ NaN ? (x >> 16) | 0x40 : (x + 0x7FFF + ((x >> 16) & 1)) >> 16
-  const __m512i x = _mm512_castps_si512(v);
-  const __m512i hi = _mm512_maskz_srli_epi32(kAll, x, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  __m512i r = _mm512_maskz_srli_epi32(kAll, _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  return _mm512_maskz_cvtepi32_epi16(kAll, r);
-}
-inline VecF loadf(const float* p) { return _mm512_loadu_ps(p); }
-inline void storef(float* p, VecF v) { _mm512_storeu_ps(p, v); }
-inline void storeh(std::uint16_t* p, VecH h) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h); }
-inline void streamh(std::uint16_t* p, VecH h) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h); }
-constexpr std::uintptr_t kStreamAlign = 32;
-#elif defined(NL_CVT_AVX2)
-constexpr Index kW = 8;
-using VecF = __m256;
-using VecH = __m128i;
-inline VecF widen_v(const std::uint16_t* p, int f) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if (f == kF16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline VecH narrow_v(VecF v, int f) {
-  if (f == kF16) return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-  // Scalar math: bits = x ≥ NaN ? (x >> 16) | 0x40 : (x + 0x7FFF + ((x >> 16) & 1)) >> 16
-  const __m256i x = _mm256_castps_si256(v);
-  const __m256i hi = _mm256_srli_epi32(x, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));  // values ≤ 0xFFFF
-}
-inline VecF loadf(const float* p) { return _mm256_loadu_ps(p); }
-inline void storef(float* p, VecF v) { _mm256_storeu_ps(p, v); }
-inline void storeh(std::uint16_t* p, VecH h) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h); }
-inline void streamh(std::uint16_t* p, VecH h) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), h); }
-constexpr std::uintptr_t kStreamAlign = 16;
-#endif
+// The 16-bit type of format F.
+template <int F>
+using HalfT = std::conditional_t<F == kBf16, bfloat16, float16>;
+constexpr Index kW = vec::kF;  // elements per vector step
 
 template <int F>
 void widen(float* dst, const std::uint16_t* src, Index n) {
   Index i = 0;
-#if defined(NL_CVT_AVX512) || defined(NL_CVT_AVX2)
   // Scalar math: dst[i] = float(src[i])
-  for (; i + kW <= n; i += kW) storef(dst + i, widen_v(src + i, F));
-#endif
+  for (; i + kW <= n; i += kW) vec::store(dst + i, vec::widen<HalfT<F>>(vec::hload(src + i)));
   for (; i < n; ++i) dst[i] = widen1(src[i], F);
 }
 
 template <int F>
 void narrow(std::uint16_t* dst, const float* src, Index n, bool stream) {
+  using T = HalfT<F>;
   Index i = 0;
-#if defined(NL_CVT_AVX512) || defined(NL_CVT_AVX2)
   if (stream) {
-    // A scalar head up to the vector-size boundary, then aligned non-temporal stores.
-    for (; i < n && (reinterpret_cast<std::uintptr_t>(dst + i) & (kStreamAlign - 1)) != 0; ++i)
-      dst[i] = narrow1(src[i], F);
+    // A scalar head up to the stream alignment, then non-temporal stores.
+    for (; i < n && !vec::stream_ok(reinterpret_cast<const T*>(dst + i)); ++i) dst[i] = narrow1(src[i], F);
     // Scalar math: dst[i] = round(src[i])
-    for (; i + kW <= n; i += kW) streamh(dst + i, narrow_v(loadf(src + i), F));
+    for (; i + kW <= n; i += kW) vec::hstream(dst + i, vec::narrow<T>(vec::load(src + i)));
     for (; i < n; ++i) dst[i] = narrow1(src[i], F);
-    _mm_sfence();
+    vec::stream_fence();
     return;
   }
   // Scalar math: dst[i] = round(src[i])
-  for (; i + kW <= n; i += kW) storeh(dst + i, narrow_v(loadf(src + i), F));
-#else
-  (void)stream;
-#endif
+  for (; i + kW <= n; i += kW) vec::hstore(dst + i, vec::narrow<T>(vec::load(src + i)));
   for (; i < n; ++i) dst[i] = narrow1(src[i], F);
 }
 
 template <int F>
 void round_trip(float* x, Index n) {
+  using T = HalfT<F>;
   Index i = 0;
-#if defined(NL_CVT_AVX512) || defined(NL_CVT_AVX2)
-  alignas(64) std::uint16_t h[kW];
   // Scalar math: x[i] = float(round(x[i]))
-  for (; i + kW <= n; i += kW) {
-    storeh(h, narrow_v(loadf(x + i), F));
-    storef(x + i, widen_v(h, F));
-  }
-#endif
+  for (; i + kW <= n; i += kW) vec::store(x + i, vec::widen<T>(vec::narrow<T>(vec::load(x + i))));
   for (; i < n; ++i) x[i] = widen1(narrow1(x[i], F), F);
 }
 
@@ -166,6 +101,3 @@ const ConvertKernels kConvertTable = {{widen<kBf16>, widen<kF16>},
                                       NL_TARGET::rows_backward_of<float16>};
 
 }  // namespace normlab::kernels::NL_TARGET::cvt
-
-#undef NL_CVT_AVX512
-#undef NL_CVT_AVX2

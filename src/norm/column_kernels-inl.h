@@ -96,6 +96,17 @@ inline VF ld(const float* p, int k) {
   if constexpr (Full) return load(p);
   return load_n(p, k);
 }
+// The store of one row of a block: its first k columns (a partial block), or all 16, non-temporal when
+// `streaming` and the row is 64-byte aligned.
+template <bool Full>
+inline void put(float* p, VF v, int k, bool streaming) {
+  if constexpr (!Full)
+    store_n(p, v, k);
+  else if (streaming && aligned64(p))
+    stream(p, v);
+  else
+    store(p, v);
+}
 
 // Per-column values of one block of 16 columns.
 struct Block {
@@ -273,13 +284,7 @@ template <bool Center, bool W, bool B, bool Full>
     VF v = mul(dev<Center>(ld<Full>(x + a.xoff[i], k), mh, ml), r);
     if constexpr (W) v = mul(v, bcast(a.wt[i]));
     if constexpr (B) v = add(v, bcast(a.b[i]));
-    float* p = y + a.yoff[i];
-    if constexpr (!Full)
-      store_n(p, v, k);
-    else if (a.stream && aligned64(p))
-      stream(p, v);
-    else
-      store(p, v);
+    put<Full>(y + a.yoff[i], v, k, a.stream);
   }
 }
 
@@ -339,13 +344,7 @@ template <bool Center, bool W, bool Full>
     const VF g = W ? mul(dyv, bcast(a.wt[i])) : dyv;
     const VF gc = Center ? sub(g, c0v) : g;
     const VF v = mul(r, sub(gc, mul(d, c2v)));
-    float* p = dx + a.dxoff[i];
-    if constexpr (!Full)
-      store_n(p, v, k);
-    else if (a.stream && aligned64(p))
-      stream(p, v);
-    else
-      store(p, v);
+    put<Full>(dx + a.dxoff[i], v, k, a.stream);
     if (a.dw) {
       VF t = mul(dyv, mul(d, r));
       if constexpr (!Full) t = keep_n(t, k);  // the zero-padded columns may hold NaN (eps = 0)

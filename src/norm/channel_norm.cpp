@@ -17,6 +17,7 @@
 #include "norm/channel_kernels.h"
 #include "norm/norm_plan.h"
 #include "parallel/parallel.h"
+#include "simd/isa_select.h"
 
 namespace normlab::kernels {
 namespace scalar {
@@ -30,15 +31,7 @@ extern const ChannelKernels kChannelTable;
 }
 
 const ChannelKernels& channel_kernels() {
-  switch (active_isa()) {
-    case Isa::kAvx512:
-      return avx512::kChannelTable;
-    case Isa::kAvx2:
-      return avx2::kChannelTable;
-    case Isa::kScalar:
-      break;
-  }
-  return scalar::kChannelTable;
+  return *for_isa(active_isa(), &scalar::kChannelTable, &avx2::kChannelTable, &avx512::kChannelTable);
 }
 
 }  // namespace normlab::kernels

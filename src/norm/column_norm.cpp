@@ -22,6 +22,7 @@
 
 #include "norm/column_kernels.h"
 #include "parallel/parallel.h"
+#include "simd/isa_select.h"
 
 namespace normlab {
 
@@ -37,15 +38,7 @@ extern const ColumnKernels kColumnTable;
 }
 
 const ColumnKernels& column_kernels() {
-  switch (active_isa()) {
-    case Isa::kAvx512:
-      return avx512::kColumnTable;
-    case Isa::kAvx2:
-      return avx2::kColumnTable;
-    case Isa::kScalar:
-      break;
-  }
-  return scalar::kColumnTable;
+  return *for_isa(active_isa(), &scalar::kColumnTable, &avx2::kColumnTable, &avx512::kColumnTable);
 }
 }  // namespace kernels
 

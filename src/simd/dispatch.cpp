@@ -5,12 +5,19 @@
 #include <cstdlib>
 
 #include "norm/row_kernels.h"
+#include "simd/isa_select.h"
 
 namespace normlab {
 namespace kernels {
-namespace scalar { extern const RowKernels kTable; }
-namespace avx2 { extern const RowKernels kTable; }
-namespace avx512 { extern const RowKernels kTable; }
+namespace scalar {
+extern const RowKernels kTable;
+}
+namespace avx2 {
+extern const RowKernels kTable;
+}
+namespace avx512 {
+extern const RowKernels kTable;
+}
 }  // namespace kernels
 
 namespace {
@@ -35,9 +42,12 @@ std::atomic<Isa>& active() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -50,8 +60,10 @@ Isa parse_isa(const std::string& name) {
 
 bool isa_supported(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return true;
-    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
@@ -66,7 +78,9 @@ std::vector<Isa> supported_isas() {
   return out;
 }
 
-Isa active_isa() { return active().load(); }
+Isa active_isa() {
+  return active().load();
+}
 
 void set_isa(Isa isa) {
   NL_CHECK(isa_supported(isa), "instruction set {} is not supported by this CPU", isa_name(isa));
@@ -74,12 +88,7 @@ void set_isa(Isa isa) {
 }
 
 const kernels::RowKernels& kernels::row_kernels() {
-  switch (active_isa()) {
-    case Isa::kAvx512: return avx512::kTable;
-    case Isa::kAvx2: return avx2::kTable;
-    case Isa::kScalar: break;
-  }
-  return scalar::kTable;
+  return *for_isa(active_isa(), &scalar::kTable, &avx2::kTable, &avx512::kTable);
 }
 
 }  // namespace normlab

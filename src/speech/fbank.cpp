@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <kissfft/kissfft.hh>
 
+#include "simd/isa_select.h"
 #include "speech/log_mel.h"
 #include "speech/real_fft.h"
 
@@ -129,10 +130,6 @@ void PowerAndMelBaseline(detail::RealFftPow2& fft, const MelBanks& mel_banks, co
                                                                           double* mel) {
   PowerAndMel(fft, mel_banks, x, power, mel);
 }
-using PowerAndMelFn = void (*)(detail::RealFftPow2&, const MelBanks&, const double*, double*, double*);
-PowerAndMelFn power_and_mel_for(Isa isa) {
-  return isa == Isa::kScalar ? PowerAndMelBaseline : isa == Isa::kAvx2 ? PowerAndMelAvx2 : PowerAndMelAvx512;
-}
 
 // The log-mel kernel of src/speech/log_mel.h for each instruction set.
 void LogMelBaseline(float* y, const double* m, std::size_t n) {
@@ -144,10 +141,6 @@ void LogMelBaseline(float* y, const double* m, std::size_t n) {
 [[gnu::target("avx512f,prefer-vector-width=512")]] void LogMelAvx512(float* y, const double* m,
                                                                      std::size_t n) {
   detail::LogMel(y, m, n);
-}
-using LogMelFn = void (*)(float*, const double*, std::size_t);
-LogMelFn log_mel_for(Isa isa) {
-  return isa == Isa::kScalar ? LogMelBaseline : isa == Isa::kAvx2 ? LogMelAvx2 : LogMelAvx512;
 }
 }  // namespace
 
@@ -175,7 +168,8 @@ void FbankComputer::Compute(float signal_raw_log_energy, std::span<double> windo
     signal_raw_log_energy = static_cast<float>(std::log(std::max(e, static_cast<double>(FLT_MIN))));
   }
   if (fft_->pow2 && opts_.use_power) {
-    power_and_mel_for(active_isa())(fft_->fast, mel_banks_, window.data(), power_.data(), mel_.data());
+    for_isa(active_isa(), PowerAndMelBaseline, PowerAndMelAvx2, PowerAndMelAvx512)(
+        fft_->fast, mel_banks_, window.data(), power_.data(), mel_.data());
   } else {
     if (fft_->pow2)
       fft_->fast.PowerSpectrum(window.data(), power_.data());
@@ -190,7 +184,8 @@ void FbankComputer::Compute(float signal_raw_log_energy, std::span<double> windo
   // torchaudio take logf of the energy rounded to float; the two differ by at most ~2 float ulps (≤ 4e-6 for
   // |feature| < 32).
   if (opts_.use_log_fbank) {
-    log_mel_for(active_isa())(feature.data() + mel_offset, mel_.data(), mel_.size());
+    for_isa(active_isa(), LogMelBaseline, LogMelAvx2, LogMelAvx512)(feature.data() + mel_offset, mel_.data(),
+                                                                    mel_.size());
   } else {
     for (std::size_t b = 0; b < mel_.size(); ++b) feature[mel_offset + b] = static_cast<float>(mel_[b]);
   }

@@ -11,6 +11,8 @@
 #include <numbers>
 #include <vector>
 
+#include "simd/isa_select.h"
+
 namespace normlab::speech {
 
 namespace {
@@ -194,9 +196,7 @@ template <typename T>
 }
 template <typename T>
 WindowKernelFn<T> window_kernel_for(Isa isa) {
-  return isa == Isa::kScalar ? WindowKernelBaseline<T>
-         : isa == Isa::kAvx2 ? WindowKernelAvx2<T>
-                             : WindowKernelAvx512<T>;
+  return for_isa(isa, WindowKernelBaseline<T>, WindowKernelAvx2<T>, WindowKernelAvx512<T>);
 }
 
 // log(max(E, FLT_EPSILON)) of a frame energy E, as Kaldi's log_energy_pre_window.

@@ -18,9 +18,14 @@
 //   BM_AddLayerNormFwd/{normlab,aten}/RxD           fp32 s = x + residual, y = LayerNorm(s): normlab's fused
 //                                                   add_layer_norm_forward; ATen: at::add + native_layer_norm
 //   BM_AddLayerNormFwdUnfused/normlab/RxD           normlab's own add loop, then layer_norm_forward
+//   BM_AddLayerNormBwd/{normlab,aten}/RxD           fp32 dx = dnorm + ds, dγ, dβ from dy, ds, s: normlab's fused
+//                                                   add_layer_norm_backward; ATen: native_layer_norm_backward
+//                                                   (the forward's mean/rstd) + at::add, as autograd runs it
+//   BM_AddLayerNormBwdUnfused/normlab/RxD           layer_norm_backward, then normlab's own loop dx += ds
 //   BM_LayerNormBwdFromOutput/normlab/RxD           fp32 memory-efficient backward (reads y, dy, rstd)
 // Bytes (bytes_per_second), as bench_norm.cpp: what the ideal kernel moves, in the storage type:
 //   Fwd BF16/FP16 (LayerNorm, RmsNorm): 2·2·N; Bwd BF16: 3·2·N; AddLayerNormFwd(+Unfused): 4·4·N (read x, residual; write s, y);
+//   AddLayerNormBwd(+Unfused): 4·4·N (read dy, ds, s; write dx);
 //   LayerNormBwdFromOutput: 3·4·N.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -329,6 +334,46 @@ Impl MakeAddFwd(const std::string& impl, bool fused, const Shape& s, LowpPool& p
           [h] { return FromTensor(h->keep); }};
 }
 
+// The backward of the fused add + LayerNorm: dx = dnorm + ds, dγ, dβ from dy, ds, s (s and the forward's
+// statistics made once, outside the loop; the residual buffer serves as ds).
+Impl MakeAddBwd(const std::string& impl, bool fused, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
+  const Index n = s.numel();
+  const View sv(p.fs.get(), Dims{s.rows, s.d}), y(p.fy.get(), Dims{s.rows, s.d});
+  const ConstView x(p.fx.get(), Dims{s.rows, s.d}), ds(p.fr.get(), Dims{s.rows, s.d});
+  const ConstView w(Param(0), Dims{s.d}), b(Param(1), Dims{s.d});
+  add_layer_norm_forward(sv, y, {}, {}, x, ConstView(p.fx.get(), Dims{s.rows, s.d}), w, b, {1}, kEps);
+  const View dx(p.fdx.get(), Dims{s.rows, s.d});
+  const ConstView dy(p.fdy.get(), Dims{s.rows, s.d});
+  auto result = [n, &p] { return std::vector<float>(p.fdx.get(), p.fdx.get() + n); };
+  if (impl == "normlab") {
+    h->b.resize(static_cast<std::size_t>(2 * s.d));
+    const View dw(h->b.data(), Dims{s.d}), db(h->b.data() + s.d, Dims{s.d});
+    if (fused) return {[=] { add_layer_norm_backward(dx, dw, db, dy, ds, ConstView(sv), w, {1}, kEps); }, result};
+    float* dxp = p.fdx.get();
+    const float* dsp = p.fr.get();
+    return {[=] {
+              layer_norm_backward(dx, dw, db, dy, ConstView(sv), w, {1}, kEps);
+              for (Index i = 0; i < n; ++i) dxp[i] += dsp[i];
+            },
+            result};
+  }
+  // aten: native_layer_norm_backward with the forward's mean/rstd, then dx + ds (what autograd runs)
+  h->t0 = WrapF32(p.fs.get(), {s.rows, s.d});
+  h->t1 = WrapF32(p.fdy.get(), {s.rows, s.d});
+  h->t2 = WrapF32(Param(0), {s.d});
+  h->t3 = WrapF32(Param(1), {s.d});
+  const Index d = s.d;
+  auto fwd = at::native_layer_norm(h->t0, {d}, h->t2, h->t3, kEps);
+  auto mean = std::get<1>(fwd), rstd = std::get<2>(fwd);
+  const at::Tensor dst = WrapF32(p.fr.get(), {s.rows, s.d});
+  return {[h, d, mean, rstd, dst] {
+            auto r = at::native_layer_norm_backward(h->t1, h->t0, {d}, mean, rstd, h->t2, h->t3, {true, true, true});
+            h->keep = at::add(std::get<0>(r), dst);
+            benchmark::DoNotOptimize(h->keep.data_ptr());
+          },
+          [h] { return FromTensor(h->keep); }};
+}
+
 Impl MakeBwdFromOutput(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
   h->a.resize(static_cast<std::size_t>(2 * s.rows));
   h->b.resize(static_cast<std::size_t>(2 * s.d));
@@ -389,6 +434,16 @@ std::vector<Op> Ops(bool onednn_bf16) {
       {"AddLayerNormFwdUnfused", {"normlab"},
        [](const std::string& i) -> Maker {
          return [i](auto& s, auto& p, auto h) { return MakeAddFwd(i, false, s, p, h); };
+       },
+       16},
+      {"AddLayerNormBwd", {"normlab", "aten"},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeAddBwd(i, true, s, p, h); };
+       },
+       16},
+      {"AddLayerNormBwdUnfused", {"normlab"},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeAddBwd(i, false, s, p, h); };
        },
        16},
       {"LayerNormBwdFromOutput", {"normlab"},

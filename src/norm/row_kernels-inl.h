@@ -555,7 +555,7 @@ void rows_forward_batched_n(const RowsForwardOf<T>& a) {
 }
 
 template <typename T>
-void rows_forward_of(const RowsForwardOf<T>& a) {
+void rows_forward_plain(const RowsForwardOf<T>& a) {
   const bool w = a.w != nullptr, b = a.b != nullptr;
   if (a.n <= kBatchMaxN && !(a.n % 64 == 0 && a.n >= 256) && a.rows > 1) {
     if (a.center) {
@@ -593,6 +593,72 @@ void rows_forward_of(const RowsForwardOf<T>& a) {
   return rows_forward_impl<false, false, false>(a);
 }
 
+// s = x + r over `rows` rows of n (RowsForwardOf::r): the float sum of the widened values, rounded once
+// to T by the store. With `copy` (ld n), s is also stored there with ordinary stores and goes to memory
+// with non-temporal ones (rows whose start allows them). s may equal x or r (element by element).
+template <typename T>
+void add_rows(T* s, Index lds, T* copy, const T* x, Index ldx, const T* r, Index ldr, Index rows, Index n) {
+  for (Index j = 0; j < rows; ++j) {
+    T* sj = s + j * lds;
+    const T* xj = x + j * ldx;
+    const T* rj = r + j * ldr;
+    T* cj = copy ? copy + j * n : nullptr;
+    Index i = 0;
+    // Scalar math: s[i] = round_T(float(x[i]) + float(r[i]))   (copy[i] likewise)
+    if (cj && stream_ok(sj)) {
+      for (; i + kF <= n; i += kF) {
+        const VF v = add(load(xj + i), load(rj + i));
+        store(cj + i, v);
+        stream(sj + i, v);
+      }
+    } else if (cj) {
+      for (; i + kF <= n; i += kF) {
+        const VF v = add(load(xj + i), load(rj + i));
+        store(cj + i, v);
+        store(sj + i, v);
+      }
+    } else {
+      for (; i + kF <= n; i += kF) store(sj + i, add(load(xj + i), load(rj + i)));
+    }
+    if (i < n) {
+      const int k = static_cast<int>(n - i);
+      const VF v = add(load_n(xj + i, k), load_n(rj + i, k));
+      if (cj) store_n(cj + i, v, k);
+      store_n(sj + i, v, k);
+    }
+  }
+}
+
+// The fused residual add + norm forward (RowsForwardOf::r): per chunk of rows, s, then the plain kernel
+// on the stored s (or on its copy in work).
+template <typename T>
+void rows_add_forward(const RowsForwardOf<T>& a) {
+  const Index chunk = add_chunk_rows(a.n);
+  const bool nt = a.stream && a.work;
+  for (Index r0 = 0; r0 < a.rows; r0 += chunk) {
+    const Index nr = std::min(chunk, a.rows - r0);
+    T* s = a.s + r0 * a.lds;
+    add_rows(s, a.lds, nt ? a.work : nullptr, a.x + r0 * a.ldx, a.ldx, a.r + r0 * a.ldr, a.ldr, nr, a.n);
+    RowsForwardOf<T> b = a;
+    b.r = nullptr;
+    b.s = b.work = nullptr;
+    b.x = nt ? a.work : s;
+    b.ldx = nt ? a.n : a.lds;
+    b.y = a.y + r0 * a.ldy;
+    b.rows = nr;
+    if (b.mean) b.mean += r0 * a.ld_stats;
+    if (b.rstd) b.rstd += r0 * a.ld_stats;
+    rows_forward_plain(b);
+  }
+  if (nt) stream_fence();
+}
+
+template <typename T>
+void rows_forward_of(const RowsForwardOf<T>& a) {
+  if (a.r) return rows_add_forward(a);
+  rows_forward_plain(a);
+}
+
 // The column pass of the backward over one group of nr ≤ kParamGradRowGroup rows starting at row r0 of
 // the call: dx of the rows and the group's dγ/dβ contributions (row_norm.cpp: groups of four rows from
 // the first row of a call; the first group of a call with init assigns the partial rows).
@@ -607,14 +673,17 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   const float* const wp = a.w;
   double* const dwp = a.dw;
   double* const dbp = a.db;
+  const bool with_ds = a.ds != nullptr;
   const T* xs[R];
   const T* dys[R];
+  const T* dss[R];
   T* dxs[R];
   bool st_ok[R];
   VF mh[R], ml[R], r[R], c0[R], c2[R];
   for (int j = 0; j < nr; ++j) {
     xs[j] = a.x + (r0 + j) * a.ldx;
     dys[j] = a.dy + (r0 + j) * a.lddy;
+    dss[j] = with_ds ? a.ds + (r0 + j) * a.ldds : nullptr;
     dxs[j] = a.dx + (r0 + j) * a.lddx;
     st_ok[j] = a.stream && stream_ok(dxs[j]);
     mh[j] = bcast(mhs[j]);
@@ -626,8 +695,8 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   const bool first = a.init && r0 == 0;
   const VF z = zerof();
   // Scalar math (per column i, rows j of the group in order):
-  //   d = (x[j][i] − mh) − ml; g = dy[j][i]·w[i]; dx[j][i] = r·((g − c0) − d·c2), c0 = float(mean_g),
-  //   c2 = float(rstd·mean_gx̂);
+  //   d = (x[j][i] − mh) − ml; g = dy[j][i]·w[i]; dx[j][i] = r·((g − c0) − d·c2) (+ ds[j][i]),
+  //   c0 = float(mean_g), c2 = float(rstd·mean_gx̂);
   //   pw += double(dy[j][i]·(d·r)); pb += double(dy[j][i])   (double, from 0)
   //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
   // (pw and pb start from the first row's term instead of 0 + it: that can only turn a +0 into −0, and
@@ -642,7 +711,8 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
       const VF g = W ? mul(dyv, wv) : dyv;
       VF gc = g;
       if constexpr (Center) gc = sub(gc, c0[j]);
-      const VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
+      VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
+      if (with_ds) dx = add(dx, tail ? load_n(dss[j] + i, k) : load(dss[j] + i));
       if (tail)
         store_n(dxs[j] + i, dx, k);
       else if (st_ok[j])

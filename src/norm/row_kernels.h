@@ -38,8 +38,26 @@ struct RowsForwardOf {
   float* mean = nullptr;
   float* rstd = nullptr;
   Index ld_stats = 0;
+  // Fused residual add (r not null): the rows normalized are s = x + r (the float sum of the widened
+  // values, rounded once to T), which is also written to s (row r at s + r·lds; s may equal x or r,
+  // never y). The call takes the rows in chunks of add_chunk_rows(n) rows: a chunk's s is formed
+  // and stored, then normalized by the plain kernel while it is still in cache, so y, mean and rstd are
+  // bitwise those of the plain kernel on the stored s. With stream, s goes out with non-temporal stores
+  // and the chunk is normalized from a copy in `work` (add_chunk_rows(n)·n elements of T, one per caller
+  // thread), so s is never read back from memory.
+  const T* r = nullptr;
+  Index ldr = 0;
+  T* s = nullptr;
+  Index lds = 0;
+  T* work = nullptr;
 };
 using RowsForward = RowsForwardOf<float>;
+// Rows per chunk of the fused add: about 64 KiB of fp32 s (in L2 while it is normalized), at least four
+// rows (the pipelined kernels keep three rows in flight).
+inline constexpr Index kAddChunkElems = Index{1} << 14;
+inline Index add_chunk_rows(Index n) {
+  return n > 0 && kAddChunkElems / n > 4 ? kAddChunkElems / n : 4;
+}
 
 // Rows are taken in groups of kParamGradRowGroup from the first row of a call: per column, the
 // contributions dy·x̂ (the product rounded to float) and dy of the group's rows are summed in double, in
@@ -67,6 +85,10 @@ struct RowsBackwardOf {
   double* dw = nullptr;
   double* db = nullptr;
   bool init = false;  // the first group assigns dw/db instead of adding
+  // Fused add + norm backward (ds not null): dx = dnorm + ds, added in float to the float dnorm before
+  // the one rounding to T (dx may equal ds). dw, db are those of dnorm.
+  const T* ds = nullptr;
+  Index ldds = 0;
 };
 using RowsBackward = RowsBackwardOf<float>;
 

@@ -2,33 +2,30 @@
 // bf16/fp16 LayerNorm and RMSNorm, residual add + norm, and the memory-efficient backward.
 //
 // Contract: a bf16/fp16 y or dx is exactly round(the fp32 function's result on the widened inputs) (round
-// to nearest even, once), and mean/rstd are exactly the fp32 function's. Two routes give it:
+// to nearest even, once), and mean/rstd are exactly the fp32 function's. Three routes give it:
 //
-// Direct (bf16/fp16 LayerNorm/RMSNorm forward, and backward from x without ds, when x, y / dy, dx are
+// Direct (every forward, and every backward from x, when x, y / dy, dx (and residual, s / ds) are
 // contiguous with the normalized axes last): the rows go straight through the fused row kernels
-// instantiated for the 16-bit type (RowsForwardOf<T>, RowsBackwardOf<T>, convert_kernels.h): each element
-// is widened in registers at every load and rounded at the store, the arithmetic is the fp32 kernels'
-// own code, so every pass reads and writes 2 bytes per element. dγ/dβ there: the fused kernel's double
-// partials per chunk of rows (fused_row_chunks, row_norm_backward's chunks), summed in chunk order and
-// rounded once: bitwise the fp32 function's dγ/dβ.
+// instantiated for the storage type (RowsForwardOf<T>, RowsBackwardOf<T>; convert_kernels.h for the
+// 16-bit types): each element is widened in registers at every load and rounded at the store, the
+// arithmetic is the fp32 kernels' own code, so every pass reads and writes sizeof(T) bytes per element.
+// The fused add + norm forms s = x + residual inside the kernel, chunk by chunk, and normalizes the stored
+// s while it is in cache; its backward adds ds to the float dnorm before the one rounding. dγ/dβ there:
+// the fused kernel's double partials per chunk of rows (fused_row_chunks, row_norm_backward's chunks),
+// summed in chunk order and rounded once: bitwise the fp32 function's dγ/dβ.
 //
-// Scratch (the fused add + norm, the backward with ds, the memory-efficient backward): every group is
-// brought into an fp32 scratch row (widened exactly from bf16/fp16, or the fp32 data itself) and goes
-// through normlab's own fp32 LayerNorm/RMSNorm (the public layer_norm_forward / layer_norm_backward on a
-// [rows, n] view of the scratch, whatever kernels they use), and its outputs are narrowed once (round to
-// nearest even) into the storage type. dγ/dβ there: the fp32 backward's per-unit sums (rounded once to
-// fp32) are added in double into one partial row per fixed chunk of groups, and the chunks are summed in
-// chunk order (units and chunks depend on the shape only). The memory-efficient backward, which has no x
-// to recompute from, runs the row kernels backward_sums / backward_dx (row_kernels.h) on the recovered
-// x − mean.
+// Whole (other layouts, "layouts other than ..." below): the fp32 function on the caller's views, or on
+// contiguous fp32 copies widened exactly, narrowed once.
 //
-// Units of work (scratch route): when every full-shaped operand is contiguous with the normalized axes
-// last (group g at element g·n), a run of up to kUnitElems elements of consecutive groups is converted in
-// one call (vector conversions over whole rows, non-temporal stores for outputs larger than kStreamBytes)
-// and normalized by one fp32 call. Any other layout goes whole to the fp32 function (see "layouts other
-// than ..." below); the memory-efficient backward takes it one group at a time, gathered through its
-// strides. The units and tasks only change the schedule, never the arithmetic: the same bits for any
-// thread count and SIMD target.
+// Scratch (the memory-efficient backward, which has no x to recompute from): every group is brought into
+// an fp32 scratch row (widened exactly from bf16/fp16, or the fp32 data itself, gathered through its
+// strides when it is not contiguous), x − mean is recovered from y, the row kernels backward_sums /
+// backward_dx (row_kernels.h) run on it, and dx is narrowed once into the storage type. dγ/dβ there: one
+// double partial row per fixed chunk of groups, the chunks summed in chunk order. Units: runs of up to
+// kUnitElems elements of consecutive groups when the layout is flat, else one group at a time.
+//
+// Units and tasks only change the schedule, never the arithmetic: the same bits for any thread count and
+// SIMD target.
 #pragma once
 
 #include <normlab/norm.h>
@@ -59,6 +56,18 @@ constexpr int format_of() {
   if constexpr (std::is_same_v<std::remove_const_t<T>, bfloat16>) return kernels::kBf16;
   else if constexpr (std::is_same_v<std::remove_const_t<T>, float16>) return kernels::kF16;
   else return -1;
+}
+
+// The fused row kernels for storage type T (float: the fp32 table's own entries).
+template <typename T>
+auto rows_forward_kernel(const kernels::ConvertKernels& cv) {
+  if constexpr (format_of<T>() < 0) return kernels::row_kernels().rows_forward;
+  else return kernels::rows_forward_for<T>(cv);
+}
+template <typename T>
+auto rows_backward_kernel(const kernels::ConvertKernels& cv) {
+  if constexpr (format_of<T>() < 0) return kernels::row_kernels().rows_backward;
+  else return kernels::rows_backward_for<T>(cv);
 }
 
 // A full-shaped operand (shape of x) of element type T (float, bfloat16 or float16).
@@ -324,95 +333,70 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
   const kernels::ConvertKernels& cv = kernels::convert_kernels();
   const bool stream = x.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
   constexpr bool kNarrow = format_of<T>() >= 0;
-  if constexpr (kNarrow) {
-    if (!fused) {
-      // bf16/fp16 rows straight through the fused row kernels (RowKernels::rows_forward's code on the
-      // 16-bit type, convert_kernels.h): x widened in registers, y rounded once at the store. The same
-      // arithmetic as the fp32 function on the widened x, hence the same bits; tasks of rows as row_norm.cpp.
-      kernels::RowsForwardOf<T> args;
-      args.n = s.n;
-      args.w = wp;
-      args.b = bp;
-      args.eps = eps;
-      args.center = nm.center;
-      args.stream = stream;
-      args.ldx = args.ldy = s.n;
-      const auto fwd = kernels::rows_forward_for<T>(cv);
-      // mean and rstd straight from the kernel when both sit at one common stride, else via scratch.
-      Index ldm = 0, ldr = 0;
-      const bool stats_direct = (!pm.defined || groups_at_fixed_stride(s.k_shape, pm.strides, &ldm)) &&
-                                (!pr.defined || groups_at_fixed_stride(s.k_shape, pr.strides, &ldr)) &&
-                                (!pm.defined || !pr.defined || ldm == ldr);
-      const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
-      const Index tasks = (s.groups + per_task - 1) / per_task;
-      parallel::parallel_for(tasks, [&](Index t) {
-        const Index g0 = t * per_task, rows = std::min(s.groups, g0 + per_task) - g0;
-        kernels::RowsForwardOf<T> a = args;
-        a.rows = rows;
-        a.x = xo.base + g0 * s.n;
-        a.y = yo.base + g0 * s.n;
-        if (stats_direct) {
-          a.ld_stats = pm.defined ? ldm : ldr;
-          a.mean = pm.defined ? reinterpret_cast<float*>(pm.base) + g0 * ldm : nullptr;
-          a.rstd = pr.defined ? reinterpret_cast<float*>(pr.base) + g0 * ldr : nullptr;
-          fwd(a);
-          return;
-        }
-        Scratch& sc = Scratch::get(per_task);  // f[4]: the rows' mean and rstd
-        a.mean = pm.defined ? sc.f[4] : nullptr;
-        a.rstd = pr.defined ? sc.f[4] + rows : nullptr;
-        a.ld_stats = 1;
-        fwd(a);
-        for (Index g = g0; g < g0 + rows; ++g) {
-          if (pm.defined) reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = sc.f[4][g - g0];
-          if (pr.defined)
-            reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = sc.f[4][rows + g - g0];
-        }
-      });
-      return;
-    }
-  }
-  // fp32 LayerNorm/RMSNorm of `rows` contiguous rows of n: y, and each row's mean and rstd.
-  const ConstView wrow = wp ? ConstView(wp, Dims{s.n}) : ConstView{}, brow = bp ? ConstView(bp, Dims{s.n}) : ConstView{};
-  auto norm_rows = [&](float* yr, const float* xr, Index rows, float* mu, float* rs) {
-    const View yv(yr, Dims{rows, s.n});
-    const ConstView xv(xr, Dims{rows, s.n});
-    if (nm.center)
-      normlab::layer_norm_forward(yv, View(mu, Dims{rows}), View(rs, Dims{rows}), xv, wrow, brow, {1}, eps);
-    else
-      normlab::rms_norm_forward(yv, View(rs, Dims{rows}), xv, wrow, {1}, eps);
-  };
-
-  const Index per_task = std::max<Index>(1, kUnitElems / s.n);
-  const Index tasks = (s.groups + per_task - 1) / per_task;
-  parallel::parallel_for(tasks, [&](Index t) {
-    const Index t0 = t * per_task, t1 = std::min(s.groups, t0 + per_task);
-    Scratch& sc = Scratch::get(flat ? std::min((t1 - t0) * s.n, std::max(kUnitElems, s.n)) : s.n);
-    for_units(t0, t1, s.n, flat, [&](Index g0, Index g1) {
-      const Index len = (g1 - g0) * s.n;
-      const Where wx = where(xo, g0, flat, s.n, s.k_shape), wy = where(yo, g0, flat, s.n, s.k_shape);
-      const float* in = load(xo, wx, len, s.n_shape, sc.f[0], sc.h, cv);
+  {
+    // Direct route (every flat layout reaches here: bf16/fp16 storage, or the fused add + norm): the rows
+    // go straight through the fused row kernels on T (RowKernels::rows_forward's code; for 16-bit types x
+    // widened in registers and y rounded once at the store, convert_kernels.h). The fused add forms s in
+    // the kernel, chunk by chunk, and normalizes the stored s while it is in cache (RowsForwardOf::r).
+    // The same arithmetic as the fp32 function on the widened (stored) input, hence the same bits; tasks
+    // of rows as row_norm.cpp.
+    kernels::RowsForwardOf<T> args;
+    args.n = s.n;
+    args.w = wp;
+    args.b = bp;
+    args.eps = eps;
+    args.center = nm.center;
+    args.stream = stream;
+    args.ldx = args.ldy = s.n;
+    if (fused) args.ldr = args.lds = s.n;
+    const auto fwd = rows_forward_kernel<T>(cv);
+    // mean and rstd straight from the kernel when both sit at one common stride, else via scratch.
+    Index ldm = 0, ldr = 0;
+    const bool stats_direct = (!pm.defined || groups_at_fixed_stride(s.k_shape, pm.strides, &ldm)) &&
+                              (!pr.defined || groups_at_fixed_stride(s.k_shape, pr.strides, &ldr)) &&
+                              (!pm.defined || !pr.defined || ldm == ldr);
+    const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
+    const Index tasks = (s.groups + per_task - 1) / per_task;
+    // Per-thread scratch: the copy of s for streaming (add_chunk_rows(n)·n elements) and f[4] for the
+    // statistics (2·per_task floats).
+    const bool need_work = fused && stream;
+    const bool need_scratch = need_work || !stats_direct;
+    const Index scratch_len = std::max(per_task, need_work ? kernels::add_chunk_rows(s.n) * s.n : Index{0});
+    parallel::parallel_for(tasks, [&](Index t) {
+      const Index g0 = t * per_task, rows = std::min(s.groups, g0 + per_task) - g0;
+      kernels::RowsForwardOf<T> a = args;
+      a.rows = rows;
+      a.x = xo.base + g0 * s.n;
+      a.y = yo.base + g0 * s.n;
       if (fused) {
-        const Where wr = where(ro, g0, flat, s.n, s.k_shape), ws = where(so, g0, flat, s.n, s.k_shape);
-        const float* rr = load(ro, wr, len, s.n_shape, sc.f[1], sc.h, cv);
-        float* sr = out_row(so, ws, sc.f[2]);
-        cv.add(sr, in, rr, len);  // fp32 sum; for bf16/fp16 rounded once to the storage type
-        if constexpr (kNarrow) cv.round_trip[format_of<T>()](sr, len);
-        store(so, ws, len, s.n_shape, sr, sc.h, stream, cv);
-        in = sr;
+        a.r = ro.base + g0 * s.n;
+        a.s = so.base + g0 * s.n;
       }
-      float* out = out_row(yo, wy, sc.f[3]);
-      const Index rows = g1 - g0;
-      float* mu = sc.f[4];
-      float* rs = sc.f[4] + rows;
-      norm_rows(out, in, rows, mu, rs);
-      for (Index g = g0; g < g1; ++g) {
-        if (pm.defined) reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = mu[g - g0];
-        if (pr.defined) reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = rs[g - g0];
+      Scratch* sc = need_scratch ? &Scratch::get(scratch_len) : nullptr;
+      if (need_work) {
+        if constexpr (kNarrow)
+          a.work = reinterpret_cast<T*>(sc->h);
+        else
+          a.work = sc->f[0];
       }
-      store(yo, wy, len, s.n_shape, out, sc.h, stream, cv);
+      if (stats_direct) {
+        a.ld_stats = pm.defined ? ldm : ldr;
+        a.mean = pm.defined ? reinterpret_cast<float*>(pm.base) + g0 * ldm : nullptr;
+        a.rstd = pr.defined ? reinterpret_cast<float*>(pr.base) + g0 * ldr : nullptr;
+        fwd(a);
+        return;
+      }
+      a.mean = pm.defined ? sc->f[4] : nullptr;  // f[4]: the rows' mean and rstd
+      a.rstd = pr.defined ? sc->f[4] + rows : nullptr;
+      a.ld_stats = 1;
+      fwd(a);
+      for (Index g = g0; g < g0 + rows; ++g) {
+        if (pm.defined) reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = sc->f[4][g - g0];
+        if (pr.defined)
+          reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = sc->f[4][rows + g - g0];
+      }
     });
-  });
+  }
 }
 
 // ---- backward ------------------------------------------------------------------------------------------
@@ -504,40 +488,38 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   const double n = static_cast<double>(s.n);
   const bool stream = src.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
   const float* rstd_base = pr.defined ? reinterpret_cast<const float*>(pr.base) : nullptr;
-  const ConstView wrow = wp ? ConstView(wp, Dims{s.n}) : ConstView{};
 
-  // Direct path: bf16/fp16 rows (x given, no ds) straight through the fused row kernels on the 16-bit
-  // type (dx rounded once at the store), in row_norm_backward's chunks, each chunk's first row group
-  // assigning its partial rows: dx, dγ, dβ the same arithmetic as the fp32 function on the widened inputs.
-  constexpr bool kNarrow = format_of<T>() >= 0;
-  const bool direct = kNarrow && flat && !from_output && !ds.defined();
+  // Direct path (x given, flat): the rows straight through the fused row kernels on T (for 16-bit types dx
+  // rounded once at the store; with ds, dx = dnorm + ds added in float before that rounding,
+  // RowsBackwardOf::ds), in row_norm_backward's chunks, each chunk's first row group assigning its partial
+  // rows: dx, dγ, dβ the same arithmetic as the fp32 function on the widened inputs.
+  const bool direct = flat && !from_output;
   const plan::Chunks ch = direct ? fused_row_chunks(s.groups, s.n) : plan::param_grad_chunks(s.groups, s.n);
   const std::size_t nn = static_cast<std::size_t>(s.n);
   std::vector<double> dw_part(dw.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
   std::vector<double> db_part(db.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
-  if constexpr (kNarrow) {
-    if (direct) {
-      kernels::RowsBackwardOf<T> args;
-      args.n = s.n;
-      args.w = wp;
-      args.eps = eps;
-      args.center = nm.center;
-      args.stream = stream;
-      args.ldx = args.lddy = args.lddx = s.n;
-      args.init = true;
-      const auto bwd = kernels::rows_backward_for<T>(cv);
-      parallel::parallel_for(ch.count, [&](Index c) {
-        const Index g0 = c * ch.size;
-        kernels::RowsBackwardOf<T> a = args;
-        a.rows = std::min(s.groups, g0 + ch.size) - g0;
-        a.x = so.base + g0 * s.n;
-        a.dy = dyo.base + g0 * s.n;
-        a.dx = dxo.base + g0 * s.n;
-        a.dw = dw.defined ? dw_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
-        a.db = db.defined ? db_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
-        bwd(a);
-      });
-    }
+  if (direct) {
+    kernels::RowsBackwardOf<T> args;
+    args.n = s.n;
+    args.w = wp;
+    args.eps = eps;
+    args.center = nm.center;
+    args.stream = stream;
+    args.ldx = args.lddy = args.lddx = args.ldds = s.n;
+    args.init = true;
+    const auto bwd = rows_backward_kernel<T>(cv);
+    parallel::parallel_for(ch.count, [&](Index c) {
+      const Index g0 = c * ch.size;
+      kernels::RowsBackwardOf<T> a = args;
+      a.rows = std::min(s.groups, g0 + ch.size) - g0;
+      a.x = so.base + g0 * s.n;
+      a.dy = dyo.base + g0 * s.n;
+      a.dx = dxo.base + g0 * s.n;
+      a.ds = ds.defined() ? dso.base + g0 * s.n : nullptr;
+      a.dw = dw.defined ? dw_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
+      a.db = db.defined ? db_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
+      bwd(a);
+    });
   }
   if (!direct) parallel::parallel_for(ch.count, [&](Index c) {
     const Index t0 = c * ch.size, t1 = std::min(s.groups, t0 + ch.size);
@@ -552,33 +534,15 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
       const float* dyr = load(dyo, wdy, len, s.n_shape, sc.f[1], sc.h, cv);
       // With ds, dnorm goes to scratch first: dx may be ds itself (the residual gradient updated in place).
       float* out = ds.defined() ? sc.f[2] : out_row(dxo, wdx, sc.f[2]);
-      float* xc = sc.f[3];  // from output: x − mean of one group
-      const Index rows = g1 - g0;
-      if (from_output) {
-        for (Index g = g0; g < g1; ++g) {
-          const Index o = (g - g0) * s.n;
-          const double rs = static_cast<double>(rstd_base[plan::group_offset(g, s.k_shape, pr.strides)]);
-          cv.recover_centered(xc, in + o, s.n, rs, wp, bp);
-          double sums[2];
-          k.backward_sums(sums, dwc, dbc, dyr + o, xc, s.n, 0.0, rs, wp);
-          k.backward_dx(out + o, dyr + o, xc, s.n, 0.0, rs, wp, nm.center ? sums[0] / n : 0.0, sums[1] / n);
-        }
-      } else {
-        // dx (and this unit's dγ, dβ, rounded once to fp32): normlab's fp32 backward of these rows, which
-        // recomputes the statistics from x. The unit partials are summed into the chunk's partials in double.
-        const View dxv(out, Dims{rows, s.n});
-        const ConstView dyv(dyr, Dims{rows, s.n}), xv(in, Dims{rows, s.n});
-        const View udw = dwc ? View(sc.f[4], Dims{s.n}) : View{};
-        const View udb = dbc ? View(sc.f[4] + s.n, Dims{s.n}) : View{};
-        if (nm.center)
-          normlab::layer_norm_backward(dxv, udw, udb, dyv, xv, wrow, {1}, eps);
-        else
-          normlab::rms_norm_backward(dxv, udw, dyv, xv, wrow, {1}, eps);
-        // Scalar math: dw[j] += double(unit dγ[j]); db[j] += double(unit dβ[j])
-        if (dwc)
-          for (Index j = 0; j < s.n; ++j) dwc[j] += static_cast<double>(sc.f[4][j]);
-        if (dbc)
-          for (Index j = 0; j < s.n; ++j) dbc[j] += static_cast<double>(sc.f[4][s.n + j]);
+      float* xc = sc.f[3];  // x − mean of one group
+      // The memory-efficient backward (the only user of this route): per group, x − mean recovered from y.
+      for (Index g = g0; g < g1; ++g) {
+        const Index o = (g - g0) * s.n;
+        const double rs = static_cast<double>(rstd_base[plan::group_offset(g, s.k_shape, pr.strides)]);
+        cv.recover_centered(xc, in + o, s.n, rs, wp, bp);
+        double sums[2];
+        k.backward_sums(sums, dwc, dbc, dyr + o, xc, s.n, 0.0, rs, wp);
+        k.backward_dx(out + o, dyr + o, xc, s.n, 0.0, rs, wp, nm.center ? sums[0] / n : 0.0, sums[1] / n);
       }
       if (ds.defined()) {
         const Where wds = where(dso, g0, flat, s.n, s.k_shape);

@@ -3,7 +3,9 @@
 // the memory-efficient backward (x̂ recovered from y) against the standard backward within a bound
 // derived from the extra rounding, with its γ = 0 failure mode.
 #include <normlab/norm.h>
+#include <normlab/parallel.h>
 #include <normlab/reference.h>
+#include <normlab/simd.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -128,6 +130,56 @@ TEST(FusedAddNorm, ResidualStreamUpdatedInPlace) {
   EXPECT_TRUE(bitwise_equal(inplace.cview(), dx.cview(), "dx in place over ds"));
   EXPECT_NL_ERROR(add_layer_norm_forward(s.view(), s.view(), {}, {}, x.cview(), r0.cview(), {}, {}, {1}),
                   "y and s must not overlap");
+}
+
+// Outputs of 16 MiB and more take the streaming route (s written with non-temporal stores, the chunk
+// normalized from a copy in cache); rows of 1025 floats are mostly not aligned for streaming stores, rows of
+// 4096 all are (the pipelined kernel). Every target and thread count gives the unfused composition's bits,
+// and dγ, dβ are bitwise those of the fp32 backward on s.
+TEST(FusedAddNorm, LargeOutputsEveryTargetAndThreadCountBitwise) {
+  std::mt19937_64 rng(25);
+  for (const Dims& shape : {Dims{4100, 1025}, Dims{1025, 4096}, Dims{70000, 64}}) {
+    const Index d = shape[1];
+    const Tensor x = testing::random_tensor(shape, rng, 1.0, 0.5), r = testing::random_tensor(shape, rng, 2.0, -1.0);
+    const Tensor dy = testing::random_tensor(shape, rng, 1.0, 0.0), ds = testing::random_tensor(shape, rng, 1.0, 0.0);
+    const Tensor w = testing::random_tensor(Dims{d}, rng, 0.5, 1.0), b = testing::random_tensor(Dims{d}, rng, 0.5, 0.0);
+    const Dims ks{shape[0]};
+    const Tensor s_ref = add(x.cview(), r.cview());
+    Tensor y_ref(shape), mean_ref(ks), rstd_ref(ks), dn(shape), dw_ref(Dims{d}), db_ref(Dims{d});
+    layer_norm_forward(y_ref.view(), mean_ref.view(), rstd_ref.view(), s_ref.cview(), w.cview(), b.cview(), {1});
+    layer_norm_backward(dn.view(), dw_ref.view(), db_ref.view(), dy.cview(), s_ref.cview(), w.cview(), {1});
+    const Tensor dx_ref = add(dn.cview(), ds.cview());
+    const Isa saved_isa = active_isa();
+    const int saved_threads = num_threads();
+    for (Isa isa : supported_isas())
+      for (int t : {1, 2, 3}) {
+        set_isa(isa);
+        set_num_threads(t);
+        SCOPED_TRACE(fmt::format("{} {} threads shape {}", isa_name(isa), t, shape.str()));
+        Tensor s(shape), y(shape), mean(ks), rstd(ks), dx(shape), dw(Dims{d}), db(Dims{d});
+        add_layer_norm_forward(s.view(), y.view(), mean.view(), rstd.view(), x.cview(), r.cview(), w.cview(),
+                               b.cview(), {1});
+        add_layer_norm_backward(dx.view(), dw.view(), db.view(), dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
+        EXPECT_TRUE(bitwise_equal(s.cview(), s_ref.cview(), "s"));
+        EXPECT_TRUE(bitwise_equal(y.cview(), y_ref.cview(), "y"));
+        EXPECT_TRUE(bitwise_equal(mean.cview(), mean_ref.cview(), "mean"));
+        EXPECT_TRUE(bitwise_equal(rstd.cview(), rstd_ref.cview(), "rstd"));
+        EXPECT_TRUE(bitwise_equal(dx.cview(), dx_ref.cview(), "dx"));
+        EXPECT_TRUE(bitwise_equal(dw.cview(), dw_ref.cview(), "dγ"));
+        EXPECT_TRUE(bitwise_equal(db.cview(), db_ref.cview(), "dβ"));
+        if (t == 2) {
+          // s over x, y over the residual, dx over ds: the same bits.
+          Tensor xs = x.clone(), ry = r.clone(), dsx = ds.clone();
+          add_layer_norm_forward(xs.view(), ry.view(), {}, {}, xs.cview(), ry.cview(), w.cview(), b.cview(), {1});
+          add_layer_norm_backward(dsx.view(), {}, {}, dy.cview(), dsx.cview(), xs.cview(), w.cview(), {1});
+          EXPECT_TRUE(bitwise_equal(xs.cview(), s_ref.cview(), "s in place over x"));
+          EXPECT_TRUE(bitwise_equal(ry.cview(), y_ref.cview(), "y in place over the residual"));
+          EXPECT_TRUE(bitwise_equal(dsx.cview(), dx_ref.cview(), "dx in place over ds"));
+        }
+      }
+    set_isa(saved_isa);
+    set_num_threads(saved_threads);
+  }
 }
 
 TEST(FusedAddNorm, BackwardMatchesFiniteDifferences) {

@@ -213,9 +213,8 @@ Dims group_stats_shape(const Dims& x_shape, int groups, int channel_axis = 1);  
 // double); each output element is rounded ONCE from the fp32 kernels' result to the storage type
 // (round to nearest even). So y_bf16 = round_bf16(layer_norm_forward(fp32 x widened from x_bf16)):
 // within half a storage ulp of the fp32 result, at most 1 ulp from the exact value.
-// dγ, dβ: bitwise those of the fp32 backward on the widened inputs. (The fused add + norm backward with
-// bf16/fp16 storage: the fp32 backward's sums over fixed units of rows (a function of the shape), each
-// rounded once to fp32, added in double: within the fp32 backward's own budget.) NaN/Inf policy as above.
+// dγ, dβ: bitwise those of the fp32 backward on the widened inputs (also for the fused add + norm
+// backward below). NaN/Inf policy as above.
 void layer_norm_forward(BF16View y, View mean, View rstd, ConstBF16View x, ConstView weight, ConstView bias,
                         const Axes& axes, double eps = 1e-5);
 void layer_norm_forward(F16View y, View mean, View rstd, ConstF16View x, ConstView weight, ConstView bias,
@@ -254,7 +253,8 @@ void rms_norm_backward(F16View dx, View dweight, ConstF16View dy, ConstF16View x
 //   s:      the forward's s (the backward reads s, never x or residual)
 //   dweight, dbias, weight, eps, mode: as layer_norm_backward.
 // fp32: dx is bitwise the unfused composition (layer_norm_backward, then dx + ds in fp32). bf16/fp16:
-// dnorm + ds is added in fp32 and rounded once (the unfused composition would round twice).
+// dnorm + ds is added in fp32 and rounded once (the unfused composition would round twice). dγ, dβ are
+// bitwise those of layer_norm_backward (fp32: on s; bf16/fp16: on the widened dy and s).
 void add_layer_norm_forward(View s, View y, View mean, View rstd, ConstView x, ConstView residual,
                             ConstView weight, ConstView bias, const Axes& axes, double eps = 1e-5);
 void add_layer_norm_forward(BF16View s, BF16View y, View mean, View rstd, ConstBF16View x,

@@ -197,23 +197,8 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
   if (!dweight.defined && !dbias.defined) return;
 
   // Sum the chunk rows in chunk order, round once, then write (or add) in the parameter's own layout.
-  const bool acc = mode == GradMode::kAccumulate;
-  auto write = [&](const plan::PartOperand& p, const std::vector<double>& part) {
-    std::vector<float> row(n);
-    for (std::size_t r = 0; r < n; ++r) {
-      double v = 0;
-      for (Index c = 0; c < ch.count; ++c) v += part[static_cast<std::size_t>(c) * n + r];
-      row[r] = static_cast<float>(v);
-    }
-    float* base = reinterpret_cast<float*>(p.base);
-    const float* src = row.data();
-    for_each_offset(s.n_shape, p.strides, [&](Index off) {
-      base[off] = acc ? base[off] + *src : *src;
-      ++src;
-    });
-  };
-  if (dweight.defined) write(dweight, dw_part);
-  if (dbias.defined) write(dbias, db_part);
+  if (dweight.defined) plan::write_chunk_sums(dweight, s.n_shape, dw_part.data(), ch.count, mode);
+  if (dbias.defined) plan::write_chunk_sums(dbias, s.n_shape, db_part.data(), ch.count, mode);
 }
 
 }  // namespace column

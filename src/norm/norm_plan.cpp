@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "parallel/parallel.h"
+
 namespace normlab::plan {
 
 AxisSplit split_axes(const Dims& x_shape, const Axes& axes, const char* op) {
@@ -138,6 +140,47 @@ Chunks param_grad_chunks(Index groups, Index n) {
   c.size = (groups + c.count - 1) / c.count;
   c.count = (groups + c.size - 1) / c.size;
   return c;
+}
+
+bool part_contiguous(const PartOperand& p, const Dims& shape) {
+  Index expect = 1;
+  for (int d = shape.size() - 1; d >= 0; --d) {
+    if (shape[d] != 1 && p.strides[d] != expect) return false;
+    expect *= shape[d];
+  }
+  return true;
+}
+
+void write_chunk_sums(const PartOperand& p, const Dims& n_shape, const double* part, Index count, GradMode mode) {
+  const Index n = n_shape.product();
+  const std::size_t nn = static_cast<std::size_t>(n);
+  std::vector<float> row(nn);
+  constexpr Index kCols = 512;
+  parallel::parallel_for((n + kCols - 1) / kCols, [&](Index t) {
+    const Index j0 = t * kCols, m = std::min(n, j0 + kCols) - j0;
+    double acc[kCols] = {};
+    for (Index c = 0; c < count; ++c) {
+      const double* pc = part + static_cast<std::size_t>(c) * nn + static_cast<std::size_t>(j0);
+      // Scalar math: acc[j] += part[c][j]  (columns are independent: one chain per column)
+      for (Index j = 0; j < m; ++j) acc[j] += pc[j];
+    }
+    for (Index j = 0; j < m; ++j) row[static_cast<std::size_t>(j0 + j)] = static_cast<float>(acc[j]);
+  });
+  float* base = reinterpret_cast<float*>(p.base);
+  const bool add = mode == GradMode::kAccumulate;
+  if (part_contiguous(p, n_shape)) {
+    // Scalar math: out[j] = add ? out[j] + row[j] : row[j]
+    if (add)
+      for (Index j = 0; j < n; ++j) base[j] += row[static_cast<std::size_t>(j)];
+    else
+      std::copy(row.begin(), row.end(), base);
+    return;
+  }
+  const float* src = row.data();
+  for_each_offset(n_shape, p.strides, [&](Index off) {
+    base[off] = add ? base[off] + *src : *src;
+    ++src;
+  });
 }
 
 }  // namespace normlab::plan

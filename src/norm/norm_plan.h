@@ -83,4 +83,13 @@ struct Chunks {
 };
 Chunks param_grad_chunks(Index groups, Index n);
 
+// Whether a γ/β-shaped operand is its elements in consecutive floats, row-major (size-1 axes ignored).
+bool part_contiguous(const PartOperand& p, const Dims& shape);
+
+// The last step of every chunked dγ/dβ reduction: `count` partial rows of n doubles (row c at part + c·n)
+// summed per column in chunk order from +0 (0 + p_0 + p_1 + ...), each column rounded once to float, and
+// written into p (γ/β-shaped, n_shape, any strides) per mode (= or +=). Parallel over blocks of columns;
+// the bits depend on the partials only.
+void write_chunk_sums(const PartOperand& p, const Dims& n_shape, const double* part, Index count, GradMode mode);
+
 }  // namespace normlab::plan

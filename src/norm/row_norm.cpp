@@ -84,16 +84,6 @@ plan::Chunks row_chunks(Index groups, Index n) {
   return c;
 }
 
-// Whether a γ/β-shaped operand is n consecutive floats in row-major order (size-1 axes ignored).
-bool part_contiguous(const plan::PartOperand& p, const Dims& shape) {
-  Index expect = 1;
-  for (int d = shape.size() - 1; d >= 0; --d) {
-    if (shape[d] != 1 && p.strides[d] != expect) return false;
-    expect *= shape[d];
-  }
-  return true;
-}
-
 // The bytes [lo, hi) a view can touch.
 struct ByteSpan {
   const char* lo;
@@ -115,7 +105,7 @@ ByteSpan byte_span(const View& v) {
 const float* part_floats(const plan::PartOperand& p, const Dims& shape, std::initializer_list<View> outs,
                          std::vector<float>& scratch) {
   if (!p.defined) return nullptr;
-  const bool contiguous = part_contiguous(p, shape);
+  const bool contiguous = plan::part_contiguous(p, shape);
   const char* lo = p.base;
   const char* hi = p.base + shape.product() * Index{sizeof(float)};
   bool apart = true;
@@ -337,45 +327,9 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   }
   if (!param_grads) return;
 
-  // Sum the chunk partials in chunk order (per column: 0 + p_0 + p_1 + ...), in parallel over blocks of
-  // columns, then write (or add) once, in the weight's own layout.
-  constexpr Index kCols = 512;
-  const Index col_tasks = (s.n + kCols - 1) / kCols;
-  std::vector<float> dw_row(dw.defined ? nn : 0), db_row(db.defined ? nn : 0);
-  auto reduce = [&](const double* part, float* out, Index j0, Index j1) {
-    double acc[kCols] = {};
-    const Index m = j1 - j0;
-    for (Index c = 0; c < ch.count; ++c) {
-      const double* p = part + static_cast<std::size_t>(c) * nn + static_cast<std::size_t>(j0);
-      // Scalar math: acc[j] += part[c][j]  (columns are independent: one chain per column)
-      for (Index j = 0; j < m; ++j) acc[j] += p[j];
-    }
-    for (Index j = 0; j < m; ++j) out[j0 + j] = static_cast<float>(acc[j]);
-  };
-  parallel::parallel_for(col_tasks, [&](Index t) {
-    const Index j0 = t * kCols, j1 = std::min(s.n, j0 + kCols);
-    if (dw.defined) reduce(dw_part, dw_row.data(), j0, j1);
-    if (db.defined) reduce(db_part, db_row.data(), j0, j1);
-  });
-  const bool acc = mode == GradMode::kAccumulate;
-  auto write = [&](const plan::PartOperand& p, const std::vector<float>& row) {
-    float* base = reinterpret_cast<float*>(p.base);
-    const float* src = row.data();
-    if (part_contiguous(p, s.n_shape)) {
-      // Scalar math: out[j] = acc ? out[j] + row[j] : row[j]
-      if (acc)
-        for (Index j = 0; j < s.n; ++j) base[j] += src[j];
-      else
-        std::copy(src, src + s.n, base);
-      return;
-    }
-    for_each_offset(s.n_shape, p.strides, [&](Index off) {
-      base[off] = acc ? base[off] + *src : *src;
-      ++src;
-    });
-  };
-  if (dw.defined) write(dw, dw_row);
-  if (db.defined) write(db, db_row);
+  // Sum the chunk partials in chunk order (per column: 0 + p_0 + p_1 + ...), round once, write or add.
+  if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, dw_part, ch.count, mode);
+  if (db.defined) plan::write_chunk_sums(db, s.n_shape, db_part, ch.count, mode);
 }
 
 plan::Chunks fused_row_chunks(Index groups, Index n) { return row_chunks(groups, n); }

@@ -558,32 +558,8 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   if (!dw.defined && !db.defined) return;
 
   // Sum the chunk partials in chunk order, round once, then write (or add) in the weight's own layout.
-  std::vector<float> dw_row(dw.defined ? nn : 0), db_row(db.defined ? nn : 0);
-  const Index cols_per_task = 4096;
-  parallel::parallel_for((s.n + cols_per_task - 1) / cols_per_task, [&](Index t) {
-    const Index j_end = std::min(s.n, (t + 1) * cols_per_task);
-    for (Index j = t * cols_per_task; j < j_end; ++j) {
-      double sw = 0, sb = 0;
-      for (Index c = 0; c < ch.count; ++c) {
-        const std::size_t at = static_cast<std::size_t>(c) * nn + static_cast<std::size_t>(j);
-        if (dw.defined) sw += dw_part[at];
-        if (db.defined) sb += db_part[at];
-      }
-      if (dw.defined) dw_row[static_cast<std::size_t>(j)] = static_cast<float>(sw);
-      if (db.defined) db_row[static_cast<std::size_t>(j)] = static_cast<float>(sb);
-    }
-  });
-  const bool acc = mode == GradMode::kAccumulate;
-  auto write = [&](const plan::PartOperand& p, const std::vector<float>& row) {
-    float* base = reinterpret_cast<float*>(p.base);
-    const float* r = row.data();
-    for_each_offset(s.n_shape, p.strides, [&](Index off) {
-      base[off] = acc ? base[off] + *r : *r;
-      ++r;
-    });
-  };
-  if (dw.defined) write(dw, dw_row);
-  if (db.defined) write(db, db_row);
+  if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, dw_part.data(), ch.count, mode);
+  if (db.defined) plan::write_chunk_sums(db, s.n_shape, db_part.data(), ch.count, mode);
 }
 
 }  // namespace normlab::storage

@@ -277,14 +277,21 @@ template <bool Center, bool W, bool B, bool Full>
   const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r);
   const float* pf = ahead(a.x, a.next_x, c0, a.w);
   const float* pfy = ahead(a.y, a.next_y, c0, a.w);
+  // Locals: the stores to y could alias the argument block otherwise (reloaded every row).
+  const Index* const xoff = a.xoff;
+  const Index* const yoff = a.yoff;
+  const float* const wt = a.wt;
+  const float* const bt = a.b;
+  const bool st = a.stream;
   // Scalar math: y = ((x − m_hi) − m_lo)·r·γ_i + β_i in float, left to right (RMSNorm: x·r·γ_i)
   for (Index i = 0; i < n; ++i) {
-    if (pf) prefetch16(pf + a.xoff[i]);
-    if (pfy) prefetch16(pfy + a.yoff[i]);
-    VF v = mul(dev<Center>(ld<Full>(x + a.xoff[i], k), mh, ml), r);
-    if constexpr (W) v = mul(v, bcast(a.wt[i]));
-    if constexpr (B) v = add(v, bcast(a.b[i]));
-    put<Full>(y + a.yoff[i], v, k, a.stream);
+    const Index xo = xoff[i], yo = yoff[i];
+    if (pf) prefetch16(pf + xo);
+    if (pfy) prefetch16(pfy + yo);
+    VF v = mul(dev<Center>(ld<Full>(x + xo, k), mh, ml), r);
+    if constexpr (W) v = mul(v, bcast(wt[i]));
+    if constexpr (B) v = add(v, bcast(bt[i]));
+    put<Full>(y + yo, v, k, st);
   }
 }
 
@@ -330,28 +337,35 @@ template <bool Center, bool W, bool Full>
   const float* pfo = ahead(a.dx, a.next_dx, c0, a.w);
   double* lw = a.lanes;
   double* lb = a.lanes + 8 * n;
+  // Locals: the stores to dx could alias the argument block otherwise (reloaded every row).
+  const Index* const xoff = a.xoff;
+  const Index* const dyoff = a.dyoff;
+  const Index* const dxoff = a.dxoff;
+  const float* const wt = a.wt;
+  const bool st = a.stream, want_w = a.dw != nullptr, want_b = a.db != nullptr;
   // Scalar math: d = (x − m_hi) − m_lo; g = dy·γ_i; dx = r·((g − c0) − d·c2) in float (RMSNorm: r·(g −
   // d·c2));
   //              lanes_w[i][j mod 8] += double(dy·(d·r)); lanes_b[i][j mod 8] += double(dy)
   for (Index i = 0; i < n; ++i) {
+    const Index xo = xoff[i], dyo = dyoff[i], dxo = dxoff[i];
     if (pfx) {
-      prefetch16(pfx + a.xoff[i]);
-      prefetch16(pfd + a.dyoff[i]);
+      prefetch16(pfx + xo);
+      prefetch16(pfd + dyo);
     }
-    if (pfo) prefetch16(pfo + a.dxoff[i]);
-    const VF xv = ld<Full>(x + a.xoff[i], k), dyv = ld<Full>(dy + a.dyoff[i], k);
+    if (pfo) prefetch16(pfo + dxo);
+    const VF xv = ld<Full>(x + xo, k), dyv = ld<Full>(dy + dyo, k);
     const VF d = dev<Center>(xv, mh, ml);
-    const VF g = W ? mul(dyv, bcast(a.wt[i])) : dyv;
+    const VF g = W ? mul(dyv, bcast(wt[i])) : dyv;
     const VF gc = Center ? sub(g, c0v) : g;
     const VF v = mul(r, sub(gc, mul(d, c2v)));
-    put<Full>(dx + a.dxoff[i], v, k, a.stream);
-    if (a.dw) {
+    put<Full>(dx + dxo, v, k, st);
+    if (want_w) {
       VF t = mul(dyv, mul(d, r));
       if constexpr (!Full) t = keep_n(t, k);  // the zero-padded columns may hold NaN (eps = 0)
       const VD base = first ? zerod() : loadd(lw + 8 * i);
       stored(lw + 8 * i, add(add(base, cvt_lo(t)), cvt_hi(t)));
     }
-    if (a.db) {
+    if (want_b) {
       const VD base = first ? zerod() : loadd(lb + 8 * i);
       stored(lb + 8 * i, add(add(base, cvt_lo(dyv)), cvt_hi(dyv)));
     }

@@ -70,21 +70,38 @@ void add(float* s, const float* x, const float* r, Index n) {
   for (Index i = 0; i < n; ++i) s[i] = x[i] + r[i];
 }
 
-void recover_centered(float* xc, const float* y, Index n, double rstd, const float* w, const float* b) {
-  // Scalar math: xc[i] = float((y[i] − b[i]) / (w[i]·rstd))
-  if (w && b) {
-    for (Index i = 0; i < n; ++i)
-      xc[i] = static_cast<float>((static_cast<double>(y[i]) - static_cast<double>(b[i])) /
-                                 (static_cast<double>(w[i]) * rstd));
-  } else if (w) {
-    for (Index i = 0; i < n; ++i)
-      xc[i] = static_cast<float>(static_cast<double>(y[i]) / (static_cast<double>(w[i]) * rstd));
-  } else if (b) {
-    for (Index i = 0; i < n; ++i)
-      xc[i] = static_cast<float>((static_cast<double>(y[i]) - static_cast<double>(b[i])) / rstd);
-  } else {
-    for (Index i = 0; i < n; ++i) xc[i] = static_cast<float>(static_cast<double>(y[i]) / rstd);
+template <bool W, bool B>
+void recover_centered_impl(float* xc, const float* y, Index n, double rstd, const float* w, const float* b) {
+  const vec::VD rs = vec::bcastd(rstd);
+  Index i = 0;
+  // Scalar math: xc[i] = float((y[i] − b[i]) / (w[i]·rstd)) in double (without w: / rstd; without b: y[i])
+  for (; i + kW <= n; i += kW) {
+    const vec::VF yv = vec::load(y + i);
+    vec::VF wv{}, bv{};
+    if constexpr (W) wv = vec::load(w + i);
+    if constexpr (B) bv = vec::load(b + i);
+    vec::VD out[2];
+    for (int h = 0; h < 2; ++h) {
+      vec::VD num = h ? vec::cvt_hi(yv) : vec::cvt_lo(yv);
+      if constexpr (B) num = vec::sub(num, h ? vec::cvt_hi(bv) : vec::cvt_lo(bv));
+      vec::VD den = rs;
+      if constexpr (W) den = vec::mul(h ? vec::cvt_hi(wv) : vec::cvt_lo(wv), rs);
+      out[h] = vec::div(num, den);
+    }
+    vec::store(xc + i, vec::narrow_pd(out[0], out[1]));
   }
+  for (; i < n; ++i) {
+    const double num = B ? static_cast<double>(y[i]) - static_cast<double>(b[i]) : static_cast<double>(y[i]);
+    const double den = W ? static_cast<double>(w[i]) * rstd : rstd;
+    xc[i] = static_cast<float>(num / den);
+  }
+}
+
+void recover_centered(float* xc, const float* y, Index n, double rstd, const float* w, const float* b) {
+  if (w && b) return recover_centered_impl<true, true>(xc, y, n, rstd, w, b);
+  if (w) return recover_centered_impl<true, false>(xc, y, n, rstd, w, b);
+  if (b) return recover_centered_impl<false, true>(xc, y, n, rstd, w, b);
+  recover_centered_impl<false, false>(xc, y, n, rstd, w, b);
 }
 
 }  // namespace

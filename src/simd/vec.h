@@ -4,7 +4,8 @@
 //   AVX-512: one __m512 / __m512d;
 //   AVX2:    two __m256 / __m256d (lanes 0..7, 8..15 of VF; 0..3, 4..7 of VD);
 //   scalar:  plain arrays (GCC auto-vectorizes them to SSE2).
-// Every operation is lane-wise IEEE arithmetic (add, sub, mul, float→double conversion, which is exact)
+// Every operation is lane-wise IEEE arithmetic (add, sub, mul, div, float→double conversion, which is
+// exact, and double→float rounding to nearest)
 // with the same lane semantics on each target, and the horizontal sum hsum() combines lanes by one fixed
 // tree. No operation fuses a multiply and an add (the kernels are compiled with -ffp-contract=off and
 // the intrinsics used are plain mul/add), so a kernel written against this layer produces the same bits
@@ -83,6 +84,16 @@ inline VF add(VF a, VF b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline VF sub(VF a, VF b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline VF mul(VF a, VF b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline VD add(VD a, VD b) { return {_mm512_add_pd(a.v, b.v)}; }
+inline VD sub(VD a, VD b) { return {_mm512_sub_pd(a.v, b.v)}; }
+inline VD mul(VD a, VD b) { return {_mm512_mul_pd(a.v, b.v)}; }
+inline VD div(VD a, VD b) { return {_mm512_div_pd(a.v, b.v)}; }
+inline VD bcastd(double a) { return {_mm512_set1_pd(a)}; }
+// Lanes 0..7 from lo, 8..15 from hi, each rounded to nearest float (as static_cast<float>).
+inline VF narrow_pd(VD lo, VD hi) {
+  const __m256 l = _mm512_maskz_cvtpd_ps(0xFF, lo.v), h = _mm512_maskz_cvtpd_ps(0xFF, hi.v);
+  // (broadcasts under masks rather than a cast: GCC 12 warns about the cast's undefined upper half)
+  return {_mm512_mask_broadcast_f32x8(_mm512_maskz_broadcast_f32x8(0x00FF, l), 0xFF00, h)};
+}
 inline VD loadd(const double* p) { return {_mm512_loadu_pd(p)}; }
 inline void stored(double* p, VD a) { _mm512_storeu_pd(p, a.v); }
 // Exact conversions: lanes 0..7 / 8..15 of a; 8 floats at p.
@@ -175,6 +186,14 @@ inline VF add(VF a, VF b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.h
 inline VF sub(VF a, VF b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 inline VF mul(VF a, VF b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 inline VD add(VD a, VD b) { return {_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)}; }
+inline VD sub(VD a, VD b) { return {_mm256_sub_pd(a.lo, b.lo), _mm256_sub_pd(a.hi, b.hi)}; }
+inline VD mul(VD a, VD b) { return {_mm256_mul_pd(a.lo, b.lo), _mm256_mul_pd(a.hi, b.hi)}; }
+inline VD div(VD a, VD b) { return {_mm256_div_pd(a.lo, b.lo), _mm256_div_pd(a.hi, b.hi)}; }
+inline VD bcastd(double a) { return {_mm256_set1_pd(a), _mm256_set1_pd(a)}; }
+inline VF narrow_pd(VD lo, VD hi) {
+  return {_mm256_set_m128(_mm256_cvtpd_ps(lo.hi), _mm256_cvtpd_ps(lo.lo)),
+          _mm256_set_m128(_mm256_cvtpd_ps(hi.hi), _mm256_cvtpd_ps(hi.lo))};
+}
 inline VD loadd(const double* p) { return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; }
 inline void stored(double* p, VD a) {
   _mm256_storeu_pd(p, a.lo);
@@ -294,6 +313,31 @@ inline VF mul(VF a, VF b) {
 inline VD add(VD a, VD b) {
   for (int l = 0; l < kD; ++l) a.v[l] += b.v[l];
   return a;
+}
+inline VD sub(VD a, VD b) {
+  for (int l = 0; l < kD; ++l) a.v[l] -= b.v[l];
+  return a;
+}
+inline VD mul(VD a, VD b) {
+  for (int l = 0; l < kD; ++l) a.v[l] *= b.v[l];
+  return a;
+}
+inline VD div(VD a, VD b) {
+  for (int l = 0; l < kD; ++l) a.v[l] /= b.v[l];
+  return a;
+}
+inline VD bcastd(double a) {
+  VD r;
+  for (int l = 0; l < kD; ++l) r.v[l] = a;
+  return r;
+}
+inline VF narrow_pd(VD lo, VD hi) {
+  VF r;
+  for (int l = 0; l < kD; ++l) {
+    r.v[l] = static_cast<float>(lo.v[l]);
+    r.v[l + kD] = static_cast<float>(hi.v[l]);
+  }
+  return r;
 }
 inline VD loadd(const double* p) {
   VD r;

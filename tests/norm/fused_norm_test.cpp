@@ -130,12 +130,13 @@ TEST(FusedAddNorm, ResidualStreamUpdatedInPlace) {
 }
 
 // Outputs of 16 MiB and more take the streaming route (s written with non-temporal stores, the chunk
-// normalized from a copy in cache); rows of 1025 floats are mostly not aligned for streaming stores, rows of
-// 4096 all are (the pipelined kernel). Every target and thread count gives the unfused composition's bits,
-// and dγ, dβ are bitwise those of the fp32 backward on s.
+// normalized from a copy in cache): rows of 1025 floats (one in 16 aligned for streaming stores, the others
+// stored normally; the per-row kernel) and rows of 64 (all aligned; the eight-row kernel). Every target
+// gives the unfused composition's bits at 1 and 3 threads, and dγ, dβ are bitwise those of the fp32
+// backward on s.
 TEST(FusedAddNorm, LargeOutputsEveryTargetAndThreadCountBitwise) {
   std::mt19937_64 rng(25);
-  for (const Dims& shape : {Dims{4100, 1025}, Dims{1025, 4096}, Dims{70000, 64}}) {
+  for (const Dims& shape : {Dims{4100, 1025}, Dims{70000, 64}}) {
     const Index d = shape[1];
     const Tensor x = testing::random_tensor(shape, rng, 1.0, 0.5), r = testing::random_tensor(shape, rng, 2.0, -1.0);
     const Tensor dy = testing::random_tensor(shape, rng, 1.0, 0.0), ds = testing::random_tensor(shape, rng, 1.0, 0.0);
@@ -149,7 +150,7 @@ TEST(FusedAddNorm, LargeOutputsEveryTargetAndThreadCountBitwise) {
     const Isa saved_isa = active_isa();
     const int saved_threads = num_threads();
     for (Isa isa : supported_isas())
-      for (int t : {1, 2, 3}) {
+      for (int t : {1, 3}) {  // serial, and tasks split unevenly over more threads than cores
         set_isa(isa);
         set_num_threads(t);
         SCOPED_TRACE(fmt::format("{} {} threads shape {}", isa_name(isa), t, shape.str()));
@@ -164,7 +165,7 @@ TEST(FusedAddNorm, LargeOutputsEveryTargetAndThreadCountBitwise) {
         EXPECT_TRUE(bitwise_equal(dx.cview(), dx_ref.cview(), "dx"));
         EXPECT_TRUE(bitwise_equal(dw.cview(), dw_ref.cview(), "dγ"));
         EXPECT_TRUE(bitwise_equal(db.cview(), db_ref.cview(), "dβ"));
-        if (t == 2) {
+        if (t == 3) {
           // s over x, y over the residual, dx over ds: the same bits.
           Tensor xs = x.clone(), ry = r.clone(), dsx = ds.clone();
           add_layer_norm_forward(xs.view(), ry.view(), {}, {}, xs.cview(), ry.cview(), w.cview(), b.cview(), {1});

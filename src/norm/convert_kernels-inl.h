@@ -56,20 +56,6 @@ void narrow(std::uint16_t* dst, const float* src, Index n, bool stream) {
   for (; i < n; ++i) dst[i] = narrow1(src[i], F);
 }
 
-template <int F>
-void round_trip(float* x, Index n) {
-  using T = HalfT<F>;
-  Index i = 0;
-  // Scalar math: x[i] = float(round(x[i]))
-  for (; i + kW <= n; i += kW) vec::store(x + i, vec::widen<T>(vec::narrow<T>(vec::load(x + i))));
-  for (; i < n; ++i) x[i] = widen1(narrow1(x[i], F), F);
-}
-
-void add(float* s, const float* x, const float* r, Index n) {
-  // Scalar math: s[i] = x[i] + r[i] (fp32)
-  for (Index i = 0; i < n; ++i) s[i] = x[i] + r[i];
-}
-
 template <bool W, bool B>
 void recover_centered_impl(float* xc, const float* y, Index n, double rstd, const float* w, const float* b) {
   const vec::VD rs = vec::bcastd(rstd);
@@ -109,8 +95,6 @@ void recover_centered(float* xc, const float* y, Index n, double rstd, const flo
 extern const ConvertKernels kConvertTable;
 const ConvertKernels kConvertTable = {{widen<kBf16>, widen<kF16>},
                                       {narrow<kBf16>, narrow<kF16>},
-                                      {round_trip<kBf16>, round_trip<kF16>},
-                                      add,
                                       recover_centered,
                                       NL_TARGET::rows_forward_of<bfloat16>,
                                       NL_TARGET::rows_forward_of<float16>,

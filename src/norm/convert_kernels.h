@@ -27,10 +27,6 @@ struct ConvertKernels {
   // dst[i] = round-to-nearest-even(src[i]); non-temporal stores when `stream` (for outputs that do not
   // fit in cache; the caller has no use for them in cache afterwards). dst must not overlap src.
   void (*narrow[2])(std::uint16_t* dst, const float* src, Index n, bool stream);
-  // x[i] = float(round(x[i])): the value the storage type would hold, widened back.
-  void (*round_trip[2])(float* x, Index n);
-  // s[i] = x[i] + r[i] in fp32 (s may equal x or r).
-  void (*add)(float* s, const float* x, const float* r, Index n);
   // xc[i] = float((y[i] − b[i]) / (w[i]·rstd)) in double: the centred input x − mean recovered from a
   // norm's output (w, b may be null: γ = 1, β = 0). xc may equal y.
   void (*recover_centered)(float* xc, const float* y, Index n, double rstd, const float* w, const float* b);

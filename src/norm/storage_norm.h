@@ -406,11 +406,12 @@ struct BwdNames {
   bool center;
 };
 
-// Three modes:
-//   standard     (x given):            statistics recomputed from x in double, as row_norm.cpp;
-//   from output  (y and rstd given):   x − mean recovered as (y − β)/(γ·rstd), rstd taken as saved;
-// and in either, when ds is given, dx = dnorm + ds (the residual stream's gradient), added in fp32
-// before the one rounding to the storage type.
+// Two modes:
+//   standard     (x given):            statistics recomputed from x in double, as row_norm.cpp; when ds
+//                                      is given (the fused add + norm), dx = dnorm + ds (the residual
+//                                      stream's gradient), added in fp32 before the one rounding to T;
+//   from output  (y and rstd given):   x − mean recovered as (y − β)/(γ·rstd), rstd taken as saved
+//                                      (fp32 storage, no ds: the memory-efficient backward).
 template <typename T>
 void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, TensorView<const T> dy,
               TensorView<const T> ds, TensorView<const T> x, TensorView<const T> y, ConstView rstd,
@@ -420,6 +421,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   const TensorView<const T>& src = from_output ? y : x;  // the operand the statistics come from
   const char* src_name = from_output ? "y" : "x";
   NL_CHECK(src.defined() && dy.defined(), "{}: {} and dy are required", op, src_name);
+  NL_CHECK(!from_output || !ds.defined(), "{}: the backward from the output takes no ds", op);
   const plan::AxisSplit s = plan::split_axes(src.shape(), axes, op);
   if (!from_output) check_eps(eps, op);
   plan::check_same_shape(src.shape(), dy.shape(), "dy", op);
@@ -532,8 +534,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
       const Where wdx = where(dxo, g0, flat, s.n, s.k_shape);
       const float* in = load(so, wsrc, len, s.n_shape, sc.f[0], sc.h, cv);
       const float* dyr = load(dyo, wdy, len, s.n_shape, sc.f[1], sc.h, cv);
-      // With ds, dnorm goes to scratch first: dx may be ds itself (the residual gradient updated in place).
-      float* out = ds.defined() ? sc.f[2] : out_row(dxo, wdx, sc.f[2]);
+      float* out = out_row(dxo, wdx, sc.f[2]);
       float* xc = sc.f[3];  // x − mean of one group
       // The memory-efficient backward (the only user of this route): per group, x − mean recovered from y.
       for (Index g = g0; g < g1; ++g) {
@@ -543,14 +544,6 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
         double sums[2];
         k.backward_sums(sums, dwc, dbc, dyr + o, xc, s.n, 0.0, rs, wp);
         k.backward_dx(out + o, dyr + o, xc, s.n, 0.0, rs, wp, nm.center ? sums[0] / n : 0.0, sums[1] / n);
-      }
-      if (ds.defined()) {
-        const Where wds = where(dso, g0, flat, s.n, s.k_shape);
-        // ds is read into f[3] (xc is free again); dx is computed where it goes, then stored.
-        const float* dsr = load(dso, wds, len, s.n_shape, sc.f[3], sc.h, cv);
-        float* dst = out_row(dxo, wdx, sc.f[0]);  // f[0] (the input rows) is no longer needed
-        cv.add(dst, out, dsr, len);
-        out = dst;
       }
       store(dxo, wdx, len, s.n_shape, out, sc.h, stream, cv);
     });

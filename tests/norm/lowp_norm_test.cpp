@@ -163,10 +163,6 @@ TEST(StorageConversion, EverySimdTargetGivesTheScalarBits) {
         for (Index i = off; i < n - 7; ++i)
           ASSERT_EQ(fbits(wide[static_cast<std::size_t>(i)]), fbits(widen1(halves[static_cast<std::size_t>(i)])))
               << "widen of " << std::hex << halves[static_cast<std::size_t>(i)];
-        std::vector<float> rt(src);
-        cv.round_trip[f](rt.data() + off, n - off - 9);
-        for (Index i = off; i < n - 9; ++i)
-          ASSERT_EQ(fbits(rt[static_cast<std::size_t>(i)]), fbits(widen1(narrow1(src[static_cast<std::size_t>(i)]))));
       }
       // Every 16-bit value widened.
       std::vector<std::uint16_t> all(0x10000);

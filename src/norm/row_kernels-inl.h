@@ -657,22 +657,16 @@ void add_rows(T* s, Index lds, T* copy, const T* x, Index ldx, const T* r, Index
     const T* xj = x + j * ldx;
     const T* rj = r + j * ldr;
     T* cj = copy ? copy + j * n : nullptr;
+    const bool nt = cj && stream_ok(sj);
     Index i = 0;
     // Scalar math: s[i] = round_T(float(x[i]) + float(r[i]))   (copy[i] likewise)
-    if (cj && stream_ok(sj)) {
-      for (; i + kF <= n; i += kF) {
-        const VF v = add(load(xj + i), load(rj + i));
-        store(cj + i, v);
+    for (; i + kF <= n; i += kF) {
+      const VF v = add(load(xj + i), load(rj + i));
+      if (cj) store(cj + i, v);
+      if (nt)
         stream(sj + i, v);
-      }
-    } else if (cj) {
-      for (; i + kF <= n; i += kF) {
-        const VF v = add(load(xj + i), load(rj + i));
-        store(cj + i, v);
+      else
         store(sj + i, v);
-      }
-    } else {
-      for (; i + kF <= n; i += kF) store(sj + i, add(load(xj + i), load(rj + i)));
     }
     if (i < n) {
       const int k = static_cast<int>(n - i);

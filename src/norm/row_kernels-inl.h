@@ -608,43 +608,42 @@ void rows_forward_batched_n(const RowsForwardOf<T>& a) {
   }
 }
 
+// Calls f(C, W, B) with std::bool_constant arguments for the runtime flags centre, weight, bias.
+template <typename F>
+void with_flags(bool center, bool w, bool b, F&& f) {
+  auto on_b = [&](auto c, auto wc) {
+    if (b)
+      f(c, wc, std::true_type{});
+    else
+      f(c, wc, std::false_type{});
+  };
+  auto on_w = [&](auto c) {
+    if (w)
+      on_b(c, std::true_type{});
+    else
+      on_b(c, std::false_type{});
+  };
+  if (center)
+    on_w(std::true_type{});
+  else
+    on_w(std::false_type{});
+}
+
+// The forward kernel for the row length: eight-row blocks for short rows, the pipelined kernel for
+// multiples of 64 from 256 on, rows_forward_impl otherwise.
 template <typename T>
 void rows_forward_plain(const RowsForwardOf<T>& a) {
-  const bool w = a.w != nullptr, b = a.b != nullptr;
-  if (a.n <= kBatchMaxN && !(a.n % 64 == 0 && a.n >= 256) && a.rows > 1) {
-    if (a.center) {
-      if (w && b) return rows_forward_batched_n<true, true, true>(a);
-      if (w) return rows_forward_batched_n<true, true, false>(a);
-      if (b) return rows_forward_batched_n<true, false, true>(a);
-      return rows_forward_batched_n<true, false, false>(a);
-    }
-    if (w && b) return rows_forward_batched_n<false, true, true>(a);
-    if (w) return rows_forward_batched_n<false, true, false>(a);
-    if (b) return rows_forward_batched_n<false, false, true>(a);
-    return rows_forward_batched_n<false, false, false>(a);
-  }
-  if (a.n % 64 == 0 && a.n >= 256) {
-    if (a.center) {
-      if (w && b) return rows_forward_pipelined<true, true, true>(a);
-      if (w) return rows_forward_pipelined<true, true, false>(a);
-      if (b) return rows_forward_pipelined<true, false, true>(a);
-      return rows_forward_pipelined<true, false, false>(a);
-    }
-    if (w && b) return rows_forward_pipelined<false, true, true>(a);
-    if (w) return rows_forward_pipelined<false, true, false>(a);
-    if (b) return rows_forward_pipelined<false, false, true>(a);
-    return rows_forward_pipelined<false, false, false>(a);
-  }
-  if (a.center) {
-    if (w && b) return rows_forward_impl<true, true, true>(a);
-    if (w) return rows_forward_impl<true, true, false>(a);
-    if (b) return rows_forward_impl<true, false, true>(a);
-    return rows_forward_impl<true, false, false>(a);
-  }
-  if (w && b) return rows_forward_impl<false, true, true>(a);
-  if (w) return rows_forward_impl<false, true, false>(a);
-  if (b) return rows_forward_impl<false, false, true>(a);
-  return rows_forward_impl<false, false, false>(a);
+  const bool pipelined = a.n % 64 == 0 && a.n >= 256;
+  const bool batched = a.n <= kBatchMaxN && !pipelined && a.rows > 1;
+  with_flags(a.center, a.w != nullptr, a.b != nullptr, [&](auto c, auto w, auto b) {
+    constexpr bool C = decltype(c)::value, W = decltype(w)::value, B = decltype(b)::value;
+    if (batched)
+      rows_forward_batched_n<C, W, B>(a);
+    else if (pipelined)
+      rows_forward_pipelined<C, W, B>(a);
+    else
+      rows_forward_impl<C, W, B>(a);
+  });
 }
 
 // s = x + r over `rows` rows of n (RowsForwardOf::r): the float sum of the widened values, rounded once

@@ -120,22 +120,33 @@ inline void hstore_n(void* p, VH h, int k) { _mm256_mask_storeu_epi16(p, mask16(
 inline void hstream(void* p, VH h) { _mm256_stream_si256(static_cast<__m256i*>(p), h); }  // 32-byte aligned
 template <Half T>
 inline VF widen(VH h) {
-  if constexpr (kIsBf16<T>)
-    return {_mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16))};
-  else
+  if constexpr (kIsBf16<T>) {
+    // Scalar math: float bits of lane l = h[l] << 16 (one word permute: word l into the high half of
+    // lane l, the low halves zeroed by the mask; only words 0..15 are read, so the cast's upper half,
+    // left undefined, never matters)
+    const __m512i to_high = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4,
+                                             0, 3, 0, 2, 0, 1, 0, 0, 0);
+    return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, to_high, _mm512_castsi256_si512(h)))};
+  } else {
     return {_mm512_maskz_cvtph_ps(0xFFFF, h)};
+  }
 }
 template <Half T>
 inline VH narrow(VF a) {
   if constexpr (kIsBf16<T>) {
     // Scalar math: bits = x is NaN ? (x >> 16) | 0x40 : (x + 0x7FFF + ((x >> 16) & 1)) >> 16
+    // The rounded value is formed in the high half of each lane (x + 0x7FFF, plus 1 where bit 16 of x
+    // is set; x | 0x400000 for NaN), and one word permute gathers the 16 high halves.
     const __m512i x = _mm512_castps_si512(a.v);
-    const __m512i hi = _mm512_maskz_srli_epi32(0xFFFF, x, 16);
-    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    __m512i r = _mm512_maskz_srli_epi32(0xFFFF, _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 odd = _mm512_test_epi32_mask(x, _mm512_set1_epi32(0x10000));
+    __m512i r = _mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF));
+    r = _mm512_mask_add_epi32(r, odd, r, _mm512_set1_epi32(1));
     const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-    return _mm512_maskz_cvtepi32_epi16(0xFFFF, r);
+    r = _mm512_mask_or_epi32(r, nan, x, _mm512_set1_epi32(0x400000));
+    const __m512i high_halves = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27,
+                                                 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m512i packed = _mm512_permutexvar_epi16(high_halves, r);
+    return __builtin_shufflevector(packed, packed, 0, 1, 2, 3);
   } else {
     return _mm512_maskz_cvtps_ph(0xFFFF, a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }

@@ -67,6 +67,34 @@ enum class GradMode {
 void layer_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
                          const Axes& axes, double eps = 1e-5, GradMode mode = GradMode::kOverwrite);
 
+// Statistics a LayerNorm/RMSNorm forward keeps for its backward (optional). They are the exact double
+// values the kernels compute (docs/numerics.md: the mean, and rstd before its rounding to float), so a
+// backward given them returns bitwise what it returns when it recomputes them from x; it only skips
+// the work (the pass that sums x, and Σ(x − mean)²). The fp32 `mean`/`rstd` outputs cannot serve: the
+// backward needs the mean to better than fp32 (docs/numerics.md), and rstd in double.
+//   Filled by layer_norm_forward / rms_norm_forward when passed (every field is overwritten); taken by
+//   layer_norm_backward_saved / rms_norm_backward_saved. `mean` and `rstd` hold one value per group,
+//   the kept axes in row-major order (`mean` is empty for RMSNorm). On layouts whose groups are not
+//   contiguous rows (the strided [B,F,T]-over-F path) they are left empty and the backward recomputes: same
+//   bits, no saving. The backward checks that x has the forward's shape, axes and norm, and takes eps from
+//   here; like PyTorch's saved mean/rstd, it cannot check that x holds the forward's values.
+struct NormStats {
+  bool center = true;  // LayerNorm (true) or RMSNorm (false)
+  Dims x_shape;        // the forward's x shape
+  Dims axes;           // the normalized axes, increasing, non-negative
+  double eps = 0;
+  std::vector<double> mean;
+  std::vector<double> rstd;
+};
+
+// As above, also filling `stats` (not null) for layer_norm_backward_saved below.
+void layer_norm_forward(View y, View mean, View rstd, ConstView x, ConstView weight, ConstView bias,
+                        const Axes& axes, double eps, NormStats* stats);
+// layer_norm_backward with the statistics of layer_norm_forward(…, stats): axes and eps come from
+// `stats`; dx, dweight, dbias are bitwise those of layer_norm_backward.
+void layer_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                               const NormStats& stats, GradMode mode = GradMode::kOverwrite);
+
 // RMSNorm over `axes` (Zhang & Sennrich 2019; PyTorch nn.RMSNorm):
 //     rstd = 1/sqrt(Σx²/n + eps),  y = x·rstd·γ
 // No centring and no bias. normlab's default eps is 1e-6; PyTorch's default (eps=None) is the
@@ -83,6 +111,12 @@ void rms_norm_forward(View y, View rstd, ConstView x, ConstView weight, const Ax
 // rstd is recomputed from x, as for LayerNorm.
 void rms_norm_backward(View dx, View dweight, ConstView dy, ConstView x, ConstView weight, const Axes& axes,
                        double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
+// With the statistics of the forward (NormStats above): rms_norm_forward fills `stats`, and
+// rms_norm_backward_saved takes axes and eps from it; same bits as rms_norm_backward.
+void rms_norm_forward(View y, View rstd, ConstView x, ConstView weight, const Axes& axes, double eps,
+                      NormStats* stats);
+void rms_norm_backward_saved(View dx, View dweight, ConstView dy, ConstView x, ConstView weight,
+                             const NormStats& stats, GradMode mode = GradMode::kOverwrite);
 
 // Shapes the functions above expect, for callers that allocate outputs.
 Dims kept_shape(const Dims& x_shape, const Axes& axes);        // shape of mean / rstd

@@ -195,7 +195,8 @@ struct SecondPassVec {  // the accumulators before the hsum
   VD sq, sg, sge;
 };
 
-template <bool Center, bool WithDy, bool W, typename T>
+// WithSq = false leaves Σe² out (a backward from saved statistics needs only Σg and Σg·e).
+template <bool Center, bool WithDy, bool W, bool WithSq = true, typename T>
 inline SecondPassVec row_second_pass_vec(const T* x, std::type_identity_t<const T*> dy, const float* w,
                                          Index n, VF mh) {
   VD q0 = zerod(), q1 = zerod(), g0 = zerod(), g1 = zerod(), p0 = zerod(), p1 = zerod();
@@ -232,9 +233,11 @@ inline SecondPassVec row_second_pass_vec(const T* x, std::type_identity_t<const 
       if (live == 3) return add(add(term(0), term(1)), term(2));
       return add(add(term(0), term(1)), add(term(2), term(3)));
     };
-    const VF q = tree4([&](int u) { return mul(e[u], e[u]); });
-    q0 = first ? cvt_lo(q) : add(q0, cvt_lo(q));
-    q1 = first ? cvt_hi(q) : add(q1, cvt_hi(q));
+    if constexpr (WithSq) {
+      const VF q = tree4([&](int u) { return mul(e[u], e[u]); });
+      q0 = first ? cvt_lo(q) : add(q0, cvt_lo(q));
+      q1 = first ? cvt_hi(q) : add(q1, cvt_hi(q));
+    }
     if constexpr (WithDy) {
       const VF sg = tree4([&](int u) { return g[u]; });
       const VF sge = tree4([&](int u) { return mul(g[u], e[u]); });
@@ -249,11 +252,13 @@ inline SecondPassVec row_second_pass_vec(const T* x, std::type_identity_t<const 
   // Scalar math: e = x[i] − m_hi; Σe² (and Σg, Σg·e with g = dy[i]·w[i]) as described above
   for (; i + 4 * kF <= n; i += 4 * kF) block(i, kFull, false, i == 0);
   if (i < n) {
+    // (rem < 64 here; computed in int, which keeps GCC's range analysis from a false overflow warning)
+    const int rem = static_cast<int>(n - i);
     int k[4];
-    for (int u = 0; u < 4; ++u) k[u] = static_cast<int>(std::clamp<Index>(n - i - u * kF, 0, kF));
+    for (int u = 0; u < 4; ++u) k[u] = std::clamp(rem - u * kF, 0, kF);
     block(i, k, true, i == 0);
   }
-  SecondPassVec s{add(q0, q1), zerod(), zerod()};
+  SecondPassVec s{WithSq ? add(q0, q1) : zerod(), zerod(), zerod()};
   if constexpr (WithDy) {
     s.sg = add(g0, g1);
     s.sge = add(p0, p1);
@@ -261,12 +266,12 @@ inline SecondPassVec row_second_pass_vec(const T* x, std::type_identity_t<const 
   return s;
 }
 
-template <bool Center, bool WithDy, bool W, typename T>
+template <bool Center, bool WithDy, bool W, bool WithSq = true, typename T>
 inline SecondPass row_second_pass(const T* x, std::type_identity_t<const T*> dy, const float* w, Index n,
                                   VF mh) {
-  const SecondPassVec v = row_second_pass_vec<Center, WithDy, W>(x, dy, w, n, mh);
+  const SecondPassVec v = row_second_pass_vec<Center, WithDy, W, WithSq>(x, dy, w, n, mh);
   SecondPass s;
-  s.sq = hsum(v.sq);
+  if constexpr (WithSq) s.sq = hsum(v.sq);
   if constexpr (WithDy) {
     s.sg = hsum(v.sg) + 0.0;
     s.sge = hsum(v.sge) + 0.0;
@@ -280,6 +285,17 @@ inline double row_mean(const T* x, Index n, RowStats& st) {
   st.mh = static_cast<float>(st.mean);
   st.ml = static_cast<float>(st.mean - static_cast<double>(st.mh));
   return st.mean;
+}
+
+// row_mean and finish_rstd's results from a saved double mean and rstd (the same values, so the same
+// m_hi, m_lo and r).
+template <bool Center>
+inline void saved_stats(RowStats& st, const double* smean, const double* srstd, Index row) {
+  st.mean = Center ? smean[row] : 0.0;
+  st.mh = static_cast<float>(st.mean);
+  st.ml = static_cast<float>(st.mean - static_cast<double>(st.mh));
+  st.rstd = srstd[row];
+  st.r = static_cast<float>(st.rstd);
 }
 
 // var = (Σe² − n·m_lo²)/n = Σe²/n − m_lo², floored at 0 (it can only go below by rounding).
@@ -466,6 +482,10 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
         for (int j = 0; j < nr; ++j) a.mean[(r0 + j) * a.ld_stats] = sb.mh[j];
       if (a.rstd)
         for (int j = 0; j < nr; ++j) a.rstd[(r0 + j) * a.ld_stats] = sb.r[j];
+      if (a.smean)
+        for (int j = 0; j < nr; ++j) a.smean[r0 + j] = sb.mean[j];
+      if (a.srstd)
+        for (int j = 0; j < nr; ++j) a.srstd[r0 + j] = sb.rstd[j];
     }
     if (s < blocks) {  // Σx and the means of block s
       Stats8& sa = st[s % 3];
@@ -507,6 +527,8 @@ void rows_forward_impl(const RowsForwardOf<T>& a) {
       finish_rstd(st[j], sq[j], n, a.eps);
       if (a.mean) a.mean[(r0 + j) * a.ld_stats] = st[j].mh;
       if (a.rstd) a.rstd[(r0 + j) * a.ld_stats] = st[j].r;
+      if (a.smean) a.smean[r0 + j] = st[j].mean;
+      if (a.srstd) a.srstd[r0 + j] = st[j].rstd;
     }
     for (int j = 0; j < nr; ++j)
       row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, xs[j], n, a.w, a.b, st[j].mh, st[j].ml, st[j].r,
@@ -580,6 +602,8 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
       finish_rstd(sb, hsum(add(q0, q1)), n, a.eps);
       if (a.mean) a.mean[(s - 1) * a.ld_stats] = sb.mh;
       if (a.rstd) a.rstd[(s - 1) * a.ld_stats] = sb.r;
+      if (a.smean) a.smean[s - 1] = sb.mean;
+      if (a.srstd) a.srstd[s - 1] = sb.rstd;
     }
     if (s < rows) {
       RowStats& sa = st[s % 3];
@@ -695,6 +719,8 @@ void rows_add_forward(const RowsForwardOf<T>& a) {
     b.rows = nr;
     if (b.mean) b.mean += r0 * a.ld_stats;
     if (b.rstd) b.rstd += r0 * a.ld_stats;
+    if (b.smean) b.smean += r0;
+    if (b.srstd) b.srstd += r0;
     rows_forward_plain(b);
   }
   if (nt) stream_fence();
@@ -812,7 +838,7 @@ inline void backward_consts(float* c0, float* c2, double sg, double sge, double 
   *c2 = static_cast<float>(rstd * mean_gxh);
 }
 
-template <bool Center, bool W, typename T>
+template <bool Center, bool W, bool Saved, typename T>
 void rows_backward_impl(const RowsBackwardOf<T>& a) {
   const Index n = a.n;
   constexpr int R = kParamGradRowGroup;
@@ -826,13 +852,16 @@ void rows_backward_impl(const RowsBackwardOf<T>& a) {
     for (int j = 0; j < nr; ++j) {
       xs[j] = a.x + (r0 + j) * a.ldx;
       dys[j] = a.dy + (r0 + j) * a.lddy;
-      row_mean<Center>(xs[j], n, st[j]);
+      if constexpr (Saved)
+        saved_stats<Center>(st[j], a.smean, a.srstd, r0 + j);
+      else
+        row_mean<Center>(xs[j], n, st[j]);
     }
     SecondPass sp[R];
     for (int j = 0; j < nr; ++j)
-      sp[j] = row_second_pass<Center, true, W>(xs[j], dys[j], a.w, n, bcast(st[j].mh));
+      sp[j] = row_second_pass<Center, true, W, !Saved>(xs[j], dys[j], a.w, n, bcast(st[j].mh));
     for (int j = 0; j < nr; ++j) {
-      finish_rstd(st[j], sp[j].sq, n, a.eps);
+      if constexpr (!Saved) finish_rstd(st[j], sp[j].sq, n, a.eps);
       backward_consts<Center>(&c0[j], &c2[j], sp[j].sg, sp[j].sge, st[j].rstd, st[j].ml, nd);
       mh[j] = st[j].mh;
       ml[j] = st[j].ml;
@@ -851,7 +880,7 @@ void rows_backward_impl(const RowsBackwardOf<T>& a) {
 // the second passes of block s − 1 with their rstd and constants together, and Σx of block s with the
 // means together. Same arithmetic and bits as rows_backward_impl. dx may equal dy or x: a row's dx is
 // written by the column pass after both statistics passes have read the row.
-template <bool Center, bool W, int NC, typename T>
+template <bool Center, bool W, int NC, bool Saved, typename T>
 void rows_backward_batched(const RowsBackwardOf<T>& a) {
   const Index n = NC > 0 ? NC : a.n;
   const double nd = static_cast<double>(n);
@@ -887,14 +916,16 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
       VD vg[8], vge[8];
       for (int j = 0; j < 8; ++j) {
         const Index row = std::min(r0 + j, last);
-        const SecondPassVec v = row_second_pass_vec<Center, true, W>(a.x + row * a.ldx, a.dy + row * a.lddy,
-                                                                     a.w, n, bcast(b.st.mh[j]));
+        const SecondPassVec v = row_second_pass_vec<Center, true, W, !Saved>(
+            a.x + row * a.ldx, a.dy + row * a.lddy, a.w, n, bcast(b.st.mh[j]));
         acc[j] = v.sq;
         vg[j] = v.sg;
         vge[j] = v.sge;
       }
-      hsum8(t, acc);
-      rstd8(b.st, t, nd, a.eps);
+      if constexpr (!Saved) {
+        hsum8(t, acc);
+        rstd8(b.st, t, nd, a.eps);
+      }
       double sg[8], sge[8];
       hsum8(sg, vg);
       hsum8(sge, vge);
@@ -903,7 +934,18 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
     }
     if (s < blocks) {  // Σx and the means of block s
       Stats8& st = bl[s % 3].st;
-      if constexpr (Center) {
+      if constexpr (Saved) {  // the saved mean and rstd instead (row_mean's and rstd8's values)
+        const Index r0 = s * 8, last = a.rows - 1;
+        for (int j = 0; j < 8; ++j) {
+          RowStats rs;
+          saved_stats<Center>(rs, a.smean, a.srstd, std::min(r0 + j, last));
+          st.mean[j] = rs.mean;
+          st.mh[j] = rs.mh;
+          st.ml[j] = rs.ml;
+          st.rstd[j] = rs.rstd;
+          st.r[j] = rs.r;
+        }
+      } else if constexpr (Center) {
         const Index r0 = s * 8, last = a.rows - 1;
         for (int j = 0; j < 8; ++j) acc[j] = row_sum_vec(a.x + std::min(r0 + j, last) * a.ldx, n);
         hsum8(t, acc);
@@ -916,27 +958,39 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
-template <bool Center, bool W, typename T>
+template <bool Center, bool W, bool Saved, typename T>
 void rows_backward_batched_n(const RowsBackwardOf<T>& a) {
   switch (a.n) {
     case 64:
-      return rows_backward_batched<Center, W, 64>(a);
+      return rows_backward_batched<Center, W, 64, Saved>(a);
     case 80:
-      return rows_backward_batched<Center, W, 80>(a);
+      return rows_backward_batched<Center, W, 80, Saved>(a);
     default:
-      return rows_backward_batched<Center, W, 0>(a);
+      return rows_backward_batched<Center, W, 0, Saved>(a);
   }
 }
 
-template <typename T>
-void rows_backward_of(const RowsBackwardOf<T>& a) {
+template <bool Saved, typename T>
+void rows_backward_saved(const RowsBackwardOf<T>& a) {
   const bool w = a.w != nullptr;
   if (a.n <= kBatchMaxN && a.rows > 1) {
-    if (a.center) return w ? rows_backward_batched_n<true, true>(a) : rows_backward_batched_n<true, false>(a);
-    return w ? rows_backward_batched_n<false, true>(a) : rows_backward_batched_n<false, false>(a);
+    if (a.center)
+      return w ? rows_backward_batched_n<true, true, Saved>(a)
+               : rows_backward_batched_n<true, false, Saved>(a);
+    return w ? rows_backward_batched_n<false, true, Saved>(a)
+             : rows_backward_batched_n<false, false, Saved>(a);
   }
-  if (a.center) return w ? rows_backward_impl<true, true>(a) : rows_backward_impl<true, false>(a);
-  return w ? rows_backward_impl<false, true>(a) : rows_backward_impl<false, false>(a);
+  if (a.center)
+    return w ? rows_backward_impl<true, true, Saved>(a) : rows_backward_impl<true, false, Saved>(a);
+  return w ? rows_backward_impl<false, true, Saved>(a) : rows_backward_impl<false, false, Saved>(a);
+}
+
+// Saved statistics are taken on fp32 rows (the 16-bit storage routes do not pass them).
+template <typename T>
+void rows_backward_of(const RowsBackwardOf<T>& a) {
+  if constexpr (std::is_same_v<T, float>)
+    if (a.srstd) return rows_backward_saved<true>(a);
+  rows_backward_saved<false>(a);
 }
 
 void rows_forward(const RowsForward& a) {

@@ -38,6 +38,10 @@ struct RowsForwardOf {
   float* mean = nullptr;
   float* rstd = nullptr;
   Index ld_stats = 0;
+  // Optional: the double mean and rstd of row r at smean[r], srstd[r], the exact values the kernel
+  // computes (kept for a backward that takes them instead of recomputing; smean only with center).
+  double* smean = nullptr;
+  double* srstd = nullptr;
   // Fused residual add (r not null): the rows normalized are s = x + r (the float sum of the widened
   // values, rounded once to T), which is also written to s (row r at s + r·lds; s may equal x or r,
   // never y). The call takes the rows in chunks of add_chunk_rows(n) rows: a chunk's s is formed
@@ -89,6 +93,11 @@ struct RowsBackwardOf {
   // the one rounding to T (dx may equal ds). dw, db are those of dnorm.
   const T* ds = nullptr;
   Index ldds = 0;
+  // Saved statistics (srstd not null; T = float only): the double mean (center) and rstd of row r at
+  // smean[r], srstd[r], as RowsForwardOf::smean/srstd wrote them. They replace the recomputation from x (the
+  // Σx pass and Σe²), so the results are bitwise those of the call without them.
+  const double* smean = nullptr;
+  const double* srstd = nullptr;
 };
 using RowsBackward = RowsBackwardOf<float>;
 

@@ -127,7 +127,7 @@ void check_eps(double eps, const char* op) {
 
 // x is any shape; y like x; mean, rstd like the kept axes; weight, bias like the normalized axes.
 void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, ConstView x, ConstView weight,
-                      ConstView bias, const Axes& axes, double eps) {
+                      ConstView bias, const Axes& axes, double eps, NormStats* stats) {
   const char* kFwd = kind.forward_name;
   NL_CHECK(x.defined(), "{}: x is required", kFwd);
   NL_CHECK(y.defined(), "{}: y is required", kFwd);
@@ -157,7 +157,21 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   const float* wp = part_floats(w, s.n_shape, {y, mean, rstd}, wv);
   const float* bp = part_floats(b, s.n_shape, {y, mean, rstd}, bv);
   // Strided normalized axes next to a contiguous kept axis ([B,F,T] over F): the column path.
-  if (column::applies(s, {&xo, &yo})) return column::forward(kind, s, yo, xo, wp, bp, pm, pr, eps);
+  const bool column_path = column::applies(s, {&xo, &yo});
+  double* smean = nullptr;
+  double* srstd = nullptr;
+  if (stats) {
+    stats->center = kind.center;
+    stats->x_shape = x.shape();
+    stats->axes = s.n_axes;
+    stats->eps = eps;
+    const std::size_t kept = column_path ? 0 : static_cast<std::size_t>(s.groups);
+    stats->mean.assign(kind.center ? kept : 0, 0.0);
+    stats->rstd.assign(kept, 0.0);
+    smean = kind.center && kept ? stats->mean.data() : nullptr;
+    srstd = kept ? stats->rstd.data() : nullptr;
+  }
+  if (column_path) return column::forward(kind, s, yo, xo, wp, bp, pm, pr, eps);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !yo.n_contiguous;
 
@@ -191,6 +205,8 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
       a.ld_stats = pm.defined ? ldm : ldr;
       a.mean = pm.defined ? reinterpret_cast<float*>(pm.base) + g0 * ldm : nullptr;
       a.rstd = pr.defined ? reinterpret_cast<float*>(pr.base) + g0 * ldr : nullptr;
+      a.smean = smean ? smean + g0 : nullptr;
+      a.srstd = srstd ? srstd + g0 : nullptr;
       k.rows_forward(a);
     });
     return;
@@ -209,6 +225,8 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
       a.y = yr.ptr;
       if (pm.defined) a.mean = reinterpret_cast<float*>(pm.base) + plan::group_offset(g, s.k_shape, pm.strides);
       if (pr.defined) a.rstd = reinterpret_cast<float*>(pr.base) + plan::group_offset(g, s.k_shape, pr.strides);
+      if (smean) a.smean = smean + g;
+      if (srstd) a.srstd = srstd + g;
       k.rows_forward(a);
       if (yr.needs_scatter)
         plan::scatter(reinterpret_cast<float*>(yo.base) + plan::group_offset(g, s.k_shape, yo.k_strides), yr.ptr,
@@ -220,10 +238,17 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
 // dy, x are any shape; dx like x; weight, dweight, dbias like the normalized axes. Literal reverse of
 // the forward: recompute mean, rstd and x̂, then dx, and dγ/dβ in the same pass.
 void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbias, ConstView dy, ConstView x,
-                       ConstView weight, const Axes& axes, double eps, GradMode mode) {
+                       ConstView weight, const Axes& axes, double eps, GradMode mode,
+                       const NormStats* stats) {
   const char* kBwd = kind.backward_name;
   NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", kBwd);
   NL_CHECK(dx.defined(), "{}: dx is required", kBwd);
+  if (stats) {  // before the axes, which come from the stats
+    NL_CHECK(stats->center == kind.center, "{}: stats come from a {} forward", kBwd,
+             stats->center ? "LayerNorm" : "RMSNorm");
+    NL_CHECK(stats->x_shape == x.shape(), "{}: x has shape {}, the stats' forward had {}", kBwd,
+             x.shape().str(), stats->x_shape.str());
+  }
   const plan::AxisSplit s = plan::split_axes(x.shape(), axes, kBwd);
   check_eps(eps, kBwd);
   plan::check_same_shape(x.shape(), dy.shape(), "dy", kBwd);
@@ -251,6 +276,19 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   const plan::FullOperand dxo = plan::full_operand(dx, s, "dx");
   std::vector<float> wv;
   const float* wp = part_floats(w, s.n_shape, {dx}, wv);
+  const double* smean = nullptr;
+  const double* srstd = nullptr;
+  if (stats) {
+    const std::size_t groups = static_cast<std::size_t>(s.groups);
+    NL_CHECK(stats->rstd.empty() || (stats->rstd.size() == groups &&
+                                     stats->mean.size() == (kind.center ? groups : std::size_t{0})),
+             "{}: stats hold {} mean and {} rstd values for {} groups", kBwd, stats->mean.size(),
+             stats->rstd.size(), groups);
+    if (!stats->rstd.empty()) {
+      smean = kind.center ? stats->mean.data() : nullptr;
+      srstd = stats->rstd.data();
+    }
+  }
   if (column::applies(s, {&xo, &dyo, &dxo}))  // see row_norm_forward
     return column::backward(kind, s, dxo, dw, db, dyo, xo, wp, eps, mode);
   const kernels::RowKernels& k = kernels::row_kernels();
@@ -299,6 +337,8 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
       a.dw = dwp ? dwp + static_cast<std::size_t>(c) * nn : nullptr;
       a.db = dbp ? dbp + static_cast<std::size_t>(c) * nn : nullptr;
       a.init = true;
+      a.smean = smean ? smean + g0 : nullptr;
+      a.srstd = srstd ? srstd + g0 : nullptr;
       k.rows_backward(a);
     });
   } else {
@@ -320,6 +360,10 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
         const Index dxoff = plan::group_offset(g, s.k_shape, dxo.k_strides);
         const GroupOutput dxr = group_output(dxo, dxoff, dxs.data());
         a.dx = dxr.ptr;
+        if (srstd) {
+          a.smean = smean ? smean + g : nullptr;
+          a.srstd = srstd + g;
+        }
         k.rows_backward(a);
         if (dxr.needs_scatter) plan::scatter(reinterpret_cast<float*>(dxo.base) + dxoff, dxr.ptr, s.n_shape, dxo.n_strides);
       }

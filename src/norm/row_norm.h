@@ -17,10 +17,12 @@ inline constexpr RowNormKind kRmsNormKind{false, "rms_norm_forward", "rms_norm_b
 
 // Same arguments as layer_norm_forward / layer_norm_backward (norm.h). For RMSNorm, mean and bias
 // must be undefined; "var" is the mean square.
+// stats (may be null): filled by the forward (NormStats in norm.h); taken by the backward, which then
+// checks it against x, axes, eps and kind.
 void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, ConstView x, ConstView weight,
-                      ConstView bias, const Axes& axes, double eps);
+                      ConstView bias, const Axes& axes, double eps, NormStats* stats);
 void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbias, ConstView dy, ConstView x,
-                       ConstView weight, const Axes& axes, double eps, GradMode mode);
+                       ConstView weight, const Axes& axes, double eps, GradMode mode, const NormStats* stats);
 
 // The chunks of groups (each with its own dγ/dβ partial rows, summed in chunk order) of
 // row_norm_backward's contiguous-rows path: a function of the shape only. The bf16/fp16 backward

@@ -1,0 +1,216 @@
+// NormStats: the double statistics a LayerNorm/RMSNorm forward keeps for its backward. The backward that
+// takes them must return bitwise what the backward that recomputes them returns (same dx, dγ, dβ) on every
+// SIMD target and thread count, on every route (contiguous rows short and long, the gathered route, the
+// [B,F,T] column path where nothing is kept); the forward with them must not change y, mean or rstd; the
+// kept values are the exact mean and the double rstd (hand case, float64 reference); misuse is an error.
+#include <fmt/format.h>
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+#include <normlab/reference.h>
+#include <normlab/simd.h>
+
+#include <cfloat>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/random.h"
+#include "support/tolerance.h"
+
+namespace normlab {
+namespace {
+
+using testing::bitwise_equal;
+
+struct Grads {
+  Tensor dx, dw, db;
+};
+
+// LayerNorm (center) or RMSNorm backward, with or without the stats.
+Grads backward(bool center, ConstView dy, ConstView x, ConstView w, const Axes& axes, double eps,
+               const NormStats* stats) {
+  const Dims ns = normalized_shape(x.shape(), axes);
+  Grads g{Tensor(x.shape()), Tensor(ns), Tensor(ns)};
+  if (center) {
+    if (stats)
+      layer_norm_backward_saved(g.dx.view(), g.dw.view(), g.db.view(), dy, x, w, *stats);
+    else
+      layer_norm_backward(g.dx.view(), g.dw.view(), g.db.view(), dy, x, w, axes, eps);
+  } else {
+    if (stats)
+      rms_norm_backward_saved(g.dx.view(), g.dw.view(), dy, x, w, *stats);
+    else
+      rms_norm_backward(g.dx.view(), g.dw.view(), dy, x, w, axes, eps);
+  }
+  return g;
+}
+
+// The forward with stats: y, mean, rstd bitwise those of the forward without; returns the stats.
+NormStats forward_keeping(bool center, ConstView x, ConstView w, const Axes& axes, double eps,
+                          const std::string& what) {
+  const Dims ks = kept_shape(x.shape(), axes);
+  Tensor y0(x.shape()), m0(ks), r0(ks), y1(x.shape()), m1(ks), r1(ks);
+  NormStats st;
+  if (center) {
+    layer_norm_forward(y0.view(), m0.view(), r0.view(), x, w, {}, axes, eps);
+    layer_norm_forward(y1.view(), m1.view(), r1.view(), x, w, {}, axes, eps, &st);
+    EXPECT_TRUE(bitwise_equal(m0.cview(), m1.cview(), what + " mean"));
+  } else {
+    rms_norm_forward(y0.view(), r0.view(), x, w, axes, eps);
+    rms_norm_forward(y1.view(), r1.view(), x, w, axes, eps, &st);
+  }
+  EXPECT_TRUE(bitwise_equal(y0.cview(), y1.cview(), what + " y"));
+  EXPECT_TRUE(bitwise_equal(r0.cview(), r1.cview(), what + " rstd"));
+  return st;
+}
+
+void expect_same_grads(const Grads& a, const Grads& b, bool center, const std::string& what) {
+  EXPECT_TRUE(bitwise_equal(a.dx.cview(), b.dx.cview(), what + " dx"));
+  EXPECT_TRUE(bitwise_equal(a.dw.cview(), b.dw.cview(), what + " dweight"));
+  if (center) {
+    EXPECT_TRUE(bitwise_equal(a.db.cview(), b.db.cview(), what + " dbias"));
+  }
+}
+
+TEST(NormStats, HandCase) {
+  // [[1,2,3],[3,4,5]] over the last axis: means 2 and 4, variance 2/3.
+  Tensor x({2, 3}), y({2, 3});
+  const float v[6] = {1, 2, 3, 3, 4, 5};
+  for (int i = 0; i < 6; ++i) x.data()[i] = v[i];
+  NormStats st;
+  layer_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, {-1}, 0.0, &st);
+  EXPECT_TRUE(st.center);
+  EXPECT_EQ(st.x_shape, Dims({2, 3}));
+  EXPECT_EQ(st.axes, Dims({1}));
+  EXPECT_EQ(st.eps, 0.0);
+  ASSERT_EQ(st.mean.size(), 2u);
+  ASSERT_EQ(st.rstd.size(), 2u);
+  EXPECT_EQ(st.mean[0], 2.0);
+  EXPECT_EQ(st.mean[1], 4.0);
+  const double want = 1.0 / std::sqrt(2.0 / 3.0);
+  for (double r : st.rstd) EXPECT_NEAR(r, want, 4 * DBL_EPSILON * want);
+  NormStats rs;
+  rms_norm_forward(y.view(), {}, x.cview(), {}, {1}, 0.0, &rs);
+  EXPECT_FALSE(rs.center);
+  EXPECT_TRUE(rs.mean.empty());
+  ASSERT_EQ(rs.rstd.size(), 2u);
+  EXPECT_NEAR(rs.rstd[0], 1.0 / std::sqrt(14.0 / 3.0), 4 * DBL_EPSILON);
+  EXPECT_NEAR(rs.rstd[1], 1.0 / std::sqrt(50.0 / 3.0), 4 * DBL_EPSILON);
+}
+
+// The kept statistics against the float64 reference, at an offset where an fp32 mean would be 1e-3 off.
+TEST(NormStats, KeptValuesAreTheDoubleStatistics) {
+  std::mt19937_64 rng(41);
+  Tensor x = testing::random_tensor({19, 768}, rng, 1.0, 1e4);
+  Tensor y(x.shape());
+  NormStats st;
+  layer_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, {1}, 1e-5, &st);
+  const ref::LayerNormOut r = ref::layer_norm_forward(x.cview(), ConstView{}, ConstView{}, {1}, 1e-5);
+  for (Index g = 0; g < 19; ++g) {
+    const double m = r.mean.data()[g], rs = r.rstd.data()[g];
+    EXPECT_NEAR(st.mean[static_cast<std::size_t>(g)], m, 1e-12 * std::abs(m)) << g;
+    EXPECT_NEAR(st.rstd[static_cast<std::size_t>(g)], rs, 1e-6 * rs) << g;  // fp32 squares (numerics.md)
+  }
+}
+
+// Contiguous rows (short rows in blocks of eight, long rows one by one, row counts that leave a partial
+// block), the gathered route (non-contiguous groups) and the column path: the backward with stats has the
+// bits of the backward without, on every SIMD target, at 1 and 3 threads, for LayerNorm and RMSNorm.
+TEST(NormStats, BackwardHasTheBitsOfTheRecomputingBackwardEverywhere) {
+  std::mt19937_64 rng(43);
+  struct Case {
+    Dims shape;
+    Axes axes;
+    bool transpose;  // x, dy as a transposed view of a contiguous parent (the gathered route)
+  };
+  const std::vector<Case> cases = {
+      {{1, 1}, {1}, false},    {{7, 1}, {1}, false},      {{33, 7}, {1}, false},
+      {{29, 64}, {1}, false},  {{70, 80}, {1}, false},    {{13, 100}, {1}, false},
+      {{5, 1025}, {1}, false}, {{3, 4096}, {1}, false},   {{2, 9, 33}, {1, 2}, false},
+      {{33, 12}, {0}, true},   {{4, 80, 40}, {1}, false},  // the last: [B,F,T] over F
+  };
+  const Isa saved_isa = active_isa();
+  const int saved_threads = num_threads();
+  for (const Case& c : cases) {
+    for (bool center : {true, false}) {
+      Tensor xp = testing::random_tensor(c.shape, rng, 2.0, center ? 3.0 : 0.5);
+      Tensor dyp = testing::random_tensor(c.shape, rng, 1.0, 0.0);
+      ConstView x = xp.cview(), dy = dyp.cview();
+      if (c.transpose) {
+        const int order[2] = {1, 0};
+        x = x.permute(std::span<const int>(order));
+        dy = dy.permute(std::span<const int>(order));
+      }
+      Tensor w = testing::random_tensor(normalized_shape(x.shape(), c.axes), rng, 1.0, 1.0);
+      for (Isa isa : supported_isas()) {
+        set_isa(isa);
+        for (int t : {1, 3}) {
+          set_num_threads(t);
+          const std::string what =
+              fmt::format("{} {} axes[0]={} {} {} threads", center ? "LayerNorm" : "RMSNorm", x.shape().str(),
+                          c.axes[0], isa_name(isa), t);
+          const NormStats st = forward_keeping(center, x, w.cview(), c.axes, 1e-5, what);
+          const bool column = c.shape.size() == 3 && c.axes.size() == 1;
+          EXPECT_EQ(st.rstd.empty(), column) << what;
+          for (bool with_w : {true, false}) {
+            const ConstView wv = with_w ? w.cview() : ConstView{};
+            expect_same_grads(backward(center, dy, x, wv, c.axes, 1e-5, nullptr),
+                              backward(center, dy, x, wv, c.axes, 1e-5, &st), center,
+                              what + (with_w ? " with γ" : " without γ"));
+          }
+        }
+      }
+      set_isa(saved_isa);
+      set_num_threads(saved_threads);
+    }
+  }
+}
+
+// The kept values are what the backward uses (so the test above compares two routes, not one): a
+// changed rstd changes dx, on the contiguous rows and on the gathered route.
+TEST(NormStats, TheBackwardTakesTheKeptValues) {
+  std::mt19937_64 rng(47);
+  for (bool transpose : {false, true}) {
+    Tensor xp = testing::random_tensor({24, 40}, rng, 2.0, 1.0),
+           dyp = testing::random_tensor({24, 40}, rng, 1.0, 0.0);
+    ConstView x = xp.cview(), dy = dyp.cview();
+    const int order[2] = {1, 0};
+    if (transpose) {
+      x = x.permute(std::span<const int>(order));
+      dy = dy.permute(std::span<const int>(order));
+    }
+    const Axes axes = {1};
+    NormStats st = forward_keeping(true, x, {}, axes, 1e-5, transpose ? "gathered" : "rows");
+    const Grads g0 = backward(true, dy, x, {}, axes, 1e-5, &st);
+    for (double& r : st.rstd) r *= 2;
+    const Grads g1 = backward(true, dy, x, {}, axes, 1e-5, &st);
+    EXPECT_FALSE(bitwise_equal(g0.dx.cview(), g1.dx.cview())) << (transpose ? "gathered" : "rows");
+  }
+}
+
+TEST(NormStats, MisuseGetsClearMessages) {
+  Tensor x({2, 3}), y({2, 3}), dx({2, 3}), dy({2, 3}), x2({3, 3}), dx2({3, 3}), dy2({3, 3});
+  NormStats ln, rms;
+  layer_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, {1}, 1e-5, &ln);
+  rms_norm_forward(y.view(), {}, x.cview(), {}, {1}, 1e-6, &rms);
+  EXPECT_NL_ERROR(layer_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, {1}, 1e-5, nullptr),
+                  "stats is null");
+  EXPECT_NL_ERROR(rms_norm_forward(y.view(), {}, x.cview(), {}, {1}, 1e-6, nullptr), "stats is null");
+  EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, rms),
+                  "stats come from a RMSNorm forward");
+  EXPECT_NL_ERROR(rms_norm_backward_saved(dx.view(), {}, dy.cview(), x.cview(), {}, ln),
+                  "stats come from a LayerNorm forward");
+  EXPECT_NL_ERROR(layer_norm_backward_saved(dx2.view(), {}, {}, dy2.cview(), x2.cview(), {}, ln),
+                  "x has shape [3, 3], the stats' forward had [2, 3]");
+  NormStats bad = ln;
+  bad.rstd.pop_back();
+  EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, bad),
+                  "1 rstd values for 2 groups");
+  NormStats unset;  // default: no shape
+  EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, unset),
+                  "the stats' forward had");
+}
+
+}  // namespace
+}  // namespace normlab

@@ -8,6 +8,10 @@
 //   BM_LayerNormBwd/{normlab,aten,onednn}/RxD   dx, dγ, dβ from dy, x, γ (ATen and oneDNN take the
 //                                               forward's mean/rstd, computed once outside the loop;
 //                                               normlab recomputes them, which is its contract)
+//   BM_LayerNormBwdSaved/normlab/RxD            the same backward taking the double statistics kept by
+//                                               one forward outside the loop (NormStats,
+//                                               layer_norm_backward_saved): what the peers get, bitwise
+//                                               the recomputing backward's results
 //   BM_LayerNormFwdBFT/{normlab,aten,onednn}/32x80x1000
 //                                               forward over axis 1 (F) of a contiguous [B, F, T]:
 //                                               normlab on the strided axis as is; ATen via the permute
@@ -144,8 +148,10 @@ const float* Beta() {
 
 // ---- problems ---------------------------------------------------------------------------------------
 
-enum class Op { kFwd, kBwd, kRmsFwd, kRmsBwd };
-bool IsBackward(Op op) { return op == Op::kBwd || op == Op::kRmsBwd; }
+enum class Op { kFwd, kBwd, kBwdSaved, kRmsFwd, kRmsBwd };
+bool IsBackward(Op op) {
+  return op == Op::kBwd || op == Op::kBwdSaved || op == Op::kRmsBwd;
+}
 enum class Kind { kNormlab, kAten, kOneDnn };
 
 const char* KindName(Kind k) {
@@ -251,8 +257,10 @@ class NormlabFwd : public Impl {
 
 class NormlabBwd : public Impl {
  public:
-  NormlabBwd(const Problem& p, Pool& pool)
-      : dgamma_(static_cast<std::size_t>(p.n)),
+  // saved: the statistics come from one forward made here (NormStats), as the peers' mean/rstd do.
+  NormlabBwd(const Problem& p, Pool& pool, bool saved)
+      : saved_(saved),
+        dgamma_(static_cast<std::size_t>(p.n)),
         dbeta_(static_cast<std::size_t>(p.n)),
         dx_(pool.dx.get(), normlab::Dims(p.shape)),
         dgamma_v_(dgamma_.data(), normlab::Dims{p.n}),
@@ -260,13 +268,24 @@ class NormlabBwd : public Impl {
         dy_(pool.dy.get(), normlab::Dims(p.shape)),
         x_(pool.x.get(), normlab::Dims(p.shape)),
         gamma_(Gamma(), normlab::Dims{p.n}),
-        axes_{p.axis} {}
+        axes_{p.axis} {
+    if (saved_) {
+      std::vector<float> y(static_cast<std::size_t>(p.numel));
+      normlab::layer_norm_forward(normlab::View(y.data(), normlab::Dims(p.shape)), {}, {}, x_, gamma_, {},
+                                  axes_, kEps, &stats_);
+    }
+  }
   void Run() override {
-    normlab::layer_norm_backward(dx_, dgamma_v_, dbeta_v_, dy_, x_, gamma_, axes_, kEps);
+    if (saved_)
+      normlab::layer_norm_backward_saved(dx_, dgamma_v_, dbeta_v_, dy_, x_, gamma_, stats_);
+    else
+      normlab::layer_norm_backward(dx_, dgamma_v_, dbeta_v_, dy_, x_, gamma_, axes_, kEps);
   }
   Outputs Result() override { return {dx_.data(), dgamma_.data(), dbeta_.data()}; }
 
  private:
+  bool saved_;
+  normlab::NormStats stats_;
   std::vector<float> dgamma_, dbeta_;
   normlab::View dx_, dgamma_v_, dbeta_v_;
   normlab::ConstView dy_, x_, gamma_;
@@ -588,7 +607,7 @@ std::unique_ptr<Impl> MakeImpl(Op op, Kind kind, const Problem& p, Pool& pool, b
       if (op == Op::kRmsFwd) return std::make_unique<NormlabRmsFwd>(p, pool);
       if (op == Op::kRmsBwd) return std::make_unique<NormlabRmsBwd>(p, pool);
       if (op == Op::kFwd) return std::make_unique<NormlabFwd>(p, pool);
-      return std::make_unique<NormlabBwd>(p, pool);
+      return std::make_unique<NormlabBwd>(p, pool, op == Op::kBwdSaved);
     case Kind::kAten:
       if (op == Op::kRmsFwd) return std::make_unique<AtenRmsFwd>(p, pool, keep);
       if (op == Op::kRmsBwd) return std::make_unique<AtenRmsBwd>(p, pool, keep);
@@ -661,6 +680,8 @@ std::string RegisterAll() {
       RegisterCopies(p);
       RegisterLayerNorm("LayerNormFwd", Op::kFwd, p, true);
       RegisterLayerNorm("LayerNormBwd", Op::kBwd, p, true);
+      Register("BM_LayerNormBwdSaved/normlab/" + p.name,
+               [p](benchmark::State& s) { BenchLayerNorm(s, Op::kBwdSaved, Kind::kNormlab, p); });
       RegisterLayerNorm("RmsNormFwd", Op::kRmsFwd, p, false);
       RegisterLayerNorm("RmsNormBwd", Op::kRmsBwd, p, false);
     }

@@ -74,10 +74,10 @@ void layer_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
 // backward needs the mean to better than fp32 (docs/numerics.md), and rstd in double.
 //   Filled by layer_norm_forward / rms_norm_forward when passed (every field is overwritten); taken by
 //   layer_norm_backward_saved / rms_norm_backward_saved. `mean` and `rstd` hold one value per group,
-//   the kept axes in row-major order (`mean` is empty for RMSNorm). On layouts whose groups are not
-//   contiguous rows (the strided [B,F,T]-over-F path) they are left empty and the backward recomputes: same
-//   bits, no saving. The backward checks that x has the forward's shape, axes and norm, and takes eps from
-//   here; like PyTorch's saved mean/rstd, it cannot check that x holds the forward's values.
+//   the kept axes in row-major order (`mean` is empty for RMSNorm), on every layout (contiguous rows,
+//   the strided [B,F,T]-over-F column path, gathered groups). The backward checks that x has the
+//   forward's shape, axes and norm and that the stats hold one value per group, and takes eps from here;
+//   like PyTorch's saved mean/rstd, it cannot check that x holds the forward's values.
 struct NormStats {
   bool center = true;  // LayerNorm (true) or RMSNorm (false)
   Dims x_shape;        // the forward's x shape

@@ -55,6 +55,7 @@ typedef float v8f __attribute__((vector_size(32)));
   } while (0)
 #endif
 #define NL_LOAD8D(dst, p) std::memcpy(&(dst), (p), sizeof(v8d))
+#define NL_STORE8D(p, v) std::memcpy((p), &(v), sizeof(v8d))
 
 // ---- tile kernels ------------------------------------------------------------------------------------
 //
@@ -110,7 +111,7 @@ inline void put(float* p, VF v, int k, bool streaming) {
 
 // Per-column values of one block of 16 columns.
 struct Block {
-  alignas(64) double sum[16], sq[16], sg[16], sge[16];
+  alignas(64) double sum[16], sq[16], sg[16], sge[16], mean[16], rstd[16];
   alignas(64) float mh[16], ml[16], r[16], c0[16], c2[16];
 };
 
@@ -133,7 +134,8 @@ inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int 
 }
 
 // The second pass (see column_kernels.h): Σe² and, with dy, Σg and Σg·e, e = x − m_hi, g = dy·γ_r.
-template <bool Center, bool WithDy, bool W, bool Full>
+// WithSq = false leaves Σe² out (the backward from saved statistics).
+template <bool Center, bool WithDy, bool W, bool Full, bool WithSq = true>
 inline void block_second(Block& bk, const float* x, const Index* xoff, const float* dy, const Index* dyoff,
                          const float* wt, Index n, int k) {
   const VF mh = load(bk.mh), z = zerof();
@@ -156,7 +158,8 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
           gv[u] = in ? (W ? mul(dv, bcast(wt[i])) : dv) : z;
         }
       }
-      q[h] = acc2(q[h], add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3]))));
+      if constexpr (WithSq)
+        q[h] = acc2(q[h], add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3]))));
       if constexpr (WithDy) {
         g[h] = acc2(g[h], add(add(gv[0], gv[1]), add(gv[2], gv[3])));
         p[h] =
@@ -178,9 +181,11 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
       tp[l] = add2(p[0], p[1]);
     }
   }
-  const VD2 sq = tree8([&](int l) { return tq[l]; });
-  stored(bk.sq, sq.lo);
-  stored(bk.sq + 8, sq.hi);
+  if constexpr (WithSq) {
+    const VD2 sq = tree8([&](int l) { return tq[l]; });
+    stored(bk.sq, sq.lo);
+    stored(bk.sq + 8, sq.hi);
+  }
   if constexpr (WithDy) {
     const VD2 sg = tree8([&](int l) { return tg[l]; }), sp = tree8([&](int l) { return tp[l]; });
     stored(bk.sg, sg.lo);
@@ -199,6 +204,7 @@ inline void block_mean(Block& bk, Index n) {
     NL_LOAD8D(s, bk.sum + 8 * h);
     // Scalar math: mean = Σx/n; m_hi = float(mean); m_lo = float(mean − m_hi)   (0 when !Center)
     mean = Center ? s / nd : v8d{};
+    NL_STORE8D(bk.mean + 8 * h, mean);
     NL_STORE8F(bk.mh + 8 * h, mean);
     v8d mh;
     NL_LOAD8F(mh, bk.mh + 8 * h);
@@ -207,21 +213,42 @@ inline void block_mean(Block& bk, Index n) {
   }
 }
 
-// rstd and r from Σe² (as the row kernels' finish_rstd); with dy, c0 and c2 of the backward.
-template <bool Center, bool WithDy>
+// m_hi, m_lo, rstd and r from saved statistics (as block_mean and block_rstd form them from the same
+// double values): columns [0, k) from smean, srstd; the other lanes as for a zero column.
+template <bool Center>
+inline void block_saved(Block& bk, const double* smean, const double* srstd, int k) {
+  for (int j = 0; j < 16; ++j) {
+    const double mean = Center && j < k ? smean[j] : 0.0;
+    bk.mean[j] = mean;
+    bk.mh[j] = static_cast<float>(mean);
+    bk.ml[j] = static_cast<float>(mean - static_cast<double>(bk.mh[j]));
+    bk.rstd[j] = j < k ? srstd[j] : 1.0;
+    bk.r[j] = static_cast<float>(bk.rstd[j]);
+  }
+}
+
+// rstd and r from Σe² (as the row kernels' finish_rstd), or (Saved) the rstd already in bk; with dy,
+// c0 and c2 of the backward.
+template <bool Center, bool WithDy, bool Saved = false>
 inline void block_rstd(Block& bk, Index n, double eps) {
   const double nd = static_cast<double>(n);
   for (int h = 0; h < 2; ++h) {
-    v8d sq, ml, var, sd, rstd;
-    NL_LOAD8D(sq, bk.sq + 8 * h);
+    v8d ml, rstd;
     NL_LOAD8F(ml, bk.ml + 8 * h);
-    // Scalar math: var = max(Σe²/n − m_lo², 0); rstd = 1/√(var + eps); r = float(rstd)
-    var = sq / nd - ml * ml;
-    var = var < 0.0 ? v8d{} : var;
-    const v8d ve = var + eps;
-    NL_SQRT8D(sd, ve);
-    rstd = 1.0 / sd;
-    NL_STORE8F(bk.r + 8 * h, rstd);
+    if constexpr (Saved) {
+      NL_LOAD8D(rstd, bk.rstd + 8 * h);
+    } else {
+      v8d sq, var, sd;
+      NL_LOAD8D(sq, bk.sq + 8 * h);
+      // Scalar math: var = max(Σe²/n − m_lo², 0); rstd = 1/√(var + eps); r = float(rstd)
+      var = sq / nd - ml * ml;
+      var = var < 0.0 ? v8d{} : var;
+      const v8d ve = var + eps;
+      NL_SQRT8D(sd, ve);
+      rstd = 1.0 / sd;
+      NL_STORE8D(bk.rstd + 8 * h, rstd);
+      NL_STORE8F(bk.r + 8 * h, rstd);
+    }
     if constexpr (WithDy) {
       v8d sg, sge;
       NL_LOAD8D(sg, bk.sg + 8 * h);
@@ -274,6 +301,10 @@ template <bool Center, bool W, bool B, bool Full>
     for (int j = 0; j < k; ++j) a.mean[c0 + j] = bk.mh[j];
   if (a.rstd)
     for (int j = 0; j < k; ++j) a.rstd[c0 + j] = bk.r[j];
+  if (a.smean)
+    for (int j = 0; j < k; ++j) a.smean[c0 + j] = bk.mean[j];
+  if (a.srstd)
+    for (int j = 0; j < k; ++j) a.srstd[c0 + j] = bk.rstd[j];
   const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r);
   const float* pf = ahead(a.x, a.next_x, c0, a.w);
   const float* pfy = ahead(a.y, a.next_y, c0, a.w);
@@ -320,17 +351,21 @@ void forward(const ColumnForward& a) {
 
 // flatten (also on forward_block): the block passes inlined whatever the compiler's inlining budget for
 // the rest of this file (out of line they measured 5-20% slower).
-template <bool Center, bool W, bool Full>
+template <bool Center, bool W, bool Full, bool Saved>
 [[gnu::flatten]] void backward_block(const ColumnBackward& a, Index c0, int k, bool first) {
   Block bk;
   const float* x = a.x + c0;
   const float* dy = a.dy + c0;
   float* dx = a.dx + c0;
   const Index n = a.n;
-  block_sum<Full>(bk, x, a.xoff, n, k);
-  block_mean<Center>(bk, n);
-  block_second<Center, true, W, Full>(bk, x, a.xoff, dy, a.dyoff, a.wt, n, k);
-  block_rstd<Center, true>(bk, n, a.eps);
+  if constexpr (Saved) {
+    block_saved<Center>(bk, a.smean ? a.smean + c0 : nullptr, a.srstd + c0, k);
+  } else {
+    block_sum<Full>(bk, x, a.xoff, n, k);
+    block_mean<Center>(bk, n);
+  }
+  block_second<Center, true, W, Full, !Saved>(bk, x, a.xoff, dy, a.dyoff, a.wt, n, k);
+  block_rstd<Center, true, Saved>(bk, n, a.eps);
   const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r), c0v = load(bk.c0), c2v = load(bk.c2);
   const float* pfx = ahead(a.x, a.next_x, c0, a.w);
   const float* pfd = ahead(a.dy, a.next_dy, c0, a.w);
@@ -372,13 +407,13 @@ template <bool Center, bool W, bool Full>
   }
 }
 
-template <bool Center, bool W>
+template <bool Center, bool W, bool Saved>
 void backward_impl(const ColumnBackward& a) {
   for (Index c0 = 0; c0 < a.w; c0 += kF) {
     if (c0 + kF <= a.w)
-      backward_block<Center, W, true>(a, c0, kF, c0 == 0);
+      backward_block<Center, W, true, Saved>(a, c0, kF, c0 == 0);
     else
-      backward_block<Center, W, false>(a, c0, static_cast<int>(a.w - c0), c0 == 0);
+      backward_block<Center, W, false, Saved>(a, c0, static_cast<int>(a.w - c0), c0 == 0);
   }
   // Scalar math: dw[i] += hsum(lanes_w[i]); db[i] += hsum(lanes_b[i])
   if (a.dw)
@@ -388,14 +423,21 @@ void backward_impl(const ColumnBackward& a) {
   if (a.stream) stream_fence();
 }
 
-void backward(const ColumnBackward& a) {
+template <bool Saved>
+void backward_of(const ColumnBackward& a) {
   const bool w = a.wt != nullptr;
-  if (a.center) return w ? backward_impl<true, true>(a) : backward_impl<true, false>(a);
-  return w ? backward_impl<false, true>(a) : backward_impl<false, false>(a);
+  if (a.center) return w ? backward_impl<true, true, Saved>(a) : backward_impl<true, false, Saved>(a);
+  return w ? backward_impl<false, true, Saved>(a) : backward_impl<false, false, Saved>(a);
+}
+
+void backward(const ColumnBackward& a) {
+  if (a.srstd) return backward_of<true>(a);
+  backward_of<false>(a);
 }
 
 #undef NL_LOAD8F
 #undef NL_LOAD8D
+#undef NL_STORE8D
 #undef NL_STORE8F
 #undef NL_SQRT8D
 

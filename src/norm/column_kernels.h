@@ -45,6 +45,9 @@ struct ColumnForward {
   bool stream = false;
   float* mean = nullptr;
   float* rstd = nullptr;
+  // Optional: the double mean (center) and rstd of column j into smean[j], srstd[j] (NormStats).
+  double* smean = nullptr;
+  double* srstd = nullptr;
   // The next tile the caller will hand over (same row offsets; null: none). While the output pass of
   // block v runs, the rows of x and y of the block kColumnPrefetch blocks ahead are prefetched, from
   // this tile or from the next (the tile's strided rows are too many streams for the hardware
@@ -74,6 +77,10 @@ struct ColumnBackward {
   double* dw = nullptr;
   double* db = nullptr;
   double* lanes = nullptr;
+  // Saved statistics (srstd not null): the double mean (center) and rstd of column j at smean[j],
+  // srstd[j], as ColumnForward wrote them; they replace Σx and Σe² (same bits as without).
+  const double* smean = nullptr;
+  const double* srstd = nullptr;
   const float* next_x = nullptr;  // as in ColumnForward (x, dy and dx are prefetched)
   const float* next_dy = nullptr;
   const float* next_dx = nullptr;

@@ -103,6 +103,11 @@ Index tile_width(const Units& un, Index u) {
   return std::min(kColumnTile, un.K - (u % un.tiles) * kColumnTile);
 }
 
+// The group (row-major over the kept axes) of unit u's first column.
+Index first_group(const Units& un, Index u) {
+  return u / un.tiles * un.K + (u % un.tiles) * kColumnTile;
+}
+
 }  // namespace
 
 bool applies(const plan::AxisSplit& s, std::initializer_list<const plan::FullOperand*> ops) {
@@ -117,7 +122,7 @@ bool applies(const plan::AxisSplit& s, std::initializer_list<const plan::FullOpe
 
 void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::FullOperand& y,
              const plan::FullOperand& x, const float* w, const float* b, const plan::PartOperand& mean,
-             const plan::PartOperand& rstd, double eps) {
+             const plan::PartOperand& rstd, double eps, double* smean, double* srstd) {
   const Units un = units_of(s);
   const Operand xo(s, x), yo(s, y);
   const kernels::ColumnKernels& k = kernels::column_kernels();
@@ -138,13 +143,15 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
     a.stream = stream;
     a.mean = mean.defined ? mu : nullptr;
     a.rstd = rstd.defined ? rs : nullptr;
+    // The tile's groups are consecutive along the innermost kept axis.
+    const Index g0 = first_group(un, u);
+    a.smean = smean ? smean + g0 : nullptr;
+    a.srstd = srstd ? srstd + g0 : nullptr;
     if (u + 1 < un.count) {
       a.next_x = xo.at<const float>(un, u + 1);
       a.next_y = yo.at<float>(un, u + 1);
     }
     k.forward(a);
-    // The tile's groups are consecutive along the innermost kept axis.
-    const Index g0 = u / un.tiles * un.K + (u % un.tiles) * kColumnTile;
     auto write_stats = [&](const plan::PartOperand& p, const float* v) {
       if (!p.defined) return;
       float* at = reinterpret_cast<float*>(p.base) + plan::group_offset(g0, s.k_shape, p.strides);
@@ -158,7 +165,8 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
 
 void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::FullOperand& dx,
               const plan::PartOperand& dweight, const plan::PartOperand& dbias, const plan::FullOperand& dy,
-              const plan::FullOperand& x, const float* w, double eps, GradMode mode) {
+              const plan::FullOperand& x, const float* w, double eps, GradMode mode, const double* smean,
+              const double* srstd) {
   const Units un = units_of(s);
   const Operand xo(s, x), dyo(s, dy), dxo(s, dx);
   const kernels::ColumnKernels& k = kernels::column_kernels();
@@ -191,6 +199,10 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
       a.next_x = u + 1 < un.count ? xo.at<const float>(un, u + 1) : nullptr;
       a.next_dy = u + 1 < un.count ? dyo.at<const float>(un, u + 1) : nullptr;
       a.next_dx = u + 1 < un.count ? dxo.at<float>(un, u + 1) : nullptr;
+      if (srstd) {
+        a.smean = smean ? smean + first_group(un, u) : nullptr;
+        a.srstd = srstd + first_group(un, u);
+      }
       k.backward(a);
     }
   });

@@ -17,14 +17,17 @@ namespace normlab::column {
 bool applies(const plan::AxisSplit& s, std::initializer_list<const plan::FullOperand*> ops);
 
 // The forward of row_norm_forward on the column path; w, b are the normalized-shaped parameters
-// gathered row-major (or null).
+// gathered row-major (or null). smean, srstd (may be null): the double statistics of every group, in
+// group order (NormStats).
 void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::FullOperand& y,
              const plan::FullOperand& x, const float* w, const float* b, const plan::PartOperand& mean,
-             const plan::PartOperand& rstd, double eps);
+             const plan::PartOperand& rstd, double eps, double* smean, double* srstd);
 
-// The backward of row_norm_backward on the column path (writes dx, dweight, dbias per mode).
+// The backward of row_norm_backward on the column path (writes dx, dweight, dbias per mode); with
+// srstd (and smean for LayerNorm), the saved statistics of every group instead of recomputing them.
 void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::FullOperand& dx,
               const plan::PartOperand& dweight, const plan::PartOperand& dbias, const plan::FullOperand& dy,
-              const plan::FullOperand& x, const float* w, double eps, GradMode mode);
+              const plan::FullOperand& x, const float* w, double eps, GradMode mode, const double* smean,
+              const double* srstd);
 
 }  // namespace normlab::column

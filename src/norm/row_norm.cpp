@@ -165,13 +165,13 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
     stats->x_shape = x.shape();
     stats->axes = s.n_axes;
     stats->eps = eps;
-    const std::size_t kept = column_path ? 0 : static_cast<std::size_t>(s.groups);
-    stats->mean.assign(kind.center ? kept : 0, 0.0);
-    stats->rstd.assign(kept, 0.0);
-    smean = kind.center && kept ? stats->mean.data() : nullptr;
-    srstd = kept ? stats->rstd.data() : nullptr;
+    const std::size_t groups = static_cast<std::size_t>(s.groups);
+    stats->mean.assign(kind.center ? groups : 0, 0.0);
+    stats->rstd.assign(groups, 0.0);
+    smean = kind.center ? stats->mean.data() : nullptr;
+    srstd = stats->rstd.data();
   }
-  if (column_path) return column::forward(kind, s, yo, xo, wp, bp, pm, pr, eps);
+  if (column_path) return column::forward(kind, s, yo, xo, wp, bp, pm, pr, eps, smean, srstd);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !yo.n_contiguous;
 
@@ -280,17 +280,14 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   const double* srstd = nullptr;
   if (stats) {
     const std::size_t groups = static_cast<std::size_t>(s.groups);
-    NL_CHECK(stats->rstd.empty() || (stats->rstd.size() == groups &&
-                                     stats->mean.size() == (kind.center ? groups : std::size_t{0})),
+    NL_CHECK(stats->rstd.size() == groups && stats->mean.size() == (kind.center ? groups : std::size_t{0}),
              "{}: stats hold {} mean and {} rstd values for {} groups", kBwd, stats->mean.size(),
              stats->rstd.size(), groups);
-    if (!stats->rstd.empty()) {
-      smean = kind.center ? stats->mean.data() : nullptr;
-      srstd = stats->rstd.data();
-    }
+    smean = kind.center ? stats->mean.data() : nullptr;
+    srstd = stats->rstd.data();
   }
   if (column::applies(s, {&xo, &dyo, &dxo}))  // see row_norm_forward
-    return column::backward(kind, s, dxo, dw, db, dyo, xo, wp, eps, mode);
+    return column::backward(kind, s, dxo, dw, db, dyo, xo, wp, eps, mode, smean, srstd);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !dyo.n_contiguous || !dxo.n_contiguous;
   const bool param_grads = dw.defined || db.defined;

@@ -1,7 +1,7 @@
 // NormStats: the double statistics a LayerNorm/RMSNorm forward keeps for its backward. The backward that
 // takes them must return bitwise what the backward that recomputes them returns (same dx, dγ, dβ) on every
 // SIMD target and thread count, on every route (contiguous rows short and long, the gathered route, the
-// [B,F,T] column path where nothing is kept); the forward with them must not change y, mean or rstd; the
+// [B,F,T] column path); the forward with them must not change y, mean or rstd; the
 // kept values are the exact mean and the double rstd (hand case, float64 reference); misuse is an error.
 #include <fmt/format.h>
 #include <normlab/norm.h>
@@ -151,8 +151,7 @@ TEST(NormStats, BackwardHasTheBitsOfTheRecomputingBackwardEverywhere) {
               fmt::format("{} {} axes[0]={} {} {} threads", center ? "LayerNorm" : "RMSNorm", x.shape().str(),
                           c.axes[0], isa_name(isa), t);
           const NormStats st = forward_keeping(center, x, w.cview(), c.axes, 1e-5, what);
-          const bool column = c.shape.size() == 3 && c.axes.size() == 1;
-          EXPECT_EQ(st.rstd.empty(), column) << what;
+          EXPECT_EQ(st.rstd.size(), static_cast<std::size_t>(x.numel() / w.numel())) << what;
           for (bool with_w : {true, false}) {
             const ConstView wv = with_w ? w.cview() : ConstView{};
             expect_same_grads(backward(center, dy, x, wv, c.axes, 1e-5, nullptr),
@@ -168,24 +167,26 @@ TEST(NormStats, BackwardHasTheBitsOfTheRecomputingBackwardEverywhere) {
 }
 
 // The kept values are what the backward uses (so the test above compares two routes, not one): a
-// changed rstd changes dx, on the contiguous rows and on the gathered route.
+// changed rstd changes dx, on contiguous rows, on the gathered route and on the column path.
 TEST(NormStats, TheBackwardTakesTheKeptValues) {
   std::mt19937_64 rng(47);
-  for (bool transpose : {false, true}) {
-    Tensor xp = testing::random_tensor({24, 40}, rng, 2.0, 1.0),
-           dyp = testing::random_tensor({24, 40}, rng, 1.0, 0.0);
+  for (int layout = 0; layout < 3; ++layout) {
+    const Dims shape = layout == 2 ? Dims{3, 40, 24} : Dims{24, 40};
+    Tensor xp = testing::random_tensor(shape, rng, 2.0, 1.0),
+           dyp = testing::random_tensor(shape, rng, 1.0, 0.0);
     ConstView x = xp.cview(), dy = dyp.cview();
     const int order[2] = {1, 0};
-    if (transpose) {
+    if (layout == 1) {
       x = x.permute(std::span<const int>(order));
       dy = dy.permute(std::span<const int>(order));
     }
     const Axes axes = {1};
-    NormStats st = forward_keeping(true, x, {}, axes, 1e-5, transpose ? "gathered" : "rows");
+    const std::string what = layout == 0 ? "rows" : layout == 1 ? "gathered" : "column";
+    NormStats st = forward_keeping(true, x, {}, axes, 1e-5, what);
     const Grads g0 = backward(true, dy, x, {}, axes, 1e-5, &st);
     for (double& r : st.rstd) r *= 2;
     const Grads g1 = backward(true, dy, x, {}, axes, 1e-5, &st);
-    EXPECT_FALSE(bitwise_equal(g0.dx.cview(), g1.dx.cview())) << (transpose ? "gathered" : "rows");
+    EXPECT_FALSE(bitwise_equal(g0.dx.cview(), g1.dx.cview())) << what;
   }
 }
 
@@ -207,6 +208,11 @@ TEST(NormStats, MisuseGetsClearMessages) {
   bad.rstd.pop_back();
   EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, bad),
                   "1 rstd values for 2 groups");
+  NormStats empty = ln;
+  empty.mean.clear();
+  empty.rstd.clear();
+  EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, empty),
+                  "0 mean and 0 rstd values for 2 groups");
   NormStats unset;  // default: no shape
   EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, unset),
                   "the stats' forward had");

@@ -5,6 +5,9 @@
 //                        route: x and dy permute(0,2,1).contiguous(), native_layer_norm_backward over the
 //                        last dim with mean/rstd of one forward made outside the loop, dx permuted back
 //                        .contiguous(), all of it timed; oneDNN on strided memory descriptors
+//   BM_LayerNormBwdBFTSaved/normlab/32x80x1000            the same from the double statistics of one
+//                        forward made outside the loop (NormStats, layer_norm_backward_saved), as the
+//                        peers take theirs
 //   BM_RMSNormFwdBFT/{normlab,aten}/32x80x1000            y over F; ATen as users compose it over dim 1:
 //                        x·rsqrt(x.pow(2).mean(1, keepdim) + eps)·γ (no permute needed)
 //   BM_BatchNormFwd/{normlab,aten,onednn}/64x256x400       training forward on [N, C, T]: y and the batch
@@ -138,6 +141,7 @@ struct State {  // what an implementation keeps alive between calls
   std::tuple<at::Tensor, at::Tensor, at::Tensor> out;
   std::unordered_map<int, dnnl::memory> args;
   dnnl::primitive prim;
+  normlab::NormStats stats;
 };
 
 dnnl::engine& Engine() {
@@ -158,7 +162,7 @@ memory::desc BftDesc(const Shape& s) {
   return memory::desc({B, T, F}, memory::data_type::f32, memory::dims{F * T, 1, T});
 }
 
-enum class Bench { kLnBwdBft, kRmsFwdBft, kBnFwd, kBnBwd, kLnFwdRows, kLnBwdRows };
+enum class Bench { kLnBwdBft, kLnBwdBftSaved, kRmsFwdBft, kBnFwd, kBnBwd, kLnFwdRows, kLnBwdRows };
 
 std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
   Data& d = GetData(s);
@@ -186,6 +190,24 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
               normlab::View(st->b.data(), D({Dn})), normlab::ConstView(d.dy.get(), D(s.dims)),
               normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({Dn})), {1},
               kEps);
+        },
+        [&d, st] {
+          return Result{d.dx.get(), st->a.data(), st->b.data()};
+        });
+  }
+  if (b == Bench::kLnBwdBftSaved) {  // normlab only: from the double statistics of one forward made here
+    st->a.resize(static_cast<std::size_t>(C));
+    st->b.resize(static_cast<std::size_t>(C));
+    normlab::layer_norm_forward(normlab::View(d.y.get(), D(s.dims)), {}, {},
+                                normlab::ConstView(d.x.get(), D(s.dims)),
+                                normlab::ConstView(d.gamma.get(), D({C})),
+                                normlab::ConstView(d.beta.get(), D({C})), {1}, kEps, &st->stats);
+    return std::make_unique<Lambda>(
+        [&d, st, s, C] {
+          normlab::layer_norm_backward_saved(
+              normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+              normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+              normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), st->stats);
         },
         [&d, st] {
           return Result{d.dx.get(), st->a.data(), st->b.data()};
@@ -432,7 +454,7 @@ Copy3 Snapshot(Impl& impl, const Shape& s, bool grads) {
 }
 
 bool IsBackward(Bench b) {
-  return b == Bench::kLnBwdBft || b == Bench::kBnBwd || b == Bench::kLnBwdRows;
+  return b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved || b == Bench::kBnBwd || b == Bench::kLnBwdRows;
 }
 
 // The bytes the ideal kernel moves: forward x, y; backward x, dy, dx.
@@ -493,6 +515,8 @@ const bool kRegistered = [] {
   for (const char* impl : {"normlab", "aten", "onednn"})
     Register(std::string("BM_LayerNormBwdBFT/") + impl + "/" + kBft.name,
              [impl](benchmark::State& st) { Run(st, Bench::kLnBwdBft, impl, kBft); });
+  Register("BM_LayerNormBwdBFTSaved/normlab/" + kBft.name,
+           [](benchmark::State& st) { Run(st, Bench::kLnBwdBftSaved, "normlab", kBft); });
   Register("BM_Copy/copy/" + kRows.name, [](benchmark::State& st) { RunCopy(st, false, kRows); });
   Register("BM_CopyStream/copy/" + kRows.name, [](benchmark::State& st) { RunCopy(st, true, kRows); });
   Register("BM_LayerNormFwd/normlab/" + kRows.name,

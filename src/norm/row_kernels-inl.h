@@ -798,8 +798,11 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
         pw1 = j == 0 ? cvt_hi(p) : add(pw1, cvt_hi(p));
       }
       if (dbp) {
-        pb0 = j == 0 ? cvt_lo(dyv) : add(pb0, cvt_lo(dyv));
-        pb1 = j == 0 ? cvt_hi(dyv) : add(pb1, cvt_hi(dyv));
+        // (a full block converts dy from memory, which needs no extraction of the upper half)
+        const VD b0 = tail ? cvt_lo(dyv) : load_cvt(dys[j] + i);
+        const VD b1 = tail ? cvt_hi(dyv) : load_cvt(dys[j] + i + kD);
+        pb0 = j == 0 ? b0 : add(pb0, b0);
+        pb1 = j == 0 ? b1 : add(pb1, b1);
       }
     }
     auto flush = [&](double* part, VD p0, VD p1) __attribute__((always_inline)) {

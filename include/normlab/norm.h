@@ -265,6 +265,26 @@ void rms_norm_backward(BF16View dx, View dweight, ConstBF16View dy, ConstBF16Vie
                        const Axes& axes, double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
 void rms_norm_backward(F16View dx, View dweight, ConstF16View dy, ConstF16View x, ConstView weight,
                        const Axes& axes, double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
+// With NormStats, as for fp32 (the stats are those of the fp32 forward on the widened x; the saved
+// backward has the bits of the recomputing one).
+void layer_norm_forward(BF16View y, View mean, View rstd, ConstBF16View x, ConstView weight, ConstView bias,
+                        const Axes& axes, double eps, NormStats* stats);
+void layer_norm_forward(F16View y, View mean, View rstd, ConstF16View x, ConstView weight, ConstView bias,
+                        const Axes& axes, double eps, NormStats* stats);
+void layer_norm_backward_saved(BF16View dx, View dweight, View dbias, ConstBF16View dy, ConstBF16View x,
+                               ConstView weight, const NormStats& stats,
+                               GradMode mode = GradMode::kOverwrite);
+void layer_norm_backward_saved(F16View dx, View dweight, View dbias, ConstF16View dy, ConstF16View x,
+                               ConstView weight, const NormStats& stats,
+                               GradMode mode = GradMode::kOverwrite);
+void rms_norm_forward(BF16View y, View rstd, ConstBF16View x, ConstView weight, const Axes& axes, double eps,
+                      NormStats* stats);
+void rms_norm_forward(F16View y, View rstd, ConstF16View x, ConstView weight, const Axes& axes, double eps,
+                      NormStats* stats);
+void rms_norm_backward_saved(BF16View dx, View dweight, ConstBF16View dy, ConstBF16View x, ConstView weight,
+                             const NormStats& stats, GradMode mode = GradMode::kOverwrite);
+void rms_norm_backward_saved(F16View dx, View dweight, ConstF16View dy, ConstF16View x, ConstView weight,
+                             const NormStats& stats, GradMode mode = GradMode::kOverwrite);
 
 // ---- Fused residual add + norm (pre-norm Transformer blocks) --------------------------------------
 //

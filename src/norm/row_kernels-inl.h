@@ -988,11 +988,9 @@ void rows_backward_saved(const RowsBackwardOf<T>& a) {
   return w ? rows_backward_impl<false, true, Saved>(a) : rows_backward_impl<false, false, Saved>(a);
 }
 
-// Saved statistics are taken on fp32 rows (the 16-bit storage routes do not pass them).
 template <typename T>
 void rows_backward_of(const RowsBackwardOf<T>& a) {
-  if constexpr (std::is_same_v<T, float>)
-    if (a.srstd) return rows_backward_saved<true>(a);
+  if (a.srstd) return rows_backward_saved<true>(a);
   rows_backward_saved<false>(a);
 }
 

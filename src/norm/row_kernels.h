@@ -70,9 +70,9 @@ inline Index add_chunk_rows(Index n) {
 inline constexpr int kParamGradRowGroup = 4;
 
 // Backward of the fused kernel: dx (may equal dy or x) from dy, x, w (may be null); mean and rstd are
-// recomputed from x exactly as the forward computes them. dw, db: double partial rows of n (may be null).
-// T: the storage type of dx, dy, x (as RowsForwardOf: dx_T = round(dx of the float kernel on widened
-// dy, x); dw, db exactly those of the float kernel).
+// recomputed from x exactly as the forward computes them, or taken from smean/srstd (below). dw, db: double
+// partial rows of n (may be null). T: the storage type of dx, dy, x (as RowsForwardOf: dx_T = round(dx of the
+// float kernel on widened dy, x); dw, db exactly those of the float kernel).
 template <typename T>
 struct RowsBackwardOf {
   T* dx = nullptr;
@@ -93,9 +93,9 @@ struct RowsBackwardOf {
   // the one rounding to T (dx may equal ds). dw, db are those of dnorm.
   const T* ds = nullptr;
   Index ldds = 0;
-  // Saved statistics (srstd not null; T = float only): the double mean (center) and rstd of row r at
-  // smean[r], srstd[r], as RowsForwardOf::smean/srstd wrote them. They replace the recomputation from x (the
-  // Σx pass and Σe²), so the results are bitwise those of the call without them.
+  // Saved statistics (srstd not null): the double mean (center) and rstd of row r at smean[r], srstd[r],
+  // as RowsForwardOf::smean/srstd wrote them. They replace the recomputation from x (the Σx pass and
+  // Σe²), so the results are bitwise those of the call without them.
   const double* smean = nullptr;
   const double* srstd = nullptr;
 };

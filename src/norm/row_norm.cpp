@@ -5,7 +5,8 @@
 //   forward:  mean = Σx/n in double; e = x − m_hi in float (m_hi = float(mean), m_lo = float(mean − m_hi));
 //             var = Σe²/n − m_lo² (float squares in blocks, double accumulation), rstd = 1/√(var+eps)
 //             in double; y = ((x − m_hi) − m_lo)·float(rstd)·γ + β in float.
-//   backward: mean and rstd recomputed exactly as in the forward; g = dy·γ, x̂ = d·rstd;
+//   backward: mean and rstd recomputed exactly as in the forward (or, with NormStats, the forward's
+//             double mean and rstd, the same values); g = dy·γ, x̂ = d·rstd;
 //             dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) in float; dγ = Σ_groups dy·x̂; dβ = Σ_groups dy in
 //             double. (RMSNorm: dx = rstd·(g − x̂·mean(g·x̂)).)
 // Contiguous rows at a fixed stride (the common case) go to the fused kernels (RowKernels::rows_forward,
@@ -158,19 +159,9 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   const float* bp = part_floats(b, s.n_shape, {y, mean, rstd}, bv);
   // Strided normalized axes next to a contiguous kept axis ([B,F,T] over F): the column path.
   const bool column_path = column::applies(s, {&xo, &yo});
-  double* smean = nullptr;
-  double* srstd = nullptr;
-  if (stats) {
-    stats->center = kind.center;
-    stats->x_shape = x.shape();
-    stats->axes = s.n_axes;
-    stats->eps = eps;
-    const std::size_t groups = static_cast<std::size_t>(s.groups);
-    stats->mean.assign(kind.center ? groups : 0, 0.0);
-    stats->rstd.assign(groups, 0.0);
-    smean = kind.center ? stats->mean.data() : nullptr;
-    srstd = stats->rstd.data();
-  }
+  const StatsOut so = stats ? prepare_stats(stats, kind.center, x.shape(), s, eps) : StatsOut{};
+  double* const smean = so.mean;
+  double* const srstd = so.rstd;
   if (column_path) return column::forward(kind, s, yo, xo, wp, bp, pm, pr, eps, smean, srstd);
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !yo.n_contiguous;
@@ -236,19 +227,15 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
 }
 
 // dy, x are any shape; dx like x; weight, dweight, dbias like the normalized axes. Literal reverse of
-// the forward: recompute mean, rstd and x̂, then dx, and dγ/dβ in the same pass.
+// the forward: recompute mean, rstd and x̂ (or take mean and rstd from the forward's stats: the same
+// values), then dx, and dγ/dβ in the same pass.
 void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbias, ConstView dy, ConstView x,
                        ConstView weight, const Axes& axes, double eps, GradMode mode,
                        const NormStats* stats) {
   const char* kBwd = kind.backward_name;
   NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", kBwd);
   NL_CHECK(dx.defined(), "{}: dx is required", kBwd);
-  if (stats) {  // before the axes, which come from the stats
-    NL_CHECK(stats->center == kind.center, "{}: stats come from a {} forward", kBwd,
-             stats->center ? "LayerNorm" : "RMSNorm");
-    NL_CHECK(stats->x_shape == x.shape(), "{}: x has shape {}, the stats' forward had {}", kBwd,
-             x.shape().str(), stats->x_shape.str());
-  }
+  if (stats) check_stats_source(*stats, kind.center, x.shape(), kBwd);  // before the axes, which come from it
   const plan::AxisSplit s = plan::split_axes(x.shape(), axes, kBwd);
   check_eps(eps, kBwd);
   plan::check_same_shape(x.shape(), dy.shape(), "dy", kBwd);
@@ -276,16 +263,9 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   const plan::FullOperand dxo = plan::full_operand(dx, s, "dx");
   std::vector<float> wv;
   const float* wp = part_floats(w, s.n_shape, {dx}, wv);
-  const double* smean = nullptr;
-  const double* srstd = nullptr;
-  if (stats) {
-    const std::size_t groups = static_cast<std::size_t>(s.groups);
-    NL_CHECK(stats->rstd.size() == groups && stats->mean.size() == (kind.center ? groups : std::size_t{0}),
-             "{}: stats hold {} mean and {} rstd values for {} groups", kBwd, stats->mean.size(),
-             stats->rstd.size(), groups);
-    smean = kind.center ? stats->mean.data() : nullptr;
-    srstd = stats->rstd.data();
-  }
+  const StatsIn si = stats ? saved_stats(*stats, kind.center, s, kBwd) : StatsIn{};
+  const double* const smean = si.mean;
+  const double* const srstd = si.rstd;
   if (column::applies(s, {&xo, &dyo, &dxo}))  // see row_norm_forward
     return column::backward(kind, s, dxo, dw, db, dyo, xo, wp, eps, mode, smean, srstd);
   const kernels::RowKernels& k = kernels::row_kernels();
@@ -371,6 +351,33 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   // Sum the chunk partials in chunk order (per column: 0 + p_0 + p_1 + ...), round once, write or add.
   if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, dw_part, ch.count, mode);
   if (db.defined) plan::write_chunk_sums(db, s.n_shape, db_part, ch.count, mode);
+}
+
+StatsOut prepare_stats(NormStats* stats, bool center, const Dims& x_shape, const plan::AxisSplit& s,
+                       double eps) {
+  stats->center = center;
+  stats->x_shape = x_shape;
+  stats->axes = s.n_axes;
+  stats->eps = eps;
+  const std::size_t groups = static_cast<std::size_t>(s.groups);
+  stats->mean.assign(center ? groups : 0, 0.0);
+  stats->rstd.assign(groups, 0.0);
+  return {center ? stats->mean.data() : nullptr, stats->rstd.data()};
+}
+
+void check_stats_source(const NormStats& stats, bool center, const Dims& x_shape, const char* op) {
+  NL_CHECK(stats.center == center, "{}: stats come from a {} forward", op,
+           stats.center ? "LayerNorm" : "RMSNorm");
+  NL_CHECK(stats.x_shape == x_shape, "{}: x has shape {}, the stats' forward had {}", op, x_shape.str(),
+           stats.x_shape.str());
+}
+
+StatsIn saved_stats(const NormStats& stats, bool center, const plan::AxisSplit& s, const char* op) {
+  const std::size_t groups = static_cast<std::size_t>(s.groups);
+  NL_CHECK(stats.rstd.size() == groups && stats.mean.size() == (center ? groups : std::size_t{0}),
+           "{}: stats hold {} mean and {} rstd values for {} groups", op, stats.mean.size(),
+           stats.rstd.size(), groups);
+  return {center ? stats.mean.data() : nullptr, stats.rstd.data()};
 }
 
 plan::Chunks fused_row_chunks(Index groups, Index n) { return row_chunks(groups, n); }

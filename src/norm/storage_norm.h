@@ -260,10 +260,11 @@ struct FwdNames {
 
 // y = norm(s) with s = x (residual undefined) or s = round(x + residual) written to `s_out`.
 // T: the storage type of x, residual, s, y.
+// stats (not null, no residual): filled as the fp32 forward fills it (NormStats, norm.h).
 template <typename T>
 void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean, View rstd,
              TensorView<const T> x, TensorView<const T> residual, ConstView weight, ConstView bias,
-             const Axes& axes, double eps) {
+             const Axes& axes, double eps, NormStats* stats = nullptr) {
   const char* op = nm.op;
   NL_CHECK(x.defined(), "{}: x is required", op);
   const plan::AxisSplit s = plan::split_axes(x.shape(), axes, op);
@@ -271,6 +272,7 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
   check_full_output(y, x.shape(), "y", op);
   check_overlap(y, x, "y", "x", op);
   const bool fused = residual.defined();
+  NL_CHECK(!fused || !stats, "{}: keeps no stats", op);
   if (fused) {
     plan::check_same_shape(x.shape(), residual.shape(), "residual", op);
     check_full_output(s_out, x.shape(), "s", op);
@@ -312,13 +314,21 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
     if constexpr (format_of<T>() < 0) {
       // fp32: exactly the fp32 function on the caller's views (s for the fused op).
       const ConstView src = fused ? ConstView(s_out) : ConstView(x);
-      if (nm.center)
+      if (stats && nm.center)
+        normlab::layer_norm_forward(y, mean, rstd, src, weight, bias, axes, eps, stats);
+      else if (stats)
+        normlab::rms_norm_forward(y, rstd, src, weight, axes, eps, stats);
+      else if (nm.center)
         normlab::layer_norm_forward(y, mean, rstd, src, weight, bias, axes, eps);
       else
         normlab::rms_norm_forward(y, rstd, src, weight, axes, eps);
     } else {
       Tensor out(x.shape());
-      if (nm.center)
+      if (stats && nm.center)
+        normlab::layer_norm_forward(out.view(), mean, rstd, in.cview(), weight, bias, axes, eps, stats);
+      else if (stats)
+        normlab::rms_norm_forward(out.view(), rstd, in.cview(), weight, axes, eps, stats);
+      else if (nm.center)
         normlab::layer_norm_forward(out.view(), mean, rstd, in.cview(), weight, bias, axes, eps);
       else
         normlab::rms_norm_forward(out.view(), rstd, in.cview(), weight, axes, eps);
@@ -350,6 +360,7 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
     args.ldx = args.ldy = s.n;
     if (fused) args.ldr = args.lds = s.n;
     const auto fwd = rows_forward_kernel<T>(cv);
+    const StatsOut keep = stats ? prepare_stats(stats, nm.center, x.shape(), s, eps) : StatsOut{};
     // mean and rstd straight from the kernel when both sit at one common stride, else via scratch.
     Index ldm = 0, ldr = 0;
     const bool stats_direct = (!pm.defined || groups_at_fixed_stride(s.k_shape, pm.strides, &ldm)) &&
@@ -372,6 +383,8 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
         a.r = ro.base + g0 * s.n;
         a.s = so.base + g0 * s.n;
       }
+      a.smean = keep.mean ? keep.mean + g0 : nullptr;
+      a.srstd = keep.rstd ? keep.rstd + g0 : nullptr;
       Scratch* sc = need_scratch ? &Scratch::get(scratch_len) : nullptr;
       if (need_work) {
         if constexpr (kNarrow)
@@ -412,17 +425,23 @@ struct BwdNames {
 //                                      stream's gradient), added in fp32 before the one rounding to T;
 //   from output  (y and rstd given):   x − mean recovered as (y − β)/(γ·rstd), rstd taken as saved
 //                                      (fp32 storage, no ds: the memory-efficient backward).
+//   saved        (x and stats given):  as standard, with the forward's statistics (NormStats) instead of
+//                                      recomputing them (same bits; no ds).
 template <typename T>
 void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, TensorView<const T> dy,
               TensorView<const T> ds, TensorView<const T> x, TensorView<const T> y, ConstView rstd,
-              ConstView weight, ConstView bias, const Axes& axes, double eps, GradMode mode) {
+              ConstView weight, ConstView bias, const Axes& axes, double eps, GradMode mode,
+              const NormStats* stats = nullptr) {
   const char* op = nm.op;
   const bool from_output = !x.defined();
   const TensorView<const T>& src = from_output ? y : x;  // the operand the statistics come from
   const char* src_name = from_output ? "y" : "x";
   NL_CHECK(src.defined() && dy.defined(), "{}: {} and dy are required", op, src_name);
   NL_CHECK(!from_output || !ds.defined(), "{}: the backward from the output takes no ds", op);
+  NL_CHECK(!stats || (!from_output && !ds.defined()), "{}: takes no stats", op);
+  if (stats) check_stats_source(*stats, nm.center, src.shape(), op);
   const plan::AxisSplit s = plan::split_axes(src.shape(), axes, op);
+  const StatsIn saved = stats ? saved_stats(*stats, nm.center, s, op) : StatsIn{};
   if (!from_output) check_eps(eps, op);
   plan::check_same_shape(src.shape(), dy.shape(), "dy", op);
   check_full_output(dx, src.shape(), "dx", op);
@@ -466,17 +485,21 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   if (!flat && !from_output) {
     // dnorm from the fp32 backward (dγ, dβ written by it, per mode), then dx = dnorm + ds in fp32.
     Tensor dn(src.shape());
-    if constexpr (format_of<T>() < 0) {
-      if (nm.center)
-        normlab::layer_norm_backward(dn.view(), dweight, dbias, dy, src, weight, axes, eps, mode);
+    auto fp32_backward = [&](ConstView dyv, ConstView xv) {
+      if (stats && nm.center)
+        normlab::layer_norm_backward_saved(dn.view(), dweight, dbias, dyv, xv, weight, *stats, mode);
+      else if (stats)
+        normlab::rms_norm_backward_saved(dn.view(), dweight, dyv, xv, weight, *stats, mode);
+      else if (nm.center)
+        normlab::layer_norm_backward(dn.view(), dweight, dbias, dyv, xv, weight, axes, eps, mode);
       else
-        normlab::rms_norm_backward(dn.view(), dweight, dy, src, weight, axes, eps, mode);
+        normlab::rms_norm_backward(dn.view(), dweight, dyv, xv, weight, axes, eps, mode);
+    };
+    if constexpr (format_of<T>() < 0) {
+      fp32_backward(dy, src);
     } else {
       const Tensor xf = Tensor::copy_of(src), dyf = Tensor::copy_of(dy);
-      if (nm.center)
-        normlab::layer_norm_backward(dn.view(), dweight, dbias, dyf.cview(), xf.cview(), weight, axes, eps, mode);
-      else
-        normlab::rms_norm_backward(dn.view(), dweight, dyf.cview(), xf.cview(), weight, axes, eps, mode);
+      fp32_backward(dyf.cview(), xf.cview());
     }
     if (ds.defined()) {
       const Tensor dsf = Tensor::copy_of(ds);
@@ -520,6 +543,8 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
       a.ds = ds.defined() ? dso.base + g0 * s.n : nullptr;
       a.dw = dw.defined ? dw_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
       a.db = db.defined ? db_part.data() + static_cast<std::size_t>(c) * nn : nullptr;
+      a.smean = saved.mean ? saved.mean + g0 : nullptr;
+      a.srstd = saved.rstd ? saved.rstd + g0 : nullptr;
       bwd(a);
     });
   }

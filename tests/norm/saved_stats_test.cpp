@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "norm/lowp_support.h"
 #include "support/random.h"
 #include "support/tolerance.h"
 
@@ -190,6 +191,102 @@ TEST(NormStats, TheBackwardTakesTheKeptValues) {
   }
 }
 
+// bf16/fp16 storage: the forward keeps the stats of the fp32 forward on the widened x (bitwise), leaves
+// y, mean, rstd unchanged, and the saved backward has the bits of the recomputing one (dx in storage,
+// dγ, dβ), on the direct route (flat rows) and the widening route (a transposed view), every target,
+// 1 and 3 threads.
+template <typename T>
+::testing::AssertionResult same_storage_bits(TensorView<const T> a, TensorView<const T> b,
+                                             const std::string& what) {
+  const BasicTensor<T> ca = BasicTensor<T>::copy_of(a), cb = BasicTensor<T>::copy_of(b);
+  if (ca.shape() != cb.shape()) return ::testing::AssertionFailure() << what << ": shapes differ";
+  for (Index i = 0; i < ca.numel(); ++i)
+    if (ca[i].bits != cb[i].bits)
+      return ::testing::AssertionFailure() << what << ": flat index " << i << " differs";
+  return ::testing::AssertionSuccess();
+}
+
+template <typename T>
+void check_storage(bool center, const Dims& shape, bool transpose, std::mt19937_64& rng) {
+  const BasicTensor<T> xp = testing::convert_copy<T>(testing::random_tensor(shape, rng, 2.0, 1.0).cview());
+  const BasicTensor<T> dyp = testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
+  TensorView<const T> x = xp.cview(), dy = dyp.cview();
+  const int order[2] = {1, 0};
+  if (transpose) {
+    x = x.permute(std::span<const int>(order));
+    dy = dy.permute(std::span<const int>(order));
+  }
+  const Axes axes = {1};
+  const Tensor w = testing::random_tensor(normalized_shape(x.shape(), axes), rng, 1.0, 1.0);
+  const Tensor xf = testing::convert_copy<float>(x);
+  const Dims ks = kept_shape(x.shape(), axes), ns = normalized_shape(x.shape(), axes);
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (int t : {1, 3}) {
+      set_num_threads(t);
+      const std::string what =
+          fmt::format("{} {} {}{} {} {} threads", testing::type_name<T>(), center ? "LayerNorm" : "RMSNorm",
+                      x.shape().str(), transpose ? " transposed" : "", isa_name(isa), t);
+      BasicTensor<T> y0(x.shape()), y1(x.shape());
+      Tensor r0(ks), r1(ks), yf(x.shape());
+      NormStats st, stf;
+      if (center) {
+        layer_norm_forward(y0.view(), {}, r0.view(), x, w.cview(), {}, axes, 1e-5);
+        layer_norm_forward(y1.view(), {}, r1.view(), x, w.cview(), {}, axes, 1e-5, &st);
+        layer_norm_forward(yf.view(), {}, {}, xf.cview(), w.cview(), {}, axes, 1e-5, &stf);
+      } else {
+        rms_norm_forward(y0.view(), r0.view(), x, w.cview(), axes, 1e-5);
+        rms_norm_forward(y1.view(), r1.view(), x, w.cview(), axes, 1e-5, &st);
+        rms_norm_forward(yf.view(), {}, xf.cview(), w.cview(), axes, 1e-5, &stf);
+      }
+      EXPECT_TRUE(same_storage_bits<T>(y0.cview(), y1.cview(), what + " y"));
+      EXPECT_TRUE(bitwise_equal(r0.cview(), r1.cview(), what + " rstd"));
+      EXPECT_TRUE(st.mean == stf.mean && st.rstd == stf.rstd && st.axes == stf.axes && st.eps == stf.eps)
+          << what << ": the stats are not those of the fp32 forward on the widened x";
+      BasicTensor<T> dx0(x.shape()), dx1(x.shape());
+      Tensor dw0(ns), dw1(ns), db0(ns), db1(ns);
+      if (center) {
+        layer_norm_backward(dx0.view(), dw0.view(), db0.view(), dy, x, w.cview(), axes, 1e-5);
+        layer_norm_backward_saved(dx1.view(), dw1.view(), db1.view(), dy, x, w.cview(), st);
+        EXPECT_TRUE(bitwise_equal(db0.cview(), db1.cview(), what + " dbias"));
+      } else {
+        rms_norm_backward(dx0.view(), dw0.view(), dy, x, w.cview(), axes, 1e-5);
+        rms_norm_backward_saved(dx1.view(), dw1.view(), dy, x, w.cview(), st);
+      }
+      EXPECT_TRUE(same_storage_bits<T>(dx0.cview(), dx1.cview(), what + " dx"));
+      EXPECT_TRUE(bitwise_equal(dw0.cview(), dw1.cview(), what + " dweight"));
+    }
+  }
+}
+
+TEST(NormStats, SixteenBitStorage) {
+  std::mt19937_64 rng(53);
+  const Isa saved_isa = active_isa();
+  const int saved_threads = num_threads();
+  for (bool center : {true, false}) {
+    for (const Dims& shape : {Dims{33, 7}, Dims{29, 64}, Dims{5, 1025}}) {
+      check_storage<bfloat16>(center, shape, false, rng);
+      check_storage<float16>(center, shape, false, rng);
+    }
+    check_storage<bfloat16>(center, Dims{24, 40}, true, rng);
+    check_storage<float16>(center, Dims{24, 40}, true, rng);
+  }
+  set_isa(saved_isa);
+  set_num_threads(saved_threads);
+  // The direct bf16 route takes the kept values too: a changed rstd changes dx.
+  const BF16Tensor x =
+      testing::convert_copy<bfloat16>(testing::random_tensor({24, 40}, rng, 2.0, 1.0).cview());
+  const BF16Tensor dy =
+      testing::convert_copy<bfloat16>(testing::random_tensor({24, 40}, rng, 1.0, 0.0).cview());
+  BF16Tensor y(x.shape()), dx0(x.shape()), dx1(x.shape());
+  NormStats st;
+  layer_norm_forward(y.view(), {}, {}, x.cview(), {}, {}, {1}, 1e-5, &st);
+  layer_norm_backward_saved(dx0.view(), {}, {}, dy.cview(), x.cview(), {}, st);
+  for (double& r : st.rstd) r *= 2;
+  layer_norm_backward_saved(dx1.view(), {}, {}, dy.cview(), x.cview(), {}, st);
+  EXPECT_FALSE(same_storage_bits<bfloat16>(dx0.cview(), dx1.cview(), "bf16 rows"));
+}
+
 TEST(NormStats, MisuseGetsClearMessages) {
   Tensor x({2, 3}), y({2, 3}), dx({2, 3}), dy({2, 3}), x2({3, 3}), dx2({3, 3}), dy2({3, 3});
   NormStats ln, rms;
@@ -212,6 +309,13 @@ TEST(NormStats, MisuseGetsClearMessages) {
   empty.mean.clear();
   empty.rstd.clear();
   EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, empty),
+                  "0 mean and 0 rstd values for 2 groups");
+  BF16Tensor xb({2, 3}), yb({2, 3}), dxb({2, 3}), dyb({2, 3});
+  EXPECT_NL_ERROR(layer_norm_forward(yb.view(), {}, {}, xb.cview(), {}, {}, {1}, 1e-5, nullptr),
+                  "stats is null");
+  EXPECT_NL_ERROR(layer_norm_backward_saved(dxb.view(), {}, {}, dyb.cview(), xb.cview(), {}, rms),
+                  "stats come from a RMSNorm forward");
+  EXPECT_NL_ERROR(layer_norm_backward_saved(dxb.view(), {}, {}, dyb.cview(), xb.cview(), {}, empty),
                   "0 mean and 0 rstd values for 2 groups");
   NormStats unset;  // default: no shape
   EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, unset),

@@ -13,19 +13,22 @@
 //   BM_LayerNormFwdFP16/normlab/RxD                 the same with fp16 storage (no peer: LibTorch 1.13 has
 //                                                   no CPU fp16 layer_norm; oneDNN 2.6 has no f16 on CPU)
 //   BM_LayerNormBwdBF16/{normlab,aten,onednn}/RxD   dx (bf16), dγ, dβ (fp32; ATen bf16) from bf16 dy, x
+//   BM_LayerNormBwdBF16Saved/normlab/RxD            the same from the double statistics (NormStats) of one
+//                                                   forward outside the loop, as the peers take theirs
 //   BM_RmsNormFwdBF16/normlab/RxD                   y (bf16), rstd (fp32) from bf16 x, fp32 γ (against
 //                                                   BM_RmsNormFwd/normlab: bf16 / fp32 speed, as LayerNorm)
 //   BM_AddLayerNormFwd/{normlab,aten}/RxD           fp32 s = x + residual, y = LayerNorm(s): normlab's fused
 //                                                   add_layer_norm_forward; ATen: at::add + native_layer_norm
 //   BM_AddLayerNormFwdUnfused/normlab/RxD           normlab's own add loop, then layer_norm_forward
-//   BM_AddLayerNormBwd/{normlab,aten}/RxD           fp32 dx = dnorm + ds, dγ, dβ from dy, ds, s: normlab's fused
+//   BM_AddLayerNormBwd/{normlab,aten}/RxD           fp32 dx = dnorm + ds, dγ, dβ from dy, ds, s: normlab's
+//   fused
 //                                                   add_layer_norm_backward; ATen: native_layer_norm_backward
 //                                                   (the forward's mean/rstd) + at::add, as autograd runs it
 //   BM_AddLayerNormBwdUnfused/normlab/RxD           layer_norm_backward, then normlab's own loop dx += ds
 //   BM_LayerNormBwdFromOutput/normlab/RxD           fp32 memory-efficient backward (reads y, dy, rstd)
 // Bytes (bytes_per_second), as bench_norm.cpp: what the ideal kernel moves, in the storage type:
-//   Fwd BF16/FP16 (LayerNorm, RmsNorm): 2·2·N; Bwd BF16: 3·2·N; AddLayerNormFwd(+Unfused): 4·4·N (read x, residual; write s, y);
-//   AddLayerNormBwd(+Unfused): 4·4·N (read dy, ds, s; write dx);
+//   Fwd BF16/FP16 (LayerNorm, RmsNorm): 2·2·N; Bwd BF16: 3·2·N; AddLayerNormFwd(+Unfused): 4·4·N (read x,
+//   residual; write s, y); AddLayerNormBwd(+Unfused): 4·4·N (read dy, ds, s; write dx);
 //   LayerNormBwdFromOutput: 3·4·N.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -171,6 +174,7 @@ struct Holder {
   at::Tensor t0, t1, t2, t3, keep;
   std::unordered_map<int, memory> args;
   dnnl::primitive prim;
+  NormStats stats;
 };
 
 Impl MakeFwdBf16(const std::string& impl, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
@@ -233,6 +237,19 @@ Impl MakeRmsFwdBf16(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
   const ConstView w(Param(0), Dims{s.d});
   const Index n = s.numel();
   return {[=] { rms_norm_forward(y, rv, x, w, {1}, kEps); }, [=, &p] { return Widen(p.by.get(), n); }};
+}
+
+Impl MakeBwdBf16Saved(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
+  const Index n = s.numel();
+  h->a.resize(static_cast<std::size_t>(s.d));
+  h->b.resize(static_cast<std::size_t>(s.d));
+  const BF16View dx(p.bdx.get(), Dims{s.rows, s.d});
+  const View dw(h->a.data(), Dims{s.d}), db(h->b.data(), Dims{s.d});
+  const ConstBF16View dy(p.bdy.get(), Dims{s.rows, s.d}), x(p.bx.get(), Dims{s.rows, s.d});
+  const ConstView w(Param(0), Dims{s.d}), b(Param(1), Dims{s.d});
+  layer_norm_forward(BF16View(p.by.get(), Dims{s.rows, s.d}), {}, {}, x, w, b, {1}, kEps, &h->stats);
+  return {[=] { layer_norm_backward_saved(dx, dw, db, dy, x, w, h->stats); },  // (the closure holds h)
+          [=, &p] { return Widen(p.bdx.get(), n); }};
 }
 
 Impl MakeBwdBf16(const std::string& impl, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
@@ -419,35 +436,62 @@ std::vector<Op> Ops(bool onednn_bf16) {
   if (onednn_bf16) bf16_impls.push_back("onednn");
   return {
       {"LayerNormFwdBF16", bf16_impls,
-       [](const std::string& i) -> Maker { return [i](auto& s, auto& p, auto h) { return MakeFwdBf16(i, s, p, h); }; }, 4},
-      {"LayerNormFwdFP16", {"normlab"},
-       [](const std::string&) -> Maker { return [](auto& s, auto& p, auto h) { return MakeFwdF16(s, p, h); }; }, 4},
-      {"RmsNormFwdBF16", {"normlab"},
-       [](const std::string&) -> Maker { return [](auto& s, auto& p, auto h) { return MakeRmsFwdBf16(s, p, h); }; }, 4},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeFwdBf16(i, s, p, h); };
+       },
+       4},
+      {"LayerNormFwdFP16",
+       {"normlab"},
+       [](const std::string&) -> Maker {
+         return [](auto& s, auto& p, auto h) { return MakeFwdF16(s, p, h); };
+       },
+       4},
+      {"RmsNormFwdBF16",
+       {"normlab"},
+       [](const std::string&) -> Maker {
+         return [](auto& s, auto& p, auto h) { return MakeRmsFwdBf16(s, p, h); };
+       },
+       4},
       {"LayerNormBwdBF16", bf16_impls,
-       [](const std::string& i) -> Maker { return [i](auto& s, auto& p, auto h) { return MakeBwdBf16(i, s, p, h); }; }, 6},
-      {"AddLayerNormFwd", {"normlab", "aten"},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeBwdBf16(i, s, p, h); };
+       },
+       6},
+      {"LayerNormBwdBF16Saved",
+       {"normlab"},
+       [](const std::string&) -> Maker {
+         return [](auto& s, auto& p, auto h) { return MakeBwdBf16Saved(s, p, h); };
+       },
+       6},
+      {"AddLayerNormFwd",
+       {"normlab", "aten"},
        [](const std::string& i) -> Maker {
          return [i](auto& s, auto& p, auto h) { return MakeAddFwd(i, true, s, p, h); };
        },
        16},
-      {"AddLayerNormFwdUnfused", {"normlab"},
+      {"AddLayerNormFwdUnfused",
+       {"normlab"},
        [](const std::string& i) -> Maker {
          return [i](auto& s, auto& p, auto h) { return MakeAddFwd(i, false, s, p, h); };
        },
        16},
-      {"AddLayerNormBwd", {"normlab", "aten"},
+      {"AddLayerNormBwd",
+       {"normlab", "aten"},
        [](const std::string& i) -> Maker {
          return [i](auto& s, auto& p, auto h) { return MakeAddBwd(i, true, s, p, h); };
        },
        16},
-      {"AddLayerNormBwdUnfused", {"normlab"},
+      {"AddLayerNormBwdUnfused",
+       {"normlab"},
        [](const std::string& i) -> Maker {
          return [i](auto& s, auto& p, auto h) { return MakeAddBwd(i, false, s, p, h); };
        },
        16},
-      {"LayerNormBwdFromOutput", {"normlab"},
-       [](const std::string&) -> Maker { return [](auto& s, auto& p, auto h) { return MakeBwdFromOutput(s, p, h); }; },
+      {"LayerNormBwdFromOutput",
+       {"normlab"},
+       [](const std::string&) -> Maker {
+         return [](auto& s, auto& p, auto h) { return MakeBwdFromOutput(s, p, h); };
+       },
        12},
   };
 }

@@ -311,27 +311,22 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
       }
       write_all(s_out, in);
     }
+    auto fp32_forward = [&](View out, ConstView src) {
+      if (stats && nm.center)
+        normlab::layer_norm_forward(out, mean, rstd, src, weight, bias, axes, eps, stats);
+      else if (stats)
+        normlab::rms_norm_forward(out, rstd, src, weight, axes, eps, stats);
+      else if (nm.center)
+        normlab::layer_norm_forward(out, mean, rstd, src, weight, bias, axes, eps);
+      else
+        normlab::rms_norm_forward(out, rstd, src, weight, axes, eps);
+    };
     if constexpr (format_of<T>() < 0) {
       // fp32: exactly the fp32 function on the caller's views (s for the fused op).
-      const ConstView src = fused ? ConstView(s_out) : ConstView(x);
-      if (stats && nm.center)
-        normlab::layer_norm_forward(y, mean, rstd, src, weight, bias, axes, eps, stats);
-      else if (stats)
-        normlab::rms_norm_forward(y, rstd, src, weight, axes, eps, stats);
-      else if (nm.center)
-        normlab::layer_norm_forward(y, mean, rstd, src, weight, bias, axes, eps);
-      else
-        normlab::rms_norm_forward(y, rstd, src, weight, axes, eps);
+      fp32_forward(y, fused ? ConstView(s_out) : ConstView(x));
     } else {
       Tensor out(x.shape());
-      if (stats && nm.center)
-        normlab::layer_norm_forward(out.view(), mean, rstd, in.cview(), weight, bias, axes, eps, stats);
-      else if (stats)
-        normlab::rms_norm_forward(out.view(), rstd, in.cview(), weight, axes, eps, stats);
-      else if (nm.center)
-        normlab::layer_norm_forward(out.view(), mean, rstd, in.cview(), weight, bias, axes, eps);
-      else
-        normlab::rms_norm_forward(out.view(), rstd, in.cview(), weight, axes, eps);
+      fp32_forward(out.view(), in.cview());
       write_all(y, out);
     }
     return;

@@ -195,36 +195,27 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
           return Result{d.dx.get(), st->a.data(), st->b.data()};
         });
   }
-  if (b == Bench::kLnBwdBftSaved) {  // normlab only: from the double statistics of one forward made here
-    st->a.resize(static_cast<std::size_t>(C));
-    st->b.resize(static_cast<std::size_t>(C));
-    normlab::layer_norm_forward(normlab::View(d.y.get(), D(s.dims)), {}, {},
-                                normlab::ConstView(d.x.get(), D(s.dims)),
-                                normlab::ConstView(d.gamma.get(), D({C})),
-                                normlab::ConstView(d.beta.get(), D({C})), {1}, kEps, &st->stats);
-    return std::make_unique<Lambda>(
-        [&d, st, s, C] {
-          normlab::layer_norm_backward_saved(
-              normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
-              normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
-              normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), st->stats);
-        },
-        [&d, st] {
-          return Result{d.dx.get(), st->a.data(), st->b.data()};
-        });
-  }
-  if (b == Bench::kLnBwdBft) {
+  if (b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved) {
     const Index B = s.dims[0], T = s.dims[2];
     if (impl == "normlab") {
       st->a.resize(static_cast<std::size_t>(C));
       st->b.resize(static_cast<std::size_t>(C));
+      // Saved (normlab only): the double statistics of one forward made here, as the peers take theirs.
+      const bool saved = b == Bench::kLnBwdBftSaved;
+      if (saved)
+        normlab::layer_norm_forward(normlab::View(d.y.get(), D(s.dims)), {}, {},
+                                    normlab::ConstView(d.x.get(), D(s.dims)),
+                                    normlab::ConstView(d.gamma.get(), D({C})),
+                                    normlab::ConstView(d.beta.get(), D({C})), {1}, kEps, &st->stats);
       return std::make_unique<Lambda>(
-          [&d, st, s, C] {
-            normlab::layer_norm_backward(
-                normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
-                normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
-                normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), {1},
-                kEps);
+          [&d, st, s, C, saved] {
+            const normlab::View dx(d.dx.get(), D(s.dims)), dw(st->a.data(), D({C})), db(st->b.data(), D({C}));
+            const normlab::ConstView dy(d.dy.get(), D(s.dims)), x(d.x.get(), D(s.dims)),
+                w(d.gamma.get(), D({C}));
+            if (saved)
+              normlab::layer_norm_backward_saved(dx, dw, db, dy, x, w, st->stats);
+            else
+              normlab::layer_norm_backward(dx, dw, db, dy, x, w, {1}, kEps);
           },
           [&d, st] {
             return Result{d.dx.get(), st->a.data(), st->b.data()};

@@ -239,20 +239,9 @@ Impl MakeRmsFwdBf16(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
   return {[=] { rms_norm_forward(y, rv, x, w, {1}, kEps); }, [=, &p] { return Widen(p.by.get(), n); }};
 }
 
-Impl MakeBwdBf16Saved(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
-  const Index n = s.numel();
-  h->a.resize(static_cast<std::size_t>(s.d));
-  h->b.resize(static_cast<std::size_t>(s.d));
-  const BF16View dx(p.bdx.get(), Dims{s.rows, s.d});
-  const View dw(h->a.data(), Dims{s.d}), db(h->b.data(), Dims{s.d});
-  const ConstBF16View dy(p.bdy.get(), Dims{s.rows, s.d}), x(p.bx.get(), Dims{s.rows, s.d});
-  const ConstView w(Param(0), Dims{s.d}), b(Param(1), Dims{s.d});
-  layer_norm_forward(BF16View(p.by.get(), Dims{s.rows, s.d}), {}, {}, x, w, b, {1}, kEps, &h->stats);
-  return {[=] { layer_norm_backward_saved(dx, dw, db, dy, x, w, h->stats); },  // (the closure holds h)
-          [=, &p] { return Widen(p.bdx.get(), n); }};
-}
-
-Impl MakeBwdBf16(const std::string& impl, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
+// saved (normlab only): from the double statistics (NormStats) of one forward made here.
+Impl MakeBwdBf16(const std::string& impl, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h,
+                 bool saved = false) {
   const Index n = s.numel();
   if (impl == "normlab") {
     h->a.resize(static_cast<std::size_t>(s.d));
@@ -261,6 +250,12 @@ Impl MakeBwdBf16(const std::string& impl, const Shape& s, LowpPool& p, std::shar
     const View dw(h->a.data(), Dims{s.d}), db(h->b.data(), Dims{s.d});
     const ConstBF16View dy(p.bdy.get(), Dims{s.rows, s.d}), x(p.bx.get(), Dims{s.rows, s.d});
     const ConstView w(Param(0), Dims{s.d});
+    if (saved) {
+      layer_norm_forward(BF16View(p.by.get(), Dims{s.rows, s.d}), {}, {}, x, w,
+                         ConstView(Param(1), Dims{s.d}), {1}, kEps, &h->stats);
+      return {[=] { layer_norm_backward_saved(dx, dw, db, dy, x, w, h->stats); },  // (the closure holds h)
+              [=, &p] { return Widen(p.bdx.get(), n); }};
+    }
     return {[=] { layer_norm_backward(dx, dw, db, dy, x, w, {1}, kEps); }, [=, &p] { return Widen(p.bdx.get(), n); }};
   }
   if (impl == "aten") {
@@ -460,7 +455,7 @@ std::vector<Op> Ops(bool onednn_bf16) {
       {"LayerNormBwdBF16Saved",
        {"normlab"},
        [](const std::string&) -> Maker {
-         return [](auto& s, auto& p, auto h) { return MakeBwdBf16Saved(s, p, h); };
+         return [](auto& s, auto& p, auto h) { return MakeBwdBf16("normlab", s, p, h, true); };
        },
        6},
       {"AddLayerNormFwd",

@@ -770,13 +770,14 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   // Scalar math (per column i, rows j of the group in order):
   //   d = (x[j][i] − mh) − ml; g = dy[j][i]·w[i]; dx[j][i] = r·((g − c0) − d·c2) (+ ds[j][i]),
   //   c0 = float(mean_g), c2 = float(rstd·mean_gx̂);
-  //   pw += double(dy[j][i]·(d·r)); pb += double(dy[j][i])   (double, from 0)
+  //   tw[j] = dy[j][i]·(d·r); tb[j] = dy[j][i]                       (float)
+  //   pw = (tw[0] + tw[1]) + (tw[2] + tw[3]) in float (fewer rows: the terms there are); pb likewise
   //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
-  // (pw and pb start from the first row's term instead of 0 + it: that can only turn a +0 into −0, and
-  // row_norm.cpp sums the partial rows from +0, which gives the same bits either way.)
+  // (Summing the group in float needs one conversion to double per column and group instead of one per
+  // element: 1.10–1.23× on the backward in L3, docs/PERFORMANCE.md.)
   auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
     const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
-    VD pw0 = zerod(), pw1 = zerod(), pb0 = zerod(), pb1 = zerod();
+    VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
     for (int j = 0; j < nr; ++j) {
       const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
       const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
@@ -792,18 +793,26 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
         stream(dxs[j] + i, dx);
       else
         store(dxs[j] + i, dx);
-      if (dwp) {
-        const VF p = mul(dyv, mul(d, r[j]));
-        pw0 = j == 0 ? cvt_lo(p) : add(pw0, cvt_lo(p));
-        pw1 = j == 0 ? cvt_hi(p) : add(pw1, cvt_hi(p));
-      }
-      if (dbp) {
-        // (a full block converts dy from memory, which needs no extraction of the upper half)
-        const VD b0 = tail ? cvt_lo(dyv) : load_cvt(dys[j] + i);
-        const VD b1 = tail ? cvt_hi(dyv) : load_cvt(dys[j] + i + kD);
-        pb0 = j == 0 ? b0 : add(pb0, b0);
-        pb1 = j == 0 ? b1 : add(pb1, b1);
-      }
+      if (dwp) tw[j] = mul(dyv, mul(d, r[j]));
+      if (dbp) tb[j] = dyv;
+    }
+    // The group's sum of the terms in fp32, (t0 + t1) + (t2 + t3) (fewer rows: the terms there are).
+    auto group = [&](const VF* t) __attribute__((always_inline)) {
+      if (nr == 1) return t[0];
+      if (nr == 2) return add(t[0], t[1]);
+      if (nr == 3) return add(add(t[0], t[1]), t[2]);
+      return add(add(t[0], t[1]), add(t[2], t[3]));
+    };
+    VD pw0{}, pw1{}, pb0{}, pb1{};
+    if (dwp) {
+      const VF g = group(tw);
+      pw0 = cvt_lo(g);
+      pw1 = cvt_hi(g);
+    }
+    if (dbp) {
+      const VF g = group(tb);
+      pb0 = cvt_lo(g);
+      pb1 = cvt_hi(g);
     }
     auto flush = [&](double* part, VD p0, VD p1) __attribute__((always_inline)) {
       if (!tail) {

@@ -64,9 +64,10 @@ inline Index add_chunk_rows(Index n) {
 }
 
 // Rows are taken in groups of kParamGradRowGroup from the first row of a call: per column, the
-// contributions dy·x̂ (the product rounded to float) and dy of the group's rows are summed in double, in
-// row order, from 0, and that sum is added to the double partial rows dw, db (or, with init, assigned
-// by the call's first group).
+// contributions dy·x̂ (the product rounded to float) and dy of the group's rows are summed in float as
+// (t0 + t1) + (t2 + t3) (a smaller last group: ((t0 + t1) + t2), (t0 + t1), t0), and that sum, converted
+// to double, is added to the double partial rows dw, db (or, with init, assigned by the call's first
+// group).
 inline constexpr int kParamGradRowGroup = 4;
 
 // Backward of the fused kernel: dx (may equal dy or x) from dy, x, w (may be null); mean and rstd are

@@ -774,7 +774,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   //   pw = (tw[0] + tw[1]) + (tw[2] + tw[3]) in float (fewer rows: the terms there are); pb likewise
   //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
   // (Summing the group in float needs one conversion to double per column and group instead of one per
-  // element: 1.10–1.23× on the backward in L3, docs/PERFORMANCE.md.)
+  // element: the backward gains up to 1.27× in L3, docs/PERFORMANCE.md.)
   auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
     const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
     VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ

@@ -246,7 +246,7 @@ void check_problem(const Problem& p) {
           s.dw);
     check("dbias", res.db.cview(), res.tdb, g.dbias, Tol{4, std::max(max_abs(g.dbias), s.db)}, s.db);
   } else {  // LibTorch computes no parameter gradients without γ; normlab's still match float64.
-    EXPECT_TRUE(all_close(res.dw.cview(), g.dweight, Tol{4, std::max(max_abs(g.dweight), s.dw_terms)}, "dweight (no γ)"));
+    EXPECT_TRUE(all_close(res.dw.cview(), g.dweight, Tol{5, std::max(max_abs(g.dweight), s.dw_terms)}, "dweight (no γ)"));
     EXPECT_TRUE(all_close(res.db.cview(), g.dbias, Tol{4, std::max(max_abs(g.dbias), s.db)}, "dbias (no γ)"));
   }
 }

@@ -115,6 +115,14 @@ struct Block {
   alignas(64) float mh[16], ml[16], r[16], c0[16], c2[16];
 };
 
+// a + the 16 floats at p (the first k of them) converted to double. A full block converts straight from
+// memory, 8 floats at a time: one instruction less per row than a 16-float load split in two.
+template <bool Full>
+inline VD2 acc2_at(VD2 a, const float* p, int k) {
+  if constexpr (Full) return {add(a.lo, load_cvt(p)), add(a.hi, load_cvt(p + 8))};
+  return acc2(a, load_n(p, k));
+}
+
 // Σx per column in the order of the row kernels' row_sum (see column_kernels.h).
 template <bool Full>
 inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int k) {
@@ -123,9 +131,9 @@ inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int 
     Index i0 = 0;
     // Scalar math: P[q][j] += double(x[off[i0 + 8q + l] + j]), i0 = 0, 32, 64, ...
     for (; i0 + 32 <= n; i0 += 32)
-      for (int q = 0; q < 4; ++q) a[q] = acc2(a[q], ld<Full>(x + off[i0 + 8 * q + l], k));
+      for (int q = 0; q < 4; ++q) a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
     for (int q = 0; q < 4; ++q)
-      if (i0 + 8 * q + l < n) a[q] = acc2(a[q], ld<Full>(x + off[i0 + 8 * q + l], k));
+      if (i0 + 8 * q + l < n) a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
     return add2(add2(a[0], a[1]), add2(a[2], a[3]));
   };
   const VD2 s = tree8(part);

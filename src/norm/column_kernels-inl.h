@@ -387,8 +387,8 @@ template <bool Center, bool W, bool Full, bool Saved>
   const float* const wt = a.wt;
   const bool st = a.stream, want_w = a.dw != nullptr, want_b = a.db != nullptr;
   // Scalar math: d = (x − m_hi) − m_lo; g = dy·γ_i; dx = r·((g − c0) − d·c2) in float (RMSNorm: r·(g −
-  // d·c2));
-  //              lanes_w[i][j mod 8] += double(dy·(d·r)); lanes_b[i][j mod 8] += double(dy)
+  // d·c2)); with t_j = dy·(d·r) of column c0 + j (0 beyond k), in float t_j + t_{j+8}, then
+  //              lanes_w[i][j] += double(t_j + t_{j+8}); lanes_b[i][j] += double(dy_j + dy_{j+8}), j < 8
   for (Index i = 0; i < n; ++i) {
     const Index xo = xoff[i], dyo = dyoff[i], dxo = dxoff[i];
     if (pfx) {
@@ -406,11 +406,11 @@ template <bool Center, bool W, bool Full, bool Saved>
       VF t = mul(dyv, mul(d, r));
       if constexpr (!Full) t = keep_n(t, k);  // the zero-padded columns may hold NaN (eps = 0)
       const VD base = first ? zerod() : loadd(lw + 8 * i);
-      stored(lw + 8 * i, add(add(base, cvt_lo(t)), cvt_hi(t)));
+      stored(lw + 8 * i, add(base, cvt_fold(t)));
     }
     if (want_b) {
       const VD base = first ? zerod() : loadd(lb + 8 * i);
-      stored(lb + 8 * i, add(add(base, cvt_lo(dyv)), cvt_hi(dyv)));
+      stored(lb + 8 * i, add(base, cvt_fold(dyv)));
     }
   }
 }

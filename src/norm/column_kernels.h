@@ -58,9 +58,10 @@ struct ColumnForward {
 
 // Backward of one tile: dx (may equal dy or x) from dy, x, wt (may be null), with mean and rstd
 // recomputed from x as the forward does (or taken from smean/srstd, below). dw, db (double, per row, may be
-// null): dw[r] += Σ_j dy·x̂ and db[r] += Σ_j dy over the tile's columns, where the float term of column j
-// (dy·(d·r), or dy) is added in double to lane j mod 8 of a per-row accumulator starting at 0, in increasing
-// j, and the 8 lanes are combined by vec::hsum's tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+// null): dw[r] += Σ_j dy·x̂ and db[r] += Σ_j dy over the tile's columns, where the float terms (dy·(d·r), or
+// dy) of columns c0 + l and c0 + l + 8 of each block of 16 columns from c0 (0 beyond the tile) are added in
+// float, and that sum is added in double to lane l of a per-row accumulator starting at 0, block after block;
+// the 8 lanes are combined by vec::hsum's tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
 // lanes: scratch of 16·n doubles (needed when dw or db is given).
 struct ColumnBackward {
   float* dx = nullptr;

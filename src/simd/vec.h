@@ -103,6 +103,11 @@ inline VD cvt8(__m256 a) { return {_mm512_maskz_cvtps_pd(0xFF, a)}; }
 inline VD cvt_lo(VF a) { return cvt8(__builtin_shufflevector(a.v, a.v, 0, 1, 2, 3, 4, 5, 6, 7)); }
 inline VD cvt_hi(VF a) { return cvt8(_mm512_maskz_extractf32x8_ps(0xFF, a.v, 1)); }
 inline VD load_cvt(const float* p) { return cvt8(_mm256_loadu_ps(p)); }
+// Lane l = double(float(a[l] + a[l + 8])): the two halves added in fp32, then converted exactly.
+inline VD cvt_fold(VF a) {
+  return cvt8(_mm256_add_ps(__builtin_shufflevector(a.v, a.v, 0, 1, 2, 3, 4, 5, 6, 7),
+                            _mm512_maskz_extractf32x8_ps(0xFF, a.v, 1)));
+}
 // ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)): lanes l and l+4, then l and l+2, then 0 and 1.
 inline double hsum(VD a) {
   const __m256d t = _mm256_add_pd(__builtin_shufflevector(a.v, a.v, 0, 1, 2, 3), _mm512_maskz_extractf64x4_pd(0xF, a.v, 1));
@@ -215,6 +220,9 @@ inline VD cvt8(__m256 a) {
 }
 inline VD cvt_lo(VF a) { return cvt8(a.lo); }
 inline VD cvt_hi(VF a) { return cvt8(a.hi); }
+inline VD cvt_fold(VF a) {
+  return cvt8(_mm256_add_ps(a.lo, a.hi));
+}
 inline VD load_cvt(const float* p) { return {_mm256_cvtps_pd(_mm_loadu_ps(p)), _mm256_cvtps_pd(_mm_loadu_ps(p + 4))}; }
 inline double hsum(VD a) {
   const __m256d t = _mm256_add_pd(a.lo, a.hi);
@@ -364,6 +372,11 @@ inline VD cvt_lo(VF a) {
 inline VD cvt_hi(VF a) {
   VD r;
   for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(a.v[l + kD]);
+  return r;
+}
+inline VD cvt_fold(VF a) {
+  VD r;
+  for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(static_cast<float>(a.v[l] + a.v[l + kD]));
   return r;
 }
 inline VD load_cvt(const float* p) {

@@ -418,7 +418,11 @@ inline void row_output(T* y, const T* x, Index n, const float* w, const float* b
 // written after its statistics are complete.
 inline constexpr Index kBatchMaxN = 512;
 
-template <bool Center, bool W, bool B, int NC, typename T>
+// Save (here and in rows_forward_impl / rows_forward_pipelined): the kernel writes NormStats' smean and
+// srstd. A separate instantiation, so that a plain forward runs the loop it had before NormStats: with the
+// stores compiled in (and never run) the forward measured up to 10-25 % slower out of cache at 1 thread
+// (D = 64, 80, 768; 2026-11-30, docs/PERFORMANCE.md).
+template <bool Center, bool W, bool B, int NC, bool Save, typename T>
 void rows_forward_batched(const RowsForwardOf<T>& a) {
   const Index n = NC > 0 ? NC : a.n;
   const double nd = static_cast<double>(n);
@@ -482,10 +486,12 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
         for (int j = 0; j < nr; ++j) a.mean[(r0 + j) * a.ld_stats] = sb.mh[j];
       if (a.rstd)
         for (int j = 0; j < nr; ++j) a.rstd[(r0 + j) * a.ld_stats] = sb.r[j];
-      if (a.smean)
-        for (int j = 0; j < nr; ++j) a.smean[r0 + j] = sb.mean[j];
-      if (a.srstd)
-        for (int j = 0; j < nr; ++j) a.srstd[r0 + j] = sb.rstd[j];
+      if constexpr (Save) {
+        if (a.smean)
+          for (int j = 0; j < nr; ++j) a.smean[r0 + j] = sb.mean[j];
+        if (a.srstd)
+          for (int j = 0; j < nr; ++j) a.srstd[r0 + j] = sb.rstd[j];
+      }
     }
     if (s < blocks) {  // Σx and the means of block s
       Stats8& sa = st[s % 3];
@@ -510,7 +516,7 @@ inline int block_rows(Index n) {
   return static_cast<int>(std::clamp<Index>(4096 / n, 1, kMaxBlock));
 }
 
-template <bool Center, bool W, bool B, typename T>
+template <bool Center, bool W, bool B, bool Save, typename T>
 void rows_forward_impl(const RowsForwardOf<T>& a) {
   const Index n = a.n;
   const int block = block_rows(n);
@@ -527,8 +533,10 @@ void rows_forward_impl(const RowsForwardOf<T>& a) {
       finish_rstd(st[j], sq[j], n, a.eps);
       if (a.mean) a.mean[(r0 + j) * a.ld_stats] = st[j].mh;
       if (a.rstd) a.rstd[(r0 + j) * a.ld_stats] = st[j].r;
-      if (a.smean) a.smean[r0 + j] = st[j].mean;
-      if (a.srstd) a.srstd[r0 + j] = st[j].rstd;
+      if constexpr (Save) {
+        if (a.smean) a.smean[r0 + j] = st[j].mean;
+        if (a.srstd) a.srstd[r0 + j] = st[j].rstd;
+      }
     }
     for (int j = 0; j < nr; ++j)
       row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, xs[j], n, a.w, a.b, st[j].mh, st[j].ml, st[j].r,
@@ -563,7 +571,7 @@ inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
   q1 = add(q1, cvt_hi(q));
 }
 
-template <bool Center, bool W, bool B, typename T>
+template <bool Center, bool W, bool B, bool Save, typename T>
 void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const Index n = a.n, rows = a.rows;
   RowStats st[3];  // by row index mod 3
@@ -602,8 +610,10 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
       finish_rstd(sb, hsum(add(q0, q1)), n, a.eps);
       if (a.mean) a.mean[(s - 1) * a.ld_stats] = sb.mh;
       if (a.rstd) a.rstd[(s - 1) * a.ld_stats] = sb.r;
-      if (a.smean) a.smean[s - 1] = sb.mean;
-      if (a.srstd) a.srstd[s - 1] = sb.rstd;
+      if constexpr (Save) {
+        if (a.smean) a.smean[s - 1] = sb.mean;
+        if (a.srstd) a.srstd[s - 1] = sb.rstd;
+      }
     }
     if (s < rows) {
       RowStats& sa = st[s % 3];
@@ -618,17 +628,17 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
-template <bool Center, bool W, bool B, typename T>
+template <bool Center, bool W, bool B, bool Save, typename T>
 void rows_forward_batched_n(const RowsForwardOf<T>& a) {
   switch (a.n) {
     case 64:
-      return rows_forward_batched<Center, W, B, 64, T>(a);
+      return rows_forward_batched<Center, W, B, 64, Save, T>(a);
     case 80:
-      return rows_forward_batched<Center, W, B, 80, T>(a);
+      return rows_forward_batched<Center, W, B, 80, Save, T>(a);
     case 128:
-      return rows_forward_batched<Center, W, B, 128, T>(a);
+      return rows_forward_batched<Center, W, B, 128, Save, T>(a);
     default:
-      return rows_forward_batched<Center, W, B, 0, T>(a);
+      return rows_forward_batched<Center, W, B, 0, Save, T>(a);
   }
 }
 
@@ -659,14 +669,22 @@ template <typename T>
 void rows_forward_plain(const RowsForwardOf<T>& a) {
   const bool pipelined = a.n % 64 == 0 && a.n >= 256;
   const bool batched = a.n <= kBatchMaxN && !pipelined && a.rows > 1;
+  const bool save = a.smean || a.srstd;
   with_flags(a.center, a.w != nullptr, a.b != nullptr, [&](auto c, auto w, auto b) {
     constexpr bool C = decltype(c)::value, W = decltype(w)::value, B = decltype(b)::value;
-    if (batched)
-      rows_forward_batched_n<C, W, B>(a);
-    else if (pipelined)
-      rows_forward_pipelined<C, W, B>(a);
+    auto run = [&](auto sv) {
+      constexpr bool S = decltype(sv)::value;
+      if (batched)
+        rows_forward_batched_n<C, W, B, S>(a);
+      else if (pipelined)
+        rows_forward_pipelined<C, W, B, S>(a);
+      else
+        rows_forward_impl<C, W, B, S>(a);
+    };
+    if (save)
+      run(std::true_type{});
     else
-      rows_forward_impl<C, W, B>(a);
+      run(std::false_type{});
   });
 }
 

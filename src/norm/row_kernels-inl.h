@@ -420,8 +420,8 @@ inline constexpr Index kBatchMaxN = 512;
 
 // Save (here and in rows_forward_impl / rows_forward_pipelined): the kernel writes NormStats' smean and
 // srstd. A separate instantiation, so that a plain forward runs the loop it had before NormStats: with the
-// stores compiled in (and never run) the forward measured up to 10-25 % slower out of cache at 1 thread
-// (D = 64, 80, 768; 2026-11-30, docs/PERFORMANCE.md).
+// stores compiled in (and never run) the forward measured 6-30 % slower out of cache at 1 thread (D = 64,
+// 80 and 768; 2026-11-30, docs/PERFORMANCE.md).
 template <bool Center, bool W, bool B, int NC, bool Save, typename T>
 void rows_forward_batched(const RowsForwardOf<T>& a) {
   const Index n = NC > 0 ? NC : a.n;

@@ -83,7 +83,15 @@ inline VF keep_n(VF a, int k) { return {_mm512_maskz_mov_ps(static_cast<__mmask1
 inline VF add(VF a, VF b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline VF sub(VF a, VF b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline VF mul(VF a, VF b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline VD add(VD a, VD b) { return {_mm512_add_pd(a.v, b.v)}; }
+// a + b as fma(a, 1, b): a·1 is exact, so the one rounding is that of a + b (same bits). On Zen 4 a 512-bit
+// add issues only to the two FP add pipes, which the conversions (vcvtps2pd) and the float adds and
+// subtractions also use; the FMA runs on the multiply pipes. The norms' double accumulations add converted
+// floats, so moving them there made the LayerNorm kernels 2-10 % faster in L3 at 1 thread
+// (docs/PERFORMANCE.md, 2026-11-30; bench/bench_pipes.cpp measures the pipes). The float add and sub stay on
+// the add pipes: moving those too measured slower.
+inline VD add(VD a, VD b) {
+  return {_mm512_fmadd_pd(a.v, _mm512_set1_pd(1.0), b.v)};
+}
 inline VD sub(VD a, VD b) { return {_mm512_sub_pd(a.v, b.v)}; }
 inline VD mul(VD a, VD b) { return {_mm512_mul_pd(a.v, b.v)}; }
 inline VD div(VD a, VD b) { return {_mm512_div_pd(a.v, b.v)}; }

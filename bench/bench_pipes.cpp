@@ -4,7 +4,7 @@
 // conversion and an integer shift to the same add pipes, a multiply or FMA to others).
 //
 // Each measurement runs 12 instructions with 12 independent destinations per loop iteration (no dependency
-// between them; sources are zmm16/zmm17 or one cache line), N times, and prints nanoseconds per
+// between them; sources are zmm16/zmm17 or one cache line), kIters times, and prints nanoseconds per
 // instruction. Two instructions that share no pipe run in the time of the slower alone; two that share
 // one add up. Needs AVX-512 (F, DQ, BW) at run time; the loop is inline assembly, so the compiler's
 // flags do not matter.

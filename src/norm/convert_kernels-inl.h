@@ -1,6 +1,7 @@
 // Storage-conversion kernels, compiled once per target: include with NL_TARGET defined to the target's
 // name (src/simd/kernels_*.cpp), after row_kernels-inl.h (the table takes its fused row kernels for
 // bf16/fp16). See convert_kernels.h for the contract. No include guard on purpose.
+// NL_BF16_ONLY (the avx512bf16 target): only the bf16 entries that round, as kBf16Table.
 //
 // The vector loops use the widening loads and rounding stores of simd/vec.h (AVX-512, AVX2 + F16C, or
 // the scalar functions of normlab/tensor.h, by the including file's target), the same ones the fused row
@@ -56,6 +57,7 @@ void narrow(std::uint16_t* dst, const float* src, Index n, bool stream) {
   for (; i < n; ++i) dst[i] = narrow1(src[i], F);
 }
 
+#ifndef NL_BF16_ONLY
 template <bool W, bool B>
 void recover_centered_impl(float* xc, const float* y, Index n, double rstd, const float* w, const float* b) {
   const vec::VD rs = vec::bcastd(rstd);
@@ -89,9 +91,15 @@ void recover_centered(float* xc, const float* y, Index n, double rstd, const flo
   if (b) return recover_centered_impl<false, true>(xc, y, n, rstd, w, b);
   recover_centered_impl<false, false>(xc, y, n, rstd, w, b);
 }
+#endif
 
 }  // namespace
 
+#ifdef NL_BF16_ONLY
+extern const Bf16Kernels kBf16Table;
+const Bf16Kernels kBf16Table = {narrow<kBf16>, NL_TARGET::rows_forward_of<bfloat16>,
+                                NL_TARGET::rows_backward_of<bfloat16>};
+#else
 extern const ConvertKernels kConvertTable;
 const ConvertKernels kConvertTable = {{widen<kBf16>, widen<kF16>},
                                       {narrow<kBf16>, narrow<kF16>},
@@ -100,5 +108,6 @@ const ConvertKernels kConvertTable = {{widen<kBf16>, widen<kF16>},
                                       NL_TARGET::rows_forward_of<float16>,
                                       NL_TARGET::rows_backward_of<bfloat16>,
                                       NL_TARGET::rows_backward_of<float16>};
+#endif
 
 }  // namespace normlab::kernels::NL_TARGET::cvt

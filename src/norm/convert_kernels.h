@@ -38,6 +38,14 @@ struct ConvertKernels {
   void (*rows_backward_f16)(const RowsBackwardOf<float16>& args);
 };
 
+// The entries of ConvertKernels that round to bf16, as the avx512bf16 target compiles them (its table is
+// avx512's with these in place; normlab/simd.h).
+struct Bf16Kernels {
+  void (*narrow)(std::uint16_t* dst, const float* src, Index n, bool stream);
+  void (*rows_forward)(const RowsForwardOf<bfloat16>& args);
+  void (*rows_backward)(const RowsBackwardOf<bfloat16>& args);
+};
+
 // The entries for storage type T (bfloat16 or float16).
 template <typename T>
 auto rows_forward_for(const ConvertKernels& cv) {

@@ -22,12 +22,15 @@ extern const RowKernels kTable;
 
 namespace {
 
+constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16};
+
 Isa best_isa() {
   if (const char* env = std::getenv("NORMLAB_ISA"); env && *env) {
     const Isa isa = parse_isa(env);
     NL_CHECK(isa_supported(isa), "NORMLAB_ISA={} but this CPU does not support it", env);
     return isa;
   }
+  if (isa_supported(Isa::kAvx512Bf16)) return Isa::kAvx512Bf16;
   if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
   if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
   return Isa::kScalar;
@@ -48,14 +51,16 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Bf16:
+      return "avx512bf16";
   }
   return "?";
 }
 
 Isa parse_isa(const std::string& name) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+  for (Isa isa : kAllIsas)
     if (name == isa_name(isa)) return isa;
-  throw Error(fmt::format("unknown instruction set '{}' (valid: scalar, avx2, avx512)", name));
+  throw Error(fmt::format("unknown instruction set '{}' (valid: scalar, avx2, avx512, avx512bf16)", name));
 }
 
 bool isa_supported(Isa isa) {
@@ -67,13 +72,15 @@ bool isa_supported(Isa isa) {
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+    case Isa::kAvx512Bf16:
+      return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
   }
   return false;
 }
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+  for (Isa isa : kAllIsas)
     if (isa_supported(isa)) out.push_back(isa);
   return out;
 }

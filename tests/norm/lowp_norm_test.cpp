@@ -128,6 +128,12 @@ std::vector<float> boundary_floats() {
       for (std::uint32_t low : {0x0u, 0x1u, 0xFFFu, 0x1000u, 0x1001u, 0x2FFFu, 0x3000u, 0x7FFFu, 0x8000u, 0x8001u,
                                 0x18000u, 0x7FFFFFu, 0x400000u, 0x401000u, 0x3FF000u})
         v.push_back(bitsf(sign | (e << 23) | low));
+  // Every bf16 value (every high half) with the low halves that decide its rounding: exact, just above,
+  // just below and at the tie, and the largest.
+  for (std::uint32_t high = 0; high < 0x10000; ++high)
+    for (std::uint32_t low : {0x0u, 0x1u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu})
+      v.push_back(bitsf(high << 16 | low));
+  // Random bit patterns: about one in 256 is subnormal, so some vectors mix subnormal and normal lanes.
   std::mt19937 rng(7);
   for (int i = 0; i < 200000; ++i) v.push_back(bitsf(static_cast<std::uint32_t>(rng())));
   return v;

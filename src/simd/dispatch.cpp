@@ -22,6 +22,8 @@ extern const RowKernels kTable;
 
 namespace {
 
+// Every target, from the most portable to the fastest: supported_isas() keeps this order, so its last
+// entry is the default.
 constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16};
 
 Isa best_isa() {
@@ -30,10 +32,7 @@ Isa best_isa() {
     NL_CHECK(isa_supported(isa), "NORMLAB_ISA={} but this CPU does not support it", env);
     return isa;
   }
-  if (isa_supported(Isa::kAvx512Bf16)) return Isa::kAvx512Bf16;
-  if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
-  if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
-  return Isa::kScalar;
+  return supported_isas().back();  // scalar is always supported
 }
 
 std::atomic<Isa>& active() {

@@ -24,11 +24,14 @@
 //   fused
 //                                                   add_layer_norm_backward; ATen: native_layer_norm_backward
 //                                                   (the forward's mean/rstd) + at::add, as autograd runs it
+//   BM_AddLayerNormBwdSaved/normlab/RxD             add_layer_norm_backward_saved: the same from the double
+//                                                   statistics (NormStats) the forward kept, as ATen reads
+//                                                   the forward's mean/rstd
 //   BM_AddLayerNormBwdUnfused/normlab/RxD           layer_norm_backward, then normlab's own loop dx += ds
 //   BM_LayerNormBwdFromOutput/normlab/RxD           fp32 memory-efficient backward (reads y, dy, rstd)
 // Bytes (bytes_per_second), as bench_norm.cpp: what the ideal kernel moves, in the storage type:
 //   Fwd BF16/FP16 (LayerNorm, RmsNorm): 2·2·N; Bwd BF16: 3·2·N; AddLayerNormFwd(+Unfused): 4·4·N (read x,
-//   residual; write s, y); AddLayerNormBwd(+Unfused): 4·4·N (read dy, ds, s; write dx);
+//   residual; write s, y); AddLayerNormBwd(+Saved, +Unfused): 4·4·N (read dy, ds, s; write dx);
 //   LayerNormBwdFromOutput: 3·4·N.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -347,19 +350,24 @@ Impl MakeAddFwd(const std::string& impl, bool fused, const Shape& s, LowpPool& p
 }
 
 // The backward of the fused add + LayerNorm: dx = dnorm + ds, dγ, dβ from dy, ds, s (s and the forward's
-// statistics made once, outside the loop; the residual buffer serves as ds).
-Impl MakeAddBwd(const std::string& impl, bool fused, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
+// statistics made once, outside the loop; the residual buffer serves as ds). saved (normlab, fused): from
+// the NormStats that forward kept.
+Impl MakeAddBwd(const std::string& impl, bool fused, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h,
+                bool saved = false) {
   const Index n = s.numel();
   const View sv(p.fs.get(), Dims{s.rows, s.d}), y(p.fy.get(), Dims{s.rows, s.d});
   const ConstView x(p.fx.get(), Dims{s.rows, s.d}), ds(p.fr.get(), Dims{s.rows, s.d});
   const ConstView w(Param(0), Dims{s.d}), b(Param(1), Dims{s.d});
-  add_layer_norm_forward(sv, y, {}, {}, x, ConstView(p.fx.get(), Dims{s.rows, s.d}), w, b, {1}, kEps);
+  add_layer_norm_forward(sv, y, {}, {}, x, ConstView(p.fx.get(), Dims{s.rows, s.d}), w, b, {1}, kEps,
+                         &h->stats);
   const View dx(p.fdx.get(), Dims{s.rows, s.d});
   const ConstView dy(p.fdy.get(), Dims{s.rows, s.d});
   auto result = [n, &p] { return std::vector<float>(p.fdx.get(), p.fdx.get() + n); };
   if (impl == "normlab") {
     h->b.resize(static_cast<std::size_t>(2 * s.d));
     const View dw(h->b.data(), Dims{s.d}), db(h->b.data() + s.d, Dims{s.d});
+    if (fused && saved)  // (the closure holds h)
+      return {[=] { add_layer_norm_backward_saved(dx, dw, db, dy, ds, ConstView(sv), w, h->stats); }, result};
     if (fused) return {[=] { add_layer_norm_backward(dx, dw, db, dy, ds, ConstView(sv), w, {1}, kEps); }, result};
     float* dxp = p.fdx.get();
     const float* dsp = p.fr.get();
@@ -474,6 +482,12 @@ std::vector<Op> Ops(bool onednn_bf16) {
        {"normlab", "aten"},
        [](const std::string& i) -> Maker {
          return [i](auto& s, auto& p, auto h) { return MakeAddBwd(i, true, s, p, h); };
+       },
+       16},
+      {"AddLayerNormBwdSaved",
+       {"normlab"},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeAddBwd(i, true, s, p, h, true); };
        },
        16},
       {"AddLayerNormBwdUnfused",

@@ -260,7 +260,7 @@ struct FwdNames {
 
 // y = norm(s) with s = x (residual undefined) or s = round(x + residual) written to `s_out`.
 // T: the storage type of x, residual, s, y.
-// stats (not null, no residual): filled as the fp32 forward fills it (NormStats, norm.h).
+// stats (not null): filled as the fp32 forward on the (widened, stored) s fills it (NormStats, norm.h).
 template <typename T>
 void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean, View rstd,
              TensorView<const T> x, TensorView<const T> residual, ConstView weight, ConstView bias,
@@ -272,7 +272,6 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
   check_full_output(y, x.shape(), "y", op);
   check_overlap(y, x, "y", "x", op);
   const bool fused = residual.defined();
-  NL_CHECK(!fused || !stats, "{}: keeps no stats", op);
   if (fused) {
     plan::check_same_shape(x.shape(), residual.shape(), "residual", op);
     check_full_output(s_out, x.shape(), "s", op);
@@ -421,7 +420,7 @@ struct BwdNames {
 //   from output  (y and rstd given):   x − mean recovered as (y − β)/(γ·rstd), rstd taken as saved
 //                                      (fp32 storage, no ds: the memory-efficient backward).
 //   saved        (x and stats given):  as standard, with the forward's statistics (NormStats) instead of
-//                                      recomputing them (same bits; no ds).
+//                                      recomputing them (same bits; with or without ds).
 template <typename T>
 void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, TensorView<const T> dy,
               TensorView<const T> ds, TensorView<const T> x, TensorView<const T> y, ConstView rstd,
@@ -433,7 +432,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   const char* src_name = from_output ? "y" : "x";
   NL_CHECK(src.defined() && dy.defined(), "{}: {} and dy are required", op, src_name);
   NL_CHECK(!from_output || !ds.defined(), "{}: the backward from the output takes no ds", op);
-  NL_CHECK(!stats || (!from_output && !ds.defined()), "{}: takes no stats", op);
+  NL_CHECK(!stats || !from_output, "{}: takes no stats", op);
   if (stats) check_stats_source(*stats, nm.center, src.shape(), op);
   const plan::AxisSplit s = plan::split_axes(src.shape(), axes, op);
   const StatsIn saved = stats ? saved_stats(*stats, nm.center, s, op) : StatsIn{};

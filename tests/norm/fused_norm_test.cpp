@@ -165,6 +165,20 @@ TEST(FusedAddNorm, LargeOutputsEveryTargetAndThreadCountBitwise) {
         EXPECT_TRUE(bitwise_equal(dx.cview(), dx_ref.cview(), "dx"));
         EXPECT_TRUE(bitwise_equal(dw.cview(), dw_ref.cview(), "dγ"));
         EXPECT_TRUE(bitwise_equal(db.cview(), db_ref.cview(), "dβ"));
+        {
+          // With NormStats (streaming stores on, saved statistics in the row kernels): the same bits.
+          NormStats st;
+          Tensor s2(shape), y2(shape), dx2(shape), dw2(Dims{d}), db2(Dims{d});
+          add_layer_norm_forward(s2.view(), y2.view(), {}, {}, x.cview(), r.cview(), w.cview(), b.cview(),
+                                 {1}, 1e-5, &st);
+          add_layer_norm_backward_saved(dx2.view(), dw2.view(), db2.view(), dy.cview(), ds.cview(),
+                                        s2.cview(), w.cview(), st);
+          EXPECT_TRUE(bitwise_equal(s2.cview(), s_ref.cview(), "s, stats kept"));
+          EXPECT_TRUE(bitwise_equal(y2.cview(), y_ref.cview(), "y, stats kept"));
+          EXPECT_TRUE(bitwise_equal(dx2.cview(), dx_ref.cview(), "dx from saved stats"));
+          EXPECT_TRUE(bitwise_equal(dw2.cview(), dw_ref.cview(), "dγ from saved stats"));
+          EXPECT_TRUE(bitwise_equal(db2.cview(), db_ref.cview(), "dβ from saved stats"));
+        }
         if (t == 3) {
           // s over x, y over the residual, dx over ds: the same bits.
           Tensor xs = x.clone(), ry = r.clone(), dsx = ds.clone();

@@ -11,6 +11,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -287,6 +288,131 @@ TEST(NormStats, SixteenBitStorage) {
   EXPECT_FALSE(same_storage_bits<bfloat16>(dx0.cview(), dx1.cview(), "bf16 rows"));
 }
 
+// The fused residual add + norm (fp32 and bf16): the forward with stats writes the s, y, mean and rstd of
+// the forward without, and keeps the stats of the fp32 forward on the (widened) stored s; the saved backward
+// has the bits of the recomputing one, with and without ds, on the direct route (flat rows: short rows in
+// blocks of eight, long rows, a partial block) and the widening route (transposed views), every target,
+// 1 and 3 threads.
+template <typename T>
+::testing::AssertionResult same_bits(TensorView<const T> a, TensorView<const T> b, const std::string& what) {
+  const BasicTensor<T> ca = BasicTensor<T>::copy_of(a), cb = BasicTensor<T>::copy_of(b);
+  if (ca.shape() != cb.shape()) return ::testing::AssertionFailure() << what << ": shapes differ";
+  for (Index i = 0; i < ca.numel(); ++i)
+    if (std::memcmp(&ca.data()[i], &cb.data()[i], sizeof(T)) != 0)
+      return ::testing::AssertionFailure() << what << ": flat index " << i << " differs";
+  return ::testing::AssertionSuccess();
+}
+
+template <typename T>
+void check_fused(bool center, const Dims& shape, bool transpose, std::mt19937_64& rng) {
+  auto make = [&](double scale, double offset) {
+    return testing::convert_copy<T>(testing::random_tensor(shape, rng, scale, offset).cview());
+  };
+  const BasicTensor<T> xp = make(2.0, 1.0), rp = make(1.0, 0.5), dyp = make(1.0, 0.0), dsp = make(1.0, 0.0);
+  TensorView<const T> x = xp.cview(), r = rp.cview(), dy = dyp.cview(), ds = dsp.cview();
+  const int order[2] = {1, 0};
+  if (transpose) {
+    x = x.permute(std::span<const int>(order));
+    r = r.permute(std::span<const int>(order));
+    dy = dy.permute(std::span<const int>(order));
+    ds = ds.permute(std::span<const int>(order));
+  }
+  const Axes axes = {1};
+  const Tensor w = testing::random_tensor(normalized_shape(x.shape(), axes), rng, 1.0, 1.0);
+  const Tensor b = testing::random_tensor(normalized_shape(x.shape(), axes), rng, 1.0, 0.0);
+  const Dims ks = kept_shape(x.shape(), axes), ns = normalized_shape(x.shape(), axes);
+  const double eps = 1e-5;
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (int t : {1, 3}) {
+      set_num_threads(t);
+      const std::string what = fmt::format("fused {} {} {}{} {} {} threads", testing::type_name<T>(),
+                                           center ? "LayerNorm" : "RMSNorm", x.shape().str(),
+                                           transpose ? " transposed" : "", isa_name(isa), t);
+      BasicTensor<T> s0(x.shape()), s1(x.shape()), y0(x.shape()), y1(x.shape());
+      Tensor m0(ks), m1(ks), r0(ks), r1(ks), yf(x.shape());
+      NormStats st, stf;
+      if (center) {
+        add_layer_norm_forward(s0.view(), y0.view(), m0.view(), r0.view(), x, r, w.cview(), b.cview(), axes,
+                               eps);
+        add_layer_norm_forward(s1.view(), y1.view(), m1.view(), r1.view(), x, r, w.cview(), b.cview(), axes,
+                               eps, &st);
+        EXPECT_TRUE(bitwise_equal(m0.cview(), m1.cview(), what + " mean"));
+      } else {
+        add_rms_norm_forward(s0.view(), y0.view(), r0.view(), x, r, w.cview(), axes, eps);
+        add_rms_norm_forward(s1.view(), y1.view(), r1.view(), x, r, w.cview(), axes, eps, &st);
+      }
+      EXPECT_TRUE(same_bits<T>(s0.cview(), s1.cview(), what + " s"));
+      EXPECT_TRUE(same_bits<T>(y0.cview(), y1.cview(), what + " y"));
+      EXPECT_TRUE(bitwise_equal(r0.cview(), r1.cview(), what + " rstd"));
+      // The stats are those of the fp32 forward on the widened stored s.
+      const Tensor s_wide = testing::convert_copy<float>(TensorView<const T>(s1.cview()));
+      if (center)
+        layer_norm_forward(yf.view(), {}, {}, s_wide.cview(), w.cview(), b.cview(), axes, eps, &stf);
+      else
+        rms_norm_forward(yf.view(), {}, s_wide.cview(), w.cview(), axes, eps, &stf);
+      EXPECT_TRUE(st.center == center && st.mean == stf.mean && st.rstd == stf.rstd && st.axes == stf.axes &&
+                  st.eps == stf.eps && st.x_shape == stf.x_shape)
+          << what << ": the stats are not those of the fp32 forward on the stored s";
+      for (bool with_ds : {true, false}) {
+        const TensorView<const T> dsv = with_ds ? ds : TensorView<const T>{};
+        const std::string wh = what + (with_ds ? " with ds" : " without ds");
+        BasicTensor<T> dx0(x.shape()), dx1(x.shape());
+        Tensor dw0(ns), dw1(ns), db0(ns), db1(ns);
+        if (center) {
+          add_layer_norm_backward(dx0.view(), dw0.view(), db0.view(), dy, dsv, s1.cview(), w.cview(), axes,
+                                  eps);
+          add_layer_norm_backward_saved(dx1.view(), dw1.view(), db1.view(), dy, dsv, s1.cview(), w.cview(),
+                                        st);
+          EXPECT_TRUE(bitwise_equal(db0.cview(), db1.cview(), wh + " dbias"));
+        } else {
+          add_rms_norm_backward(dx0.view(), dw0.view(), dy, dsv, s1.cview(), w.cview(), axes, eps);
+          add_rms_norm_backward_saved(dx1.view(), dw1.view(), dy, dsv, s1.cview(), w.cview(), st);
+        }
+        EXPECT_TRUE(same_bits<T>(dx0.cview(), dx1.cview(), wh + " dx"));
+        EXPECT_TRUE(bitwise_equal(dw0.cview(), dw1.cview(), wh + " dweight"));
+      }
+    }
+  }
+}
+
+TEST(NormStats, FusedAddNormKeepsAndTakesTheStats) {
+  std::mt19937_64 rng(59);
+  const Isa saved_isa = active_isa();
+  const int saved_threads = num_threads();
+  for (bool center : {true, false}) {
+    for (const Dims& shape :
+         {Dims{1, 1}, Dims{33, 7}, Dims{29, 64}, Dims{70, 80}, Dims{5, 1025}, Dims{3, 4096}}) {
+      check_fused<float>(center, shape, false, rng);
+      check_fused<bfloat16>(center, shape, false, rng);
+    }
+    check_fused<float>(center, Dims{24, 40}, true, rng);
+    check_fused<bfloat16>(center, Dims{24, 40}, true, rng);
+  }
+  set_isa(saved_isa);
+  set_num_threads(saved_threads);
+  // The saved backward takes the kept values (a changed rstd changes dx), on both routes.
+  for (bool transpose : {false, true}) {
+    Tensor xp = testing::random_tensor({24, 40}, rng, 2.0, 1.0),
+           rp = testing::random_tensor({24, 40}, rng, 1.0, 0.0),
+           dyp = testing::random_tensor({24, 40}, rng, 1.0, 0.0);
+    ConstView x = xp.cview(), r = rp.cview(), dy = dyp.cview();
+    const int order[2] = {1, 0};
+    if (transpose) {
+      x = x.permute(std::span<const int>(order));
+      r = r.permute(std::span<const int>(order));
+      dy = dy.permute(std::span<const int>(order));
+    }
+    Tensor s(x.shape()), y(x.shape()), dx0(x.shape()), dx1(x.shape());
+    NormStats st;
+    add_layer_norm_forward(s.view(), y.view(), {}, {}, x, r, {}, {}, {1}, 1e-5, &st);
+    add_layer_norm_backward_saved(dx0.view(), {}, {}, dy, {}, s.cview(), {}, st);
+    for (double& v : st.rstd) v *= 2;
+    add_layer_norm_backward_saved(dx1.view(), {}, {}, dy, {}, s.cview(), {}, st);
+    EXPECT_FALSE(bitwise_equal(dx0.cview(), dx1.cview())) << (transpose ? "transposed" : "rows");
+  }
+}
+
 TEST(NormStats, MisuseGetsClearMessages) {
   Tensor x({2, 3}), y({2, 3}), dx({2, 3}), dy({2, 3}), x2({3, 3}), dx2({3, 3}), dy2({3, 3});
   NormStats ln, rms;
@@ -316,6 +442,22 @@ TEST(NormStats, MisuseGetsClearMessages) {
   EXPECT_NL_ERROR(layer_norm_backward_saved(dxb.view(), {}, {}, dyb.cview(), xb.cview(), {}, rms),
                   "stats come from a RMSNorm forward");
   EXPECT_NL_ERROR(layer_norm_backward_saved(dxb.view(), {}, {}, dyb.cview(), xb.cview(), {}, empty),
+                  "0 mean and 0 rstd values for 2 groups");
+  // The fused add + norm.
+  Tensor sx({2, 3});
+  EXPECT_NL_ERROR(
+      add_layer_norm_forward(sx.view(), y.view(), {}, {}, x.cview(), x.cview(), {}, {}, {1}, 1e-5, nullptr),
+      "add_layer_norm_forward: stats is null");
+  EXPECT_NL_ERROR(add_rms_norm_forward(sx.view(), y.view(), {}, x.cview(), x.cview(), {}, {1}, 1e-6, nullptr),
+                  "add_rms_norm_forward: stats is null");
+  EXPECT_NL_ERROR(add_layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), {}, x.cview(), {}, rms),
+                  "stats come from a RMSNorm forward");
+  EXPECT_NL_ERROR(add_rms_norm_backward_saved(dx.view(), {}, dy.cview(), dy.cview(), x.cview(), {}, ln),
+                  "stats come from a LayerNorm forward");
+  EXPECT_NL_ERROR(
+      add_layer_norm_backward_saved(dx2.view(), {}, {}, dy2.cview(), dy2.cview(), x2.cview(), {}, ln),
+      "x has shape [3, 3], the stats' forward had [2, 3]");
+  EXPECT_NL_ERROR(add_layer_norm_backward_saved(dxb.view(), {}, {}, dyb.cview(), {}, xb.cview(), {}, empty),
                   "0 mean and 0 rstd values for 2 groups");
   NormStats unset;  // default: no shape
   EXPECT_NL_ERROR(layer_norm_backward_saved(dx.view(), {}, {}, dy.cview(), x.cview(), {}, unset),

@@ -142,6 +142,19 @@ Chunks param_grad_chunks(Index groups, Index n) {
   return c;
 }
 
+RowSplit split_rows(Index groups, Index n, Index max_rows, int threads) {
+  RowSplit r;
+  r.groups = groups;
+  if (groups <= 0) return r;
+  const Index ranges = std::clamp<Index>(groups * n / (Index{1} << 13), 1, threads);
+  const auto blocks8 = [](Index rows) { return (rows + 7) / 8 * 8; };
+  r.per_range = blocks8((groups + ranges - 1) / ranges);
+  r.range_tasks = (r.per_range + max_rows - 1) / max_rows;
+  r.chunk = blocks8((r.per_range + r.range_tasks - 1) / r.range_tasks);
+  r.tasks = ranges * r.range_tasks;
+  return r;
+}
+
 bool part_contiguous(const PartOperand& p, const Dims& shape) {
   Index expect = 1;
   for (int d = shape.size() - 1; d >= 0; --d) {

@@ -8,6 +8,7 @@
 #include <normlab/norm.h>
 #include <normlab/tensor.h>
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <vector>
@@ -82,6 +83,27 @@ struct Chunks {
   Index size = 1;  // groups per chunk (last may be shorter)
 };
 Chunks param_grad_chunks(Index groups, Index n);
+
+// Rows of a row-wise forward split for parallel::parallel_for, for work whose results do not depend on the
+// split (each row's arithmetic is its own): each thread one contiguous range, as even as whole blocks of
+// eight rows (the short-row kernels' block) allow, cut into tasks of at most max_rows rows rounded up to
+// whole blocks; parallel_for's static schedule hands thread j the tasks of range j. Fewer threads where
+// the work is under about 8K elements per thread. (Tasks of a fixed size left one thread up to a whole
+// task more than the other.)
+struct RowSplit {
+  Index groups = 0;
+  Index per_range = 0;    // rows per thread range (the last may be shorter)
+  Index range_tasks = 1;  // tasks per range
+  Index chunk = 0;        // rows per task (the last of a range may be shorter, or empty)
+  Index tasks = 0;        // ranges · range_tasks
+  // The first row of task t and its row count (0: nothing to do).
+  Index first(Index t) const { return t / range_tasks * per_range + t % range_tasks * chunk; }
+  Index rows(Index t) const {
+    const Index end = std::min(groups, (t / range_tasks + 1) * per_range);
+    return std::max<Index>(0, std::min(end, first(t) + chunk) - first(t));
+  }
+};
+RowSplit split_rows(Index groups, Index n, Index max_rows, int threads);
 
 // Whether a γ/β-shaped operand is its elements in consecutive floats, row-major (size-1 axes ignored).
 bool part_contiguous(const PartOperand& p, const Dims& shape);

@@ -185,10 +185,12 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
   const Index tasks = (s.groups + per_task - 1) / per_task;
   if (rows_path) {
-    parallel::parallel_for(tasks, [&](Index t) {
-      const Index g0 = t * per_task;
+    const plan::RowSplit split = plan::split_rows(s.groups, s.n, per_task, num_threads());
+    parallel::parallel_for(split.tasks, [&](Index t) {
+      const Index g0 = split.first(t);
       kernels::RowsForward a = args;
-      a.rows = std::min(s.groups, g0 + per_task) - g0;
+      a.rows = split.rows(t);
+      if (a.rows == 0) return;
       a.x = reinterpret_cast<const float*>(xo.base) + g0 * ldx;
       a.ldx = ldx;
       a.y = reinterpret_cast<float*>(yo.base) + g0 * ldy;

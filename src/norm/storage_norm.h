@@ -360,15 +360,17 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
     const bool stats_direct = (!pm.defined || groups_at_fixed_stride(s.k_shape, pm.strides, &ldm)) &&
                               (!pr.defined || groups_at_fixed_stride(s.k_shape, pr.strides, &ldr)) &&
                               (!pm.defined || !pr.defined || ldm == ldr);
-    const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
-    const Index tasks = (s.groups + per_task - 1) / per_task;
+    const plan::RowSplit split =
+        plan::split_rows(s.groups, s.n, std::max<Index>(1, (Index{1} << 14) / s.n), num_threads());
     // Per-thread scratch: the copy of s for streaming (add_chunk_rows(n)·n elements) and f[4] for the
-    // statistics (2·per_task floats).
+    // statistics (2·split.chunk floats).
     const bool need_work = fused && stream;
     const bool need_scratch = need_work || !stats_direct;
-    const Index scratch_len = std::max(per_task, need_work ? kernels::add_chunk_rows(s.n) * s.n : Index{0});
-    parallel::parallel_for(tasks, [&](Index t) {
-      const Index g0 = t * per_task, rows = std::min(s.groups, g0 + per_task) - g0;
+    const Index scratch_len =
+        std::max(split.chunk, need_work ? kernels::add_chunk_rows(s.n) * s.n : Index{0});
+    parallel::parallel_for(split.tasks, [&](Index t) {
+      const Index g0 = split.first(t), rows = split.rows(t);
+      if (rows == 0) return;
       kernels::RowsForwardOf<T> a = args;
       a.rows = rows;
       a.x = xo.base + g0 * s.n;
@@ -398,7 +400,8 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
       a.ld_stats = 1;
       fwd(a);
       for (Index g = g0; g < g0 + rows; ++g) {
-        if (pm.defined) reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = sc->f[4][g - g0];
+        if (pm.defined)
+          reinterpret_cast<float*>(pm.base)[plan::group_offset(g, s.k_shape, pm.strides)] = sc->f[4][g - g0];
         if (pr.defined)
           reinterpret_cast<float*>(pr.base)[plan::group_offset(g, s.k_shape, pr.strides)] = sc->f[4][rows + g - g0];
       }

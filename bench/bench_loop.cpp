@@ -1,6 +1,7 @@
 // A standalone timing loop for one LayerNorm kernel on contiguous rows: the median and the 10th percentile of
-// `calls` timed calls, and a hash of the output bits, so that an A/B of two builds (or of NORMLAB_ISA
-// targets) shows a change of speed together with the proof that the result did not change. Google Benchmark
+// `calls` timed calls, and a hash of the output bits (y or dx; the backward adds a second one of dγ and dβ),
+// so that an A/B of two builds (or of NORMLAB_ISA targets) shows a change of speed together with the proof
+// that the result did not change. Google Benchmark
 // (normlab_bench) is the record; this loop is for quick A/B runs of one kernel at one shape.
 //
 //   normlab_bench_loop KERNEL ROWS D [THREADS [CALLS]]
@@ -106,9 +107,13 @@ int run(int argc, char** argv) {
   }
   std::sort(us.begin(), us.end());
   const std::uint64_t h = bf16 ? hash_bits(yh.data(), yh.numel()) : hash_bits(y.data(), y.numel());
-  std::printf("%s %lldx%lld %s %d threads: median %.1f us, p10 %.1f us, output hash %016llx\n",
-              kernel.c_str(), static_cast<long long>(rows), static_cast<long long>(d), isa_name(active_isa()),
-              num_threads(), us[us.size() / 2], us[us.size() / 10], static_cast<unsigned long long>(h));
+  std::printf("%s %lldx%lld %s %d threads: median %.1f us, p10 %.1f us, output hash %016llx", kernel.c_str(),
+              static_cast<long long>(rows), static_cast<long long>(d), isa_name(active_isa()), num_threads(),
+              us[us.size() / 2], us[us.size() / 10], static_cast<unsigned long long>(h));
+  if (backward)
+    std::printf(", dγ/dβ hash %016llx",
+                static_cast<unsigned long long>(hash_bits(dw.data(), d) * 31 + hash_bits(db.data(), d)));
+  std::printf("\n");
   return 0;
 }
 

@@ -70,14 +70,18 @@ bool linear_groups(const Dims& k_shape, const Dims& k_strides, Index* ld) {
   return true;
 }
 
-// Chunks of contiguous rows for the fused backward (a function of the shape only): at most 64 chunks,
-// at least 32 rows and 64 KiB of x each (so that a chunk's partial rows stay small next to its input),
-// a multiple of the kernel's row group, and at most ~64 MiB of double partials in all.
+// Chunks of contiguous rows for the fused backward (a function of the shape only): at most 64 chunks
+// (and at most ~64 MiB of double partials in all), each at least 32 rows, a multiple of the kernel's row
+// group, and 256 KiB of x where that still leaves 8 chunks. Each chunk writes two partial rows of n
+// doubles and the reduction reads them all, so fewer chunks move less: with 64 KiB chunks (22 of them at
+// 682x768) the backward from saved statistics took 171–174 µs at 1 thread and 100–101 at 2, with 8 chunks
+// 158–165 and 87–91 (docs/PERFORMANCE.md, sixth session).
 plan::Chunks row_chunks(Index groups, Index n) {
   const Index group = kernels::kParamGradRowGroup;
   const Index by_memory = std::max<Index>(1, (Index{64} << 20) / (16 * n));
   const Index max_chunks = std::min<Index>(64, by_memory);
-  Index size = std::max({(groups + max_chunks - 1) / max_chunks, Index{32}, ((Index{1} << 16) / 4 + n - 1) / n});
+  const Index target = std::min(((Index{1} << 16) + n - 1) / n, std::max<Index>(32, (groups + 7) / 8));
+  Index size = std::max({(groups + max_chunks - 1) / max_chunks, Index{32}, target});
   size = (size + group - 1) / group * group;
   plan::Chunks c;
   c.size = size;

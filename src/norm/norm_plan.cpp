@@ -172,7 +172,7 @@ void write_chunk_sums(const PartOperand& p, const Dims& n_shape, const double* p
   // Small sums run on the calling thread, where waking a second one costs more than the additions (64x768:
   // 12.6-12.8 against 11.5 µs for the whole backward at 2 threads). Larger ones run in parallel: the
   // partial rows a thread reads back come in part from the other core, and this machine moves them slowly
-  // (128x4096, 4 chunks: 206-214 µs in parallel, 244-246 on one thread).
+  // (128x4096, 4 chunks: 206-217 µs in parallel, 244-246 on one thread).
   constexpr Index kSerialSums = Index{1} << 12;
   const Index blocks = (n + kCols - 1) / kCols;
   const auto block = [&](Index t) {

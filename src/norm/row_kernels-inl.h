@@ -799,67 +799,83 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
   // (Summing the group in float needs one conversion to double per column and group instead of one per
   // element: the backward gains up to 1.27× in L3, docs/PERFORMANCE.md.)
-  auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
-    const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
-    VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
-    for (int j = 0; j < nr; ++j) {
-      const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
-      const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
-      const VF d = dev<Center>(xv, mh[j], ml[j]);
-      const VF g = W ? mul(dyv, wv) : dyv;
-      VF gc = g;
-      if constexpr (Center) gc = sub(gc, c0[j]);
-      VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
-      if (with_ds) dx = add(dx, tail ? load_n(dss[j] + i, k) : load(dss[j] + i));
-      if (tail)
-        store_n(dxs[j] + i, dx, k);
-      else if (st_ok[j])
-        stream(dxs[j] + i, dx);
-      else
-        store(dxs[j] + i, dx);
-      if (dwp) tw[j] = mul(dyv, mul(d, r[j]));
-      if (dbp) tb[j] = dyv;
-    }
-    // The group's sum of the terms in fp32, (t0 + t1) + (t2 + t3) (fewer rows: the terms there are).
-    auto group = [&](const VF* t) __attribute__((always_inline)) {
-      if (nr == 1) return t[0];
-      if (nr == 2) return add(t[0], t[1]);
-      if (nr == 3) return add(add(t[0], t[1]), t[2]);
-      return add(add(t[0], t[1]), add(t[2], t[3]));
-    };
-    VD pw0{}, pw1{}, pb0{}, pb1{};
-    if (dwp) {
-      const VF g = group(tw);
-      pw0 = cvt_lo(g);
-      pw1 = cvt_hi(g);
-    }
-    if (dbp) {
-      const VF g = group(tb);
-      pb0 = cvt_lo(g);
-      pb1 = cvt_hi(g);
-    }
-    auto flush = [&](double* part, VD p0, VD p1) __attribute__((always_inline)) {
-      if (!tail) {
-        if (first) {
-          stored(part + i, p0);
-          stored(part + i + kD, p1);
-        } else {
-          stored(part + i, add(loadd(part + i), p0));
-          stored(part + i + kD, add(loadd(part + i + kD), p1));
-        }
-        return;
+  // The loop over the columns, with two conditions fixed at compile time: Fast (no ds, no streaming
+  // stores, dγ and dβ both wanted: the common case, whose loop then tests nothing per row) and First (this
+  // group assigns the partial rows).
+  auto columns = [&](auto fast_c, auto first_c) __attribute__((always_inline)) {
+    constexpr bool Fast = decltype(fast_c)::value;
+    constexpr bool First = decltype(first_c)::value;
+    auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
+      const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
+      VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
+      for (int j = 0; j < nr; ++j) {
+        const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
+        const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
+        const VF d = dev<Center>(xv, mh[j], ml[j]);
+        const VF g = W ? mul(dyv, wv) : dyv;
+        VF gc = g;
+        if constexpr (Center) gc = sub(gc, c0[j]);
+        VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
+        if (!Fast && with_ds) dx = add(dx, tail ? load_n(dss[j] + i, k) : load(dss[j] + i));
+        if (tail)
+          store_n(dxs[j] + i, dx, k);
+        else if (!Fast && st_ok[j])
+          stream(dxs[j] + i, dx);
+        else
+          store(dxs[j] + i, dx);
+        if (Fast || dwp) tw[j] = mul(dyv, mul(d, r[j]));
+        if (Fast || dbp) tb[j] = dyv;
       }
-      double t[kF];
-      stored(t, p0);
-      stored(t + kD, p1);
-      for (int l = 0; l < k; ++l) part[i + l] = first ? t[l] : part[i + l] + t[l];
+      // The group's sum of the terms in fp32, (t0 + t1) + (t2 + t3) (fewer rows: the terms there are).
+      auto group = [&](const VF* t) __attribute__((always_inline)) {
+        if (nr == 1) return t[0];
+        if (nr == 2) return add(t[0], t[1]);
+        if (nr == 3) return add(add(t[0], t[1]), t[2]);
+        return add(add(t[0], t[1]), add(t[2], t[3]));
+      };
+      VD pw0{}, pw1{}, pb0{}, pb1{};
+      if (Fast || dwp) {
+        const VF g = group(tw);
+        pw0 = cvt_lo(g);
+        pw1 = cvt_hi(g);
+      }
+      if (Fast || dbp) {
+        const VF g = group(tb);
+        pb0 = cvt_lo(g);
+        pb1 = cvt_hi(g);
+      }
+      auto flush = [&](double* part, VD p0, VD p1) __attribute__((always_inline)) {
+        if (!tail) {
+          if (First) {
+            stored(part + i, p0);
+            stored(part + i + kD, p1);
+          } else {
+            stored(part + i, add(loadd(part + i), p0));
+            stored(part + i + kD, add(loadd(part + i + kD), p1));
+          }
+          return;
+        }
+        double t[kF];
+        stored(t, p0);
+        stored(t + kD, p1);
+        for (int l = 0; l < k; ++l) part[i + l] = First ? t[l] : part[i + l] + t[l];
+      };
+      if (Fast || dwp) flush(dwp, pw0, pw1);
+      if (Fast || dbp) flush(dbp, pb0, pb1);
     };
-    if (dwp) flush(dwp, pw0, pw1);
-    if (dbp) flush(dbp, pb0, pb1);
+    Index i = 0;
+    for (; i + kF <= n; i += kF) column(i, kF, false);
+    if (i < n) column(i, static_cast<int>(n - i), true);
   };
-  Index i = 0;
-  for (; i + kF <= n; i += kF) column(i, kF, false);
-  if (i < n) column(i, static_cast<int>(n - i), true);
+  const bool fast = !with_ds && !a.stream && dwp && dbp;
+  if (fast && first)
+    columns(std::true_type{}, std::true_type{});
+  else if (fast)
+    columns(std::true_type{}, std::false_type{});
+  else if (first)
+    columns(std::false_type{}, std::true_type{});
+  else
+    columns(std::false_type{}, std::false_type{});
 }
 
 // The per-group constants of the backward from the statistics of a row (docs/numerics.md, 6-7):

@@ -438,6 +438,9 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
     const Index r0 = blk * 8, last = a.rows - 1;
     for (int j = 0; j < 8; ++j) xs[j] = a.x + std::min(r0 + j, last) * a.ldx;
   };
+  // Locals: the vector stores to y could alias the argument block, which the loops would then reload.
+  const float* const wp = a.w;
+  const float* const bp = a.b;
   for (Index s = 0; s < blocks + 2; ++s) {
     const T* xs[8];
     VD acc[8];
@@ -458,7 +461,7 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
           const VF mhb = bcast(sc.mh[j + 1]), mlb = bcast(sc.ml[j + 1]), rb = bcast(sc.r[j + 1]);
           // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float (as row_output)
           for (Index i = 0; i < n; i += kF) {
-            const VF wv = W ? load(a.w + i) : zerof(), bv = B ? load(a.b + i) : zerof();
+            const VF wv = W ? load(wp + i) : zerof(), bv = B ? load(bp + i) : zerof();
             VF va = mul(dev<Center>(load(xa + i), mha, mla), ra);
             VF vb = mul(dev<Center>(load(xb + i), mhb, mlb), rb);
             if constexpr (W) {
@@ -580,6 +583,9 @@ inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
 template <bool Center, bool W, bool B, bool Save, typename T>
 void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const Index n = a.n, rows = a.rows;
+  // Locals: the vector stores to y could alias the argument block, which the loop would then reload.
+  const float* const wp = a.w;
+  const float* const bp = a.b;
   RowStats st[3];  // by row index mod 3
   for (Index s = 0; s < rows + 2; ++s) {
     const bool do_mean = Center && s < rows;
@@ -603,8 +609,8 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
         for (int u = 0; u < 4; ++u) {
           const Index k = i + u * kF;
           VF v = mul(dev<Center>(load(xc + k), mhc, mlc), rc);
-          if constexpr (W) v = mul(v, load(a.w + k));
-          if constexpr (B) v = add(v, load(a.b + k));
+          if constexpr (W) v = mul(v, load(wp + k));
+          if constexpr (B) v = add(v, load(bp + k));
           if (st_c)
             stream(yc + k, v);
           else

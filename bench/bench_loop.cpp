@@ -1,8 +1,8 @@
 // A standalone timing loop for one LayerNorm kernel on contiguous rows: the median and the 10th percentile of
 // `calls` timed calls, and a hash of the output bits (y or dx; the backward adds a second one of dγ and dβ),
 // so that an A/B of two builds (or of NORMLAB_ISA targets) shows a change of speed together with the proof
-// that the result did not change. Google Benchmark
-// (normlab_bench) is the record; this loop is for quick A/B runs of one kernel at one shape.
+// that the result did not change. Google Benchmark (normlab_bench) is the record; this loop is for quick
+// A/B runs of one kernel at one shape.
 //
 //   normlab_bench_loop KERNEL ROWS D [THREADS [CALLS]]
 //   KERNEL: ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β) | ln-bwd-saved | ln-bwd-saved-bf16 (dx, dγ, dβ

@@ -110,8 +110,8 @@ bool part_contiguous(const PartOperand& p, const Dims& shape);
 
 // The last step of every chunked dγ/dβ reduction: `count` partial rows of n doubles (row c at part + c·n)
 // summed per column in chunk order from +0 (0 + p_0 + p_1 + ...), each column rounded once to float, and
-// written into p (γ/β-shaped, n_shape, any strides) per mode (= or +=). Parallel over blocks of columns;
-// the bits depend on the partials only.
+// written into p (γ/β-shaped, n_shape, any strides) per mode (= or +=). Parallel over blocks of columns
+// (up to 4096 partial values on the calling thread); the bits depend on the partials only.
 void write_chunk_sums(const PartOperand& p, const Dims& n_shape, const double* part, Index count, GradMode mode);
 
 }  // namespace normlab::plan

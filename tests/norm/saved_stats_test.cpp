@@ -192,21 +192,21 @@ TEST(NormStats, TheBackwardTakesTheKeptValues) {
   }
 }
 
-// bf16/fp16 storage: the forward keeps the stats of the fp32 forward on the widened x (bitwise), leaves
-// y, mean, rstd unchanged, and the saved backward has the bits of the recomputing one (dx in storage,
-// dγ, dβ), on the direct route (flat rows) and the widening route (a transposed view), every target,
-// 1 and 3 threads.
+// Bitwise equality of two views of any storage type (fp32, bf16, fp16), element by element.
 template <typename T>
-::testing::AssertionResult same_storage_bits(TensorView<const T> a, TensorView<const T> b,
-                                             const std::string& what) {
+::testing::AssertionResult same_bits(TensorView<const T> a, TensorView<const T> b, const std::string& what) {
   const BasicTensor<T> ca = BasicTensor<T>::copy_of(a), cb = BasicTensor<T>::copy_of(b);
   if (ca.shape() != cb.shape()) return ::testing::AssertionFailure() << what << ": shapes differ";
   for (Index i = 0; i < ca.numel(); ++i)
-    if (ca[i].bits != cb[i].bits)
+    if (std::memcmp(&ca.data()[i], &cb.data()[i], sizeof(T)) != 0)
       return ::testing::AssertionFailure() << what << ": flat index " << i << " differs";
   return ::testing::AssertionSuccess();
 }
 
+// bf16/fp16 storage: the forward keeps the stats of the fp32 forward on the widened x (bitwise), leaves
+// y, mean, rstd unchanged, and the saved backward has the bits of the recomputing one (dx in storage,
+// dγ, dβ), on the direct route (flat rows) and the widening route (a transposed view), every target,
+// 1 and 3 threads.
 template <typename T>
 void check_storage(bool center, const Dims& shape, bool transpose, std::mt19937_64& rng) {
   const BasicTensor<T> xp = testing::convert_copy<T>(testing::random_tensor(shape, rng, 2.0, 1.0).cview());
@@ -240,7 +240,7 @@ void check_storage(bool center, const Dims& shape, bool transpose, std::mt19937_
         rms_norm_forward(y1.view(), r1.view(), x, w.cview(), axes, 1e-5, &st);
         rms_norm_forward(yf.view(), {}, xf.cview(), w.cview(), axes, 1e-5, &stf);
       }
-      EXPECT_TRUE(same_storage_bits<T>(y0.cview(), y1.cview(), what + " y"));
+      EXPECT_TRUE(same_bits<T>(y0.cview(), y1.cview(), what + " y"));
       EXPECT_TRUE(bitwise_equal(r0.cview(), r1.cview(), what + " rstd"));
       EXPECT_TRUE(st.mean == stf.mean && st.rstd == stf.rstd && st.axes == stf.axes && st.eps == stf.eps)
           << what << ": the stats are not those of the fp32 forward on the widened x";
@@ -254,7 +254,7 @@ void check_storage(bool center, const Dims& shape, bool transpose, std::mt19937_
         rms_norm_backward(dx0.view(), dw0.view(), dy, x, w.cview(), axes, 1e-5);
         rms_norm_backward_saved(dx1.view(), dw1.view(), dy, x, w.cview(), st);
       }
-      EXPECT_TRUE(same_storage_bits<T>(dx0.cview(), dx1.cview(), what + " dx"));
+      EXPECT_TRUE(same_bits<T>(dx0.cview(), dx1.cview(), what + " dx"));
       EXPECT_TRUE(bitwise_equal(dw0.cview(), dw1.cview(), what + " dweight"));
     }
   }
@@ -285,7 +285,7 @@ TEST(NormStats, SixteenBitStorage) {
   layer_norm_backward_saved(dx0.view(), {}, {}, dy.cview(), x.cview(), {}, st);
   for (double& r : st.rstd) r *= 2;
   layer_norm_backward_saved(dx1.view(), {}, {}, dy.cview(), x.cview(), {}, st);
-  EXPECT_FALSE(same_storage_bits<bfloat16>(dx0.cview(), dx1.cview(), "bf16 rows"));
+  EXPECT_FALSE(same_bits<bfloat16>(dx0.cview(), dx1.cview(), "bf16 rows"));
 }
 
 // The fused residual add + norm (fp32 and bf16): the forward with stats writes the s, y, mean and rstd of
@@ -293,16 +293,6 @@ TEST(NormStats, SixteenBitStorage) {
 // has the bits of the recomputing one, with and without ds, on the direct route (flat rows: short rows in
 // blocks of eight, long rows, a partial block) and the widening route (transposed views), every target,
 // 1 and 3 threads.
-template <typename T>
-::testing::AssertionResult same_bits(TensorView<const T> a, TensorView<const T> b, const std::string& what) {
-  const BasicTensor<T> ca = BasicTensor<T>::copy_of(a), cb = BasicTensor<T>::copy_of(b);
-  if (ca.shape() != cb.shape()) return ::testing::AssertionFailure() << what << ": shapes differ";
-  for (Index i = 0; i < ca.numel(); ++i)
-    if (std::memcmp(&ca.data()[i], &cb.data()[i], sizeof(T)) != 0)
-      return ::testing::AssertionFailure() << what << ": flat index " << i << " differs";
-  return ::testing::AssertionSuccess();
-}
-
 template <typename T>
 void check_fused(bool center, const Dims& shape, bool transpose, std::mt19937_64& rng) {
   auto make = [&](double scale, double offset) {

@@ -6,7 +6,8 @@
 //
 //   normlab_bench_loop KERNEL ROWS D [THREADS [CALLS]]
 //   KERNEL: ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β) | ln-bwd-saved | ln-bwd-saved-bf16 (dx, dγ, dβ
-//           from dy, x, γ and the NormStats of one forward before the loop)
+//           from dy, x, γ and the NormStats of one forward before the loop) | rms-bwd-saved (RMSNorm: dx, dγ
+//           from dy, x, γ and NormStats; the dγ/dβ hash then covers dγ and a zero dβ)
 //   NORMLAB_ISA=avx512 normlab_bench_loop ln-fwd-bf16 682 768    # 1 thread, 200 calls
 #include <normlab/norm.h>
 #include <normlab/parallel.h>
@@ -54,14 +55,16 @@ std::uint64_t hash_bits(const T* p, Index n) {
 int run(int argc, char** argv) {
   if (argc < 4 || argc > 6) {
     std::fprintf(stderr,
-                 "usage: %s ln-fwd|ln-fwd-bf16|ln-bwd-saved|ln-bwd-saved-bf16 ROWS D [THREADS [CALLS]]\n",
+                 "usage: %s ln-fwd|ln-fwd-bf16|ln-bwd-saved|ln-bwd-saved-bf16|rms-bwd-saved ROWS D [THREADS "
+                 "[CALLS]]\n",
                  argv[0]);
     return 2;
   }
   const std::string kernel = argv[1];
   const bool bf16 = kernel == "ln-fwd-bf16" || kernel == "ln-bwd-saved-bf16";
-  const bool backward = kernel == "ln-bwd-saved" || kernel == "ln-bwd-saved-bf16";
-  if (!bf16 && kernel != "ln-fwd" && kernel != "ln-bwd-saved")
+  const bool rms = kernel == "rms-bwd-saved";
+  const bool backward = kernel == "ln-bwd-saved" || kernel == "ln-bwd-saved-bf16" || rms;
+  if (!bf16 && !rms && kernel != "ln-fwd" && kernel != "ln-bwd-saved")
     throw std::invalid_argument("unknown kernel '" + kernel + "'");
   const Index rows = parse_positive(argv[2], "ROWS"), d = parse_positive(argv[3], "D");
   set_num_threads(argc > 4 ? static_cast<int>(parse_positive(argv[4], "THREADS")) : 1);
@@ -87,9 +90,10 @@ int run(int argc, char** argv) {
   if (backward && bf16)
     layer_norm_forward(yh.view(), mean.view(), rstd.view(), xh.cview(), w.cview(), b.cview(), Axes{1}, 1e-5,
                        &st);
-  if (backward && !bf16)
+  if (backward && !bf16 && !rms)
     layer_norm_forward(y.view(), mean.view(), rstd.view(), x.cview(), w.cview(), b.cview(), Axes{1}, 1e-5,
                        &st);
+  if (rms) rms_norm_forward(y.view(), rstd.view(), x.cview(), w.cview(), Axes{1}, 1e-6, &st);  // (db stays 0)
 
   std::vector<double> us;
   for (int c = 0; c < calls; ++c) {
@@ -99,7 +103,9 @@ int run(int argc, char** argv) {
     if (!backward && bf16)
       layer_norm_forward(yh.view(), mean.view(), rstd.view(), xh.cview(), w.cview(), b.cview(), Axes{1},
                          1e-5);
-    if (backward && !bf16)
+    if (rms)
+      rms_norm_backward_saved(y.view(), dw.view(), dy.cview(), x.cview(), w.cview(), st);
+    else if (backward && !bf16)
       layer_norm_backward_saved(y.view(), dw.view(), db.view(), dy.cview(), x.cview(), w.cview(), st);
     if (backward && bf16)
       layer_norm_backward_saved(yh.view(), dw.view(), db.view(), dyh.cview(), xh.cview(), w.cview(), st);

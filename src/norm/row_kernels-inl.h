@@ -805,12 +805,15 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   //   dw[i] = (first ? 0 : dw[i]) + double(pw); db likewise
   // (Summing the group in float needs one conversion to double per column and group instead of one per
   // element: the backward gains up to 1.27× in L3, docs/PERFORMANCE.md.)
-  // The loop over the columns, with two conditions fixed at compile time: Fast (no ds, no streaming
-  // stores, dγ and dβ both wanted: the common case, whose loop then tests nothing per row) and First (this
-  // group assigns the partial rows).
-  auto columns = [&](auto fast_c, auto first_c) __attribute__((always_inline)) {
+  // The loop over the columns, with three conditions fixed at compile time: Fast (no ds, no streaming
+  // stores, dγ wanted: the common case, whose loop then tests nothing per row), FastB (with Fast: dβ wanted
+  // too; LayerNorm wants it, RMSNorm has no β) and First (this group assigns the partial rows).
+  auto columns = [&](auto fast_c, auto fast_b_c, auto first_c) __attribute__((always_inline)) {
     constexpr bool Fast = decltype(fast_c)::value;
+    constexpr bool FastB = Fast && decltype(fast_b_c)::value;
     constexpr bool First = decltype(first_c)::value;
+    // Whether dγ, dβ are summed: fixed at compile time with Fast, else per call.
+    const bool want_w = Fast || dwp, want_b = Fast ? FastB : dbp != nullptr;
     auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
       const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
       VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
@@ -829,8 +832,8 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
           stream(dxs[j] + i, dx);
         else
           store(dxs[j] + i, dx);
-        if (Fast || dwp) tw[j] = mul(dyv, mul(d, r[j]));
-        if (Fast || dbp) tb[j] = dyv;
+        if (want_w) tw[j] = mul(dyv, mul(d, r[j]));
+        if (want_b) tb[j] = dyv;
       }
       // The group's sum of the terms in fp32, (t0 + t1) + (t2 + t3) (fewer rows: the terms there are).
       auto group = [&](const VF* t) __attribute__((always_inline)) {
@@ -840,12 +843,12 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
         return add(add(t[0], t[1]), add(t[2], t[3]));
       };
       VD pw0{}, pw1{}, pb0{}, pb1{};
-      if (Fast || dwp) {
+      if (want_w) {
         const VF g = group(tw);
         pw0 = cvt_lo(g);
         pw1 = cvt_hi(g);
       }
-      if (Fast || dbp) {
+      if (want_b) {
         const VF g = group(tb);
         pb0 = cvt_lo(g);
         pb1 = cvt_hi(g);
@@ -866,22 +869,26 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
         stored(t + kD, p1);
         for (int l = 0; l < k; ++l) part[i + l] = First ? t[l] : part[i + l] + t[l];
       };
-      if (Fast || dwp) flush(dwp, pw0, pw1);
-      if (Fast || dbp) flush(dbp, pb0, pb1);
+      if (want_w) flush(dwp, pw0, pw1);
+      if (want_b) flush(dbp, pb0, pb1);
     };
     Index i = 0;
     for (; i + kF <= n; i += kF) column(i, kF, false);
     if (i < n) column(i, static_cast<int>(n - i), true);
   };
-  const bool fast = !with_ds && !a.stream && dwp && dbp;
-  if (fast && first)
-    columns(std::true_type{}, std::true_type{});
+  const bool fast = !with_ds && !a.stream && dwp;
+  auto on_first = [&](auto fast_c, auto fast_b_c) __attribute__((always_inline)) {
+    if (first)
+      columns(fast_c, fast_b_c, std::true_type{});
+    else
+      columns(fast_c, fast_b_c, std::false_type{});
+  };
+  if (fast && dbp)
+    on_first(std::true_type{}, std::true_type{});
   else if (fast)
-    columns(std::true_type{}, std::false_type{});
-  else if (first)
-    columns(std::false_type{}, std::true_type{});
+    on_first(std::true_type{}, std::false_type{});
   else
-    columns(std::false_type{}, std::false_type{});
+    on_first(std::false_type{}, std::false_type{});
 }
 
 // The per-group constants of the backward from the statistics of a row (docs/numerics.md, 6-7):

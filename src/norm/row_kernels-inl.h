@@ -314,9 +314,9 @@ inline void finish_rstd(RowStats& st, double sq, Index n, double eps) {
 
 // ---- Statistics of eight rows at once ---------------------------------------------------------------
 // The horizontal sums, divisions and square roots of the per-row statistics, done for eight rows with
-// one vector instruction each instead of eight scalar chains. IEEE division and square root are
-// correctly rounded and the transpose keeps hsum's tree, so every result has the bits of the per-row
-// code (row_mean, finish_rstd).
+// one vector instruction each (two on AVX2) instead of eight scalar chains. IEEE division and square root
+// are correctly rounded and the transposes keep hsum's tree, so every result has the bits of the per-row
+// code (row_mean, finish_rstd). The scalar target runs the per-row code.
 
 // out[r] = hsum(v[r]) for r = 0..7, by transpose-and-add: lanes l and l + 4, then l and l + 2, then
 // 0 and 1, exactly hsum's tree.
@@ -336,6 +336,18 @@ __attribute__((always_inline)) inline void hsum8(double* out, const VD* v) {
   const __m512d s =
       _mm512_add_pd(_mm512_maskz_unpacklo_pd(0xFF, u[0], u[1]), _mm512_maskz_unpackhi_pd(0xFF, u[0], u[1]));
   _mm512_storeu_pd(out, _mm512_maskz_permutexvar_pd(0xFF, _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), s));
+#elif NL_VEC_AVX2
+  for (int q = 0; q < 2; ++q) {  // rows 4q .. 4q + 3
+    __m256d u[4];
+    for (int j = 0; j < 4; ++j) u[j] = _mm256_add_pd(v[4 * q + j].lo, v[4 * q + j].hi);  // t = lo + hi
+    // rows a, b: (t_a0 + t_a2, t_a1 + t_a3, t_b0 + t_b2, t_b1 + t_b3), hsum's 128-bit step
+    const __m256d ab =
+        _mm256_add_pd(_mm256_permute2f128_pd(u[0], u[1], 0x20), _mm256_permute2f128_pd(u[0], u[1], 0x31));
+    const __m256d cd =
+        _mm256_add_pd(_mm256_permute2f128_pd(u[2], u[3], 0x20), _mm256_permute2f128_pd(u[2], u[3], 0x31));
+    // hadd: (a, c, b, d), each the sum of its two lanes as hsum's last step; then rows in order
+    _mm256_storeu_pd(out + 4 * q, _mm256_permute4x64_pd(_mm256_hadd_pd(ab, cd), _MM_SHUFFLE(3, 1, 2, 0)));
+  }
 #else
   for (int r = 0; r < 8; ++r) out[r] = hsum(v[r]);
 #endif
@@ -359,6 +371,15 @@ inline void mean8(Stats8& st, const double* sum, double n) {
   _mm512_store_pd(st.mean, m);
   _mm256_store_ps(st.mh, mh);
   _mm256_store_ps(st.ml, _mm512_maskz_cvtpd_ps(0xFF, _mm512_sub_pd(m, _mm512_maskz_cvtps_pd(0xFF, mh))));
+#elif NL_VEC_AVX2
+  for (int h = 0; h < 2; ++h) {
+    const __m256d m =
+        _mm256_div_pd(_mm256_add_pd(_mm256_loadu_pd(sum + 4 * h), _mm256_setzero_pd()), _mm256_set1_pd(n));
+    const __m128 mh = _mm256_cvtpd_ps(m);
+    _mm256_store_pd(st.mean + 4 * h, m);
+    _mm_store_ps(st.mh + 4 * h, mh);
+    _mm_store_ps(st.ml + 4 * h, _mm256_cvtpd_ps(_mm256_sub_pd(m, _mm256_cvtps_pd(mh))));
+  }
 #else
   for (int j = 0; j < 8; ++j) {
     st.mean[j] = (sum[j] + 0.0) / n;
@@ -378,6 +399,17 @@ inline void rstd8(Stats8& st, const double* sq, double n, double eps) {
       _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_maskz_sqrt_pd(0xFF, _mm512_add_pd(var, _mm512_set1_pd(eps))));
   _mm512_store_pd(st.rstd, rstd);
   _mm256_store_ps(st.r, _mm512_maskz_cvtpd_ps(0xFF, rstd));
+#elif NL_VEC_AVX2
+  for (int h = 0; h < 2; ++h) {
+    const __m256d ml = _mm256_cvtps_pd(_mm_load_ps(st.ml + 4 * h));
+    __m256d var =
+        _mm256_sub_pd(_mm256_div_pd(_mm256_loadu_pd(sq + 4 * h), _mm256_set1_pd(n)), _mm256_mul_pd(ml, ml));
+    var = _mm256_max_pd(_mm256_setzero_pd(), var);  // (0 > var) ? 0 : var, as std::max(var, 0.0)
+    const __m256d rstd =
+        _mm256_div_pd(_mm256_set1_pd(1.0), _mm256_sqrt_pd(_mm256_add_pd(var, _mm256_set1_pd(eps))));
+    _mm256_store_pd(st.rstd + 4 * h, rstd);
+    _mm_store_ps(st.r + 4 * h, _mm256_cvtpd_ps(rstd));
+  }
 #else
   for (int j = 0; j < 8; ++j) {
     const double ml = static_cast<double>(st.ml[j]);
@@ -919,6 +951,18 @@ inline void backward_consts8(float* c0, float* c2, const double* sg, const doubl
   const __m512d mean_gxh = _mm512_div_pd(_mm512_mul_pd(r, sgd), n);
   _mm256_storeu_ps(c0, _mm512_maskz_cvtpd_ps(0xFF, mean_g));
   _mm256_storeu_ps(c2, _mm512_maskz_cvtpd_ps(0xFF, _mm512_mul_pd(r, mean_gxh)));
+#elif NL_VEC_AVX2
+  for (int h = 0; h < 2; ++h) {
+    const __m256d z = _mm256_setzero_pd(), n = _mm256_set1_pd(nd);
+    const __m256d s = _mm256_add_pd(_mm256_loadu_pd(sg + 4 * h), z);
+    const __m256d se = _mm256_add_pd(_mm256_loadu_pd(sge + 4 * h), z);
+    const __m256d r = _mm256_loadu_pd(rstd + 4 * h);
+    const __m256d mean_g = Center ? _mm256_div_pd(s, n) : z;
+    const __m256d sgd = _mm256_sub_pd(se, _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(ml + 4 * h)), s));
+    const __m256d mean_gxh = _mm256_div_pd(_mm256_mul_pd(r, sgd), n);
+    _mm_storeu_ps(c0 + 4 * h, _mm256_cvtpd_ps(mean_g));
+    _mm_storeu_ps(c2 + 4 * h, _mm256_cvtpd_ps(_mm256_mul_pd(r, mean_gxh)));
+  }
 #else
   for (int j = 0; j < 8; ++j)
     backward_consts<Center>(&c0[j], &c2[j], sg[j] + 0.0, sge[j] + 0.0, rstd[j], ml[j], nd);

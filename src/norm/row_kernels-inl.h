@@ -1044,22 +1044,30 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
       const Index blk = s - 1;
       Block& b = bl[blk % 3];
       const Index r0 = blk * 8, last = a.rows - 1;
-      VD vg[8], vge[8];
+      // The accumulators go through memory: kept in arrays of VD, GCC 12 split them on AVX2 into 64-bit
+      // pieces moved through general registers (vmovq/vpinsrq), and the backward at D = 64 took 1.15–1.2×
+      // as long (docs/PERFORMANCE.md).
+      alignas(64) double vq[8][kD], vg[8][kD], vge[8][kD];
       for (int j = 0; j < 8; ++j) {
         const Index row = std::min(r0 + j, last);
         const SecondPassVec v = row_second_pass_vec<Center, true, W, !Saved>(
             a.x + row * a.ldx, a.dy + row * a.lddy, a.w, n, bcast(b.st.mh[j]));
-        acc[j] = v.sq;
-        vg[j] = v.sg;
-        vge[j] = v.sge;
+        if constexpr (!Saved) stored(vq[j], v.sq);
+        stored(vg[j], v.sg);
+        stored(vge[j], v.sge);
       }
+      auto hsum8_of = [&](double* out, const double(*m)[kD]) __attribute__((always_inline)) {
+        VD u[8];
+        for (int j = 0; j < 8; ++j) u[j] = loadd(m[j]);
+        hsum8(out, u);
+      };
       if constexpr (!Saved) {
-        hsum8(t, acc);
+        hsum8_of(t, vq);
         rstd8(b.st, t, nd, a.eps);
       }
       double sg[8], sge[8];
-      hsum8(sg, vg);
-      hsum8(sge, vge);
+      hsum8_of(sg, vg);
+      hsum8_of(sge, vge);
       backward_consts8<Center>(b.c0, b.c2, sg, sge, b.st.rstd, b.st.ml, nd);
     }
     if (s < blocks) {  // Σx and the means of block s

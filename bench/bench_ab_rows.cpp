@@ -12,7 +12,8 @@
 // of a round see the same machine), and a hash of each version's outputs (whether the bits are the same).
 // KERNELS and SHAPES are comma-separated lists (ROWSxD); every kernel runs at every shape. A KERNEL is
 // ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β; one call over all rows) | ln-bwd-saved |
-// ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and saved double statistics) | rms-bwd-saved (dx, dγ). A
+// ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and saved double statistics) | ln-bwd (the same, the
+// statistics recomputed from x) | rms-bwd-saved (dx, dγ). A
 // backward makes one kernel call per 1024 rows, each assigning its own dγ/dβ partial rows, as the
 // library's chunks do. x, dy ~ N(1, 2), γ = 1 + 0.01·i, β = 0.1 (those of normlab_bench_loop).
 // Only the kernel sources differ between A and B: both use the working tree's row_kernels.h, so a
@@ -72,6 +73,7 @@ struct Run {
   std::vector<T>& dy;
   std::vector<T>& out;
   bool backward;
+  bool saved;
 
   double operator()(int v) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -112,8 +114,8 @@ struct Run {
         a.dw = p.dw.data() + c * p.n;
         a.db = p.center ? p.db.data() + c * p.n : nullptr;
         a.init = true;
-        a.smean = p.center ? p.smean.data() + r0 : nullptr;
-        a.srstd = p.srstd.data() + r0;
+        a.smean = p.center && saved ? p.smean.data() + r0 : nullptr;
+        a.srstd = saved ? p.srstd.data() + r0 : nullptr;
         if (v == 0)
           k::ab_a::rows_backward_of<T>(a);
         else
@@ -169,7 +171,7 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   p.dw.resize(parts);
   p.db.resize(parts);
 
-  Run<T> r{p, x, dy, out, backward};
+  Run<T> r{p, x, dy, out, backward, kernel.find("saved") != std::string::npos};
   std::uint64_t hash[2];
   for (int v = 0; v < 2; ++v) {  // one untimed call each; its outputs are hashed
     r(v);
@@ -223,7 +225,7 @@ int main(int argc, char** argv) {
         if (x == std::string::npos) throw std::invalid_argument("a shape is ROWSxD, got '" + shape + "'");
         const Index rows = parse_positive(shape.substr(0, x).c_str(), "ROWS");
         const Index n = parse_positive(shape.substr(x + 1).c_str(), "D");
-        if (kernel == "ln-fwd" || kernel == "ln-bwd-saved" || kernel == "rms-bwd-saved")
+        if (kernel == "ln-fwd" || kernel == "ln-bwd" || kernel == "ln-bwd-saved" || kernel == "rms-bwd-saved")
           run<float>(kernel, rows, n, calls);
         else if (kernel == "ln-fwd-bf16" || kernel == "ln-bwd-saved-bf16")
           run<bfloat16>(kernel, rows, n, calls);

@@ -1045,8 +1045,8 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
       Block& b = bl[blk % 3];
       const Index r0 = blk * 8, last = a.rows - 1;
       // The accumulators go through memory: kept in arrays of VD, GCC 12 split them on AVX2 into 64-bit
-      // pieces moved through general registers (vmovq/vpinsrq), and the backward at D = 64 took 1.15–1.2×
-      // as long (docs/PERFORMANCE.md).
+      // pieces moved through general registers (vmovq/vpinsrq), and the backward at D = 64 and 80 took
+      // 1.09–1.17× as long (docs/PERFORMANCE.md, eighth session).
       alignas(64) double vq[8][kD], vg[8][kD], vge[8][kD];
       for (int j = 0; j < 8; ++j) {
         const Index row = std::min(r0 + j, last);

@@ -42,10 +42,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
+
 namespace {
 
 using normlab::bfloat16;
 using normlab::Index;
+using normlab::bench::parse_positive;
 namespace k = normlab::kernels;
 
 template <typename T>
@@ -125,14 +128,6 @@ struct Run {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
 };
-
-long parse_positive(const char* s, const char* what) {
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (end == s || *end != '\0' || v <= 0)
-    throw std::invalid_argument(std::string(what) + " must be a positive integer, got '" + s + "'");
-  return v;
-}
 
 template <typename T>
 void run(const std::string& kernel, Index rows, Index n, int calls) {

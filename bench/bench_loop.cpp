@@ -25,17 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
+
 namespace {
 
 using namespace normlab;
-
-long parse_positive(const char* s, const char* what) {
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (end == s || *end != '\0' || v <= 0)
-    throw std::invalid_argument(std::string(what) + " must be a positive integer, got '" + s + "'");
-  return v;
-}
+using bench::parse_positive;
 
 template <typename T>
 std::uint64_t hash_bits(const T* p, Index n) {

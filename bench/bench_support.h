@@ -1,13 +1,15 @@
 // bench/bench_support.h — helpers shared by the benchmark sources of normlab_bench (bench_norm.cpp,
 // bench_norm_lowp.cpp): aligned buffers, deterministic fills, and the hook that registers the bf16/fp16
-// and fused benchmarks.
+// and fused benchmarks; and the argument parsing of the timing loops (bench_loop.cpp, bench_ab_rows.cpp).
 #pragma once
 
 #include <normlab/tensor.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 namespace normlab::bench {
@@ -25,6 +27,15 @@ BufferOf<T> Allocate(Index n) {
   return BufferOf<T>(static_cast<T*>(::operator new(static_cast<std::size_t>(n) * sizeof(T), std::align_val_t(64))));
 }
 inline Buffer AllocateFloats(Index n) { return Allocate<float>(n); }
+
+// A command-line count: a positive decimal integer, or std::invalid_argument naming `what`.
+inline long parse_positive(const char* s, const char* what) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (end == s || *end != '\0' || v <= 0)
+    throw std::invalid_argument(std::string(what) + " must be a positive integer, got '" + s + "'");
+  return v;
+}
 
 // Deterministic uniform values in [lo, hi) (splitmix64; fast enough to fill 128 MiB in a blink).
 inline void FillUniform(float* p, Index n, std::uint64_t seed, float lo, float hi) {

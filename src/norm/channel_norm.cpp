@@ -235,69 +235,29 @@ struct SegmentArrays {
   void put(Index s, const kernels::SegmentStats& t) const;
 };
 
-// The segment statistics of one BatchNorm channel c: entry b (b = 0 .. B − 1) at [b·stride] of each array
-// (the per-segment arrays of a whole pass: st.x + c with stride C; a channel's own arrays: stride 1).
-struct ChannelSegs {
-  const double *sum, *mean, *m2, *sdy, *sdyd;
-  Index stride;
-};
-ChannelSegs channel_segs(const SegmentArrays& st, Index c, Index C) {
-  return {st.sum + c, st.mean + c, st.m2 + c, st.sdy + c, st.sdyd + c, C};
-}
-
-// The moments of a BatchNorm channel from its segments in b order (empty segments hold zeros), count =
-// group_counts' value: mean = (Σ_b Σx_b)/count, var = Σ_b (M2_b + n_b·(mean_b − mean)²)/count (Chan et al.;
-// empty segments skipped); 0 and 0 for an empty channel.
-void channel_moments(const Plan& p, const ChannelSegs& s, double count, double& mean, double& var) {
-  mean = 0.0;
-  for (Index b = 0; b < p.B; ++b) mean += s.sum[b * s.stride];
-  mean = count > 0 ? mean / count : 0.0;
-  var = 0.0;
-  for (Index b = 0; b < p.B; ++b) {
-    const double ns = static_cast<double>(p.valid(b));
-    if (ns == 0) continue;
-    const double d = s.mean[b * s.stride] - mean;
-    var += s.m2[b * s.stride] + ns * d * d;
-  }
-  var = count > 0 ? var / count : 0.0;
-}
-
-// The backward's statistics of a BatchNorm channel from its segments in b order, given its moments and
-// wc = γ_c (1 without weight): rstd (0 for an empty channel); per segment Σdy·x̂ = rstd·(Σdy·(x − mean_b) +
-// (mean_b − mean)·Σdy) (0 for an empty segment); mg = Σ_b wc·Σdy / count, mgx = Σ_b wc·Σdy·x̂ / count (0 for
-// an empty channel); dweight = Σ_b Σdy·x̂, dbias = Σ_b Σdy.
-struct ChannelGrad {
-  double rstd = 0, mg = 0, mgx = 0, dweight = 0, dbias = 0;
-};
-ChannelGrad channel_grad(const Plan& p, const ChannelSegs& s, double count, double mean, double var, double eps,
-                         double wc) {
-  ChannelGrad r;
-  r.rstd = count > 0 ? 1.0 / std::sqrt(var + eps) : 0.0;
-  for (Index b = 0; b < p.B; ++b) {
-    const Index i = b * s.stride;
-    const double sdy = s.sdy[i];
-    const double sdyxh = p.valid(b) == 0 ? 0.0 : r.rstd * (s.sdyd[i] + (s.mean[i] - mean) * sdy);
-    r.mg += wc * sdy;
-    r.mgx += wc * sdyxh;
-    r.dweight += sdyxh;
-    r.dbias += sdy;
-  }
-  r.mg = count > 0 ? r.mg / count : 0.0;
-  r.mgx = count > 0 ? r.mgx / count : 0.0;
-  return r;
-}
-
-// Per-channel moments of a BatchNorm from the per-segment statistics st of a whole pass.
+// Per-group moments from the per-segment statistics st (entries 0 .. B·C) (Σx, mean_s = Σx/n_s, M2_s; see
+// channel_norm.h), combined in segment order (b major, c minor; empty segments hold zeros).
 Moments combine_moments(const Plan& p, const SegmentArrays& st) {
-  NL_CHECK(p.grouping == Grouping::kBatch, "{}: the BatchNorm passes need the batch grouping", p.op);
   Moments m;
   m.count = group_counts(p);
   m.mean.assign(m.count.size(), 0.0);
-  m.var.assign(m.count.size(), 0.0);
-  for (Index c = 0; c < p.C; ++c) {
-    const std::size_t ci = static_cast<std::size_t>(c);
-    channel_moments(p, channel_segs(st, c, p.C), m.count[ci], m.mean[ci], m.var[ci]);
+  const bool batch = p.grouping == Grouping::kBatch;
+  for (Index b = 0; b < p.B; ++b)
+    for (Index c = 0; c < p.C; ++c)
+      m.mean[static_cast<std::size_t>(batch ? c : p.group_of(b, c))] += st.sum[b * p.C + c];
+  for (std::size_t g = 0; g < m.mean.size(); ++g) m.mean[g] = m.count[g] > 0 ? m.mean[g] / m.count[g] : 0.0;
+  m.var.assign(m.mean.size(), 0.0);
+  for (Index b = 0; b < p.B; ++b) {
+    const double ns = static_cast<double>(p.valid(b));
+    if (ns == 0) continue;
+    for (Index c = 0; c < p.C; ++c) {
+      const Index s = b * p.C + c;
+      const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c));
+      const double d = st.mean[s] - m.mean[g];
+      m.var[g] += st.m2[s] + ns * d * d;
+    }
   }
+  for (std::size_t g = 0; g < m.var.size(); ++g) m.var[g] = m.count[g] > 0 ? m.var[g] / m.count[g] : 0.0;
   return m;
 }
 
@@ -361,21 +321,35 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const
                });
   GradStats r;
   r.m = combine_moments(p, st);
-  const std::size_t nc = static_cast<std::size_t>(p.C);
-  r.rstd.assign(nc, 0.0);
-  r.mg.assign(nc, 0.0);
-  r.mgx.assign(nc, 0.0);
+  const std::size_t ng = r.m.var.size(), nc = static_cast<std::size_t>(p.C);
+  r.rstd.resize(ng);
+  for (std::size_t g = 0; g < ng; ++g) r.rstd[g] = r.m.count[g] > 0 ? 1.0 / std::sqrt(r.m.var[g] + eps) : 0.0;
+  r.mg.assign(ng, 0.0);
+  r.mgx.assign(ng, 0.0);
   r.dweight.assign(nc, 0.0);
   r.dbias.assign(nc, 0.0);
-  for (Index c = 0; c < p.C; ++c) {
-    const std::size_t ci = static_cast<std::size_t>(c);
-    const ChannelGrad g = channel_grad(p, channel_segs(st, c, p.C), r.m.count[ci], r.m.mean[ci], r.m.var[ci],
-                                       eps, w ? static_cast<double>(w[c]) : 1.0);
-    r.rstd[ci] = g.rstd;
-    r.mg[ci] = g.mg;
-    r.mgx[ci] = g.mgx;
-    r.dweight[ci] = g.dweight;
-    r.dbias[ci] = g.dbias;
+  const bool batch = p.grouping == Grouping::kBatch;
+  // In segment order (b major, c minor), per segment: Σdy·x̂ = rstd·Σdy·(x − mean)
+  // = rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy) (0 for an empty segment); Σ γ_c·Σdy and
+  // Σ γ_c·Σdy·x̂ per group; Σ_b Σdy·x̂ and Σ_b Σdy per channel.
+  for (Index b = 0; b < p.B; ++b) {
+    const bool empty = p.valid(b) == 0;
+    for (Index c = 0; c < p.C; ++c) {
+      const Index s = b * p.C + c;
+      const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c)),
+                        ci = static_cast<std::size_t>(c);
+      const double sdy = st.sdy[s];
+      const double sdyxh = empty ? 0.0 : r.rstd[g] * (st.sdyd[s] + (st.mean[s] - r.m.mean[g]) * sdy);
+      const double wc = w ? static_cast<double>(w[c]) : 1.0;
+      r.mg[g] += wc * sdy;
+      r.mgx[g] += wc * sdyxh;
+      r.dweight[ci] += sdyxh;
+      r.dbias[ci] += sdy;
+    }
+  }
+  for (std::size_t g = 0; g < ng; ++g) {
+    r.mg[g] = r.m.count[g] > 0 ? r.mg[g] / r.m.count[g] : 0.0;
+    r.mgx[g] = r.m.count[g] > 0 ? r.mgx[g] / r.m.count[g] : 0.0;
   }
   return r;
 }
@@ -513,150 +487,6 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
         input_grad_seg(k, p, dxo, dyo, xo, b, c, mean[g], rstd[g], w, mean_g[g], mean_gx[g], scratch, stream);
       },
       stream);
-}
-
-// ---- BatchNorm training: the two orders --------------------------------------------------------------
-
-namespace {
-
-// Runs the channel passes over blocks of channels: per block, stats(b, c, scratch, sums_c) for every
-// segment (b major, c minor: each batch item's segments of the block are consecutive in memory), then
-// finish(c, sums_c) per channel, then out(b, c, scratch) for every segment in the same order. Blocks are
-// chunks of channels fixed by the shape; one task per block. sums_c: 5·B doubles per channel.
-template <typename Stats, typename Finish, typename Out>
-void for_channel_blocks(const Plan& p, int buffers, bool need_scratch, bool stream, Stats&& stats,
-                        Finish&& finish, Out&& out) {
-  const Index per_block = std::min(p.C, kBatchBlockChannels);
-  const Index blocks = (p.C + per_block - 1) / per_block;
-  parallel::parallel_for(blocks, [&](Index t) {
-    std::vector<float> scratch(need_scratch ? static_cast<std::size_t>(buffers * p.S) : 0);
-    std::vector<double> sums(static_cast<std::size_t>(5 * p.B * per_block), 0.0);
-    const Index c0 = t * per_block, c1 = std::min(p.C, c0 + per_block);
-    auto sums_of = [&](Index c) { return sums.data() + 5 * p.B * (c - c0); };
-    for (Index b = 0; b < p.B; ++b)
-      for (Index c = c0; c < c1; ++c) stats(b, c, scratch.data(), sums_of(c));
-    for (Index c = c0; c < c1; ++c) finish(c, sums_of(c));
-    for (Index b = 0; b < p.B; ++b)
-      for (Index c = c0; c < c1; ++c) out(b, c, scratch.data());
-    if (stream) kernels::channel_kernels().fence();
-  });
-}
-
-}  // namespace
-
-BatchOrder batch_order(const Plan& p, Index inputs) {
-  const Index segment_bytes = p.S * Index{sizeof(float)};
-  const bool fits = inputs * kBatchBlockChannels * p.B * segment_bytes <= kBatchBlockMaxBytes;
-  return stream_output(p) && p.C >= 2 * kBatchBlockChannels && segment_bytes >= kBatchMinSegmentBytes && fits
-             ? BatchOrder::kChannels
-             : BatchOrder::kSegments;
-}
-
-namespace {
-
-BatchOrder resolve(const Plan& p, BatchOrder order, Index inputs) {
-  NL_CHECK(p.grouping == Grouping::kBatch, "{}: the BatchNorm passes need the batch grouping", p.op);
-  return order == BatchOrder::kAuto ? batch_order(p, inputs) : order;
-}
-
-}  // namespace
-
-Moments batch_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
-                      std::vector<double>& rstd, BatchOrder order) {
-  const std::size_t nc = static_cast<std::size_t>(p.C);
-  if (resolve(p, order, 1) == BatchOrder::kSegments) {
-    Moments m = moments(p, x);
-    rstd.assign(nc, 0.0);
-    for (std::size_t c = 0; c < nc; ++c) rstd[c] = m.count[c] > 0 ? 1.0 / std::sqrt(m.var[c] + eps) : 0.0;
-    normalize(p, y, x, m.mean, rstd, w, b);
-    return m;
-  }
-  const Operand xo = operand(x, p), yo = operand(y, p);
-  const kernels::ChannelKernels& k = kernels::channel_kernels();
-  const bool stream = stream_output(p);
-  Moments m;
-  m.count = group_counts(p);
-  m.mean.assign(nc, 0.0);
-  m.var.assign(nc, 0.0);
-  rstd.assign(nc, 0.0);
-  // Per segment as moments forms it, per channel as combine_moments, then normalize's y for the block's
-  // segments, still in cache.
-  for_channel_blocks(
-      p, 2, needs_gather(xo, p) || needs_gather(yo, p), stream,
-      [&](Index bi, Index c, float* scratch, double* sums) {
-        const Index n = p.valid(bi);
-        kernels::SegmentStats t;
-        if (n) k.segment_stats(&t, seg_in(xo, p, bi, c, scratch), nullptr, n);
-        sums[bi] = t.sum;
-        sums[p.B + bi] = t.mean;
-        sums[2 * p.B + bi] = t.m2;
-      },
-      [&](Index c, const double* sums) {
-        const std::size_t ci = static_cast<std::size_t>(c);
-        channel_moments(p, {sums, sums + p.B, sums + 2 * p.B, nullptr, nullptr, 1}, m.count[ci], m.mean[ci],
-                        m.var[ci]);
-        rstd[ci] = m.count[ci] > 0 ? 1.0 / std::sqrt(m.var[ci] + eps) : 0.0;
-      },
-      [&](Index bi, Index c, float* scratch) {
-        const std::size_t ci = static_cast<std::size_t>(c);
-        normalize_seg(k, p, yo, xo, bi, c, m.mean[ci], rstd[ci], w, b, scratch, stream);
-      });
-  return m;
-}
-
-GradStats batch_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
-                         BatchOrder order) {
-  if (resolve(p, order, 2) == BatchOrder::kSegments) {
-    GradStats r = grad_stats(p, dy, x, eps, w);
-    input_grad(p, dx, dy, x, r.m.mean, r.rstd, w, r.mg, r.mgx);
-    return r;
-  }
-  const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
-  const kernels::ChannelKernels& k = kernels::channel_kernels();
-  const bool stream = stream_output(p);
-  const std::size_t nc = static_cast<std::size_t>(p.C);
-  GradStats r;
-  r.m.count = group_counts(p);
-  r.m.mean.assign(nc, 0.0);
-  r.m.var.assign(nc, 0.0);
-  r.rstd.assign(nc, 0.0);
-  r.mg.assign(nc, 0.0);
-  r.mgx.assign(nc, 0.0);
-  r.dweight.assign(nc, 0.0);
-  r.dbias.assign(nc, 0.0);
-  // Per segment as grad_stats forms them, per channel as its combination, then input_grad's dx for the
-  // block's segments, still in cache.
-  const Index B = p.B;
-  for_channel_blocks(
-      p, 3, needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p), stream,
-      [&](Index b, Index c, float* scratch, double* sums) {
-        const Index n = p.valid(b);
-        kernels::SegmentStats t;
-        if (n) k.segment_stats(&t, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
-        sums[b] = t.sum;
-        sums[B + b] = t.mean;
-        sums[2 * B + b] = t.m2;
-        sums[3 * B + b] = t.sdy;
-        sums[4 * B + b] = t.sdyd;
-      },
-      [&](Index c, const double* sums) {
-        const ChannelSegs cs{sums, sums + B, sums + 2 * B, sums + 3 * B, sums + 4 * B, 1};
-        const std::size_t ci = static_cast<std::size_t>(c);
-        channel_moments(p, cs, r.m.count[ci], r.m.mean[ci], r.m.var[ci]);
-        const ChannelGrad g = channel_grad(p, cs, r.m.count[ci], r.m.mean[ci], r.m.var[ci], eps,
-                                           w ? static_cast<double>(w[c]) : 1.0);
-        r.rstd[ci] = g.rstd;
-        r.mg[ci] = g.mg;
-        r.mgx[ci] = g.mgx;
-        r.dweight[ci] = g.dweight;
-        r.dbias[ci] = g.dbias;
-      },
-      [&](Index b, Index c, float* scratch) {
-        const std::size_t ci = static_cast<std::size_t>(c);
-        input_grad_seg(k, p, dxo, dyo, xo, b, c, r.m.mean[ci], r.rstd[ci], w, r.mg[ci], r.mgx[ci], scratch,
-                       stream);
-      });
-  return r;
 }
 
 // ---- InstanceNorm / GroupNorm: group by group -----------------------------------------------------

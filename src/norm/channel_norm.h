@@ -11,11 +11,10 @@
 // buffer when its valid elements are not already n consecutive floats), stores a few doubles per
 // segment, and the per-group values are then combined serially in segment order (b major, c minor).
 // Segments are handed out in chunks that depend on the shape only, so results are bitwise identical for
-// any thread count. A BatchNorm's training passes (batch_forward, batch_backward) either walk memory in
-// order, reading x (and dy) twice, or go channel by channel so that a channel's segments are read from
-// memory once and again from cache (same bits); InstanceNorm and GroupNorm, whose groups are whole
-// segments of one batch item, run both passes group by group and read their inputs from memory once
-// (per_sample_forward, per_sample_backward). Outputs larger than the last-level
+// any thread count. The passes walk memory in order: a BatchNorm forward reads x twice (moments,
+// normalize), a training backward reads x and dy twice (grad_stats, input_grad); InstanceNorm and
+// GroupNorm, whose groups are whole segments of one batch item, run both passes group by group and read
+// their inputs from memory once (per_sample_forward, per_sample_backward). Outputs larger than the last-level
 // cache are written with streaming (non-temporal) stores. Numerics (docs/numerics.md): sums in double,
 // elementwise work in fp32 at full vector width, as in the fused LayerNorm kernels.
 //
@@ -79,22 +78,21 @@ Dims stats_shape(const Plan& p);
 std::vector<double> group_counts(const Plan& p);
 
 
-// The biased moments of every channel of a BatchNorm (grouping kBatch) over real elements: mean = Σx/n,
-// var = Σ(x−mean)²/n, in one pass over memory: per segment s (n_s real elements, in cache) Σx in double
-// and M2_s = Σ(x − mean_s)² with mean_s = Σx/n_s (kernels::SegmentStats: fp32 squares around the fp32
-// pair of mean_s, accumulated in double); per channel, its segments in b order, mean = Σ_s Σx / n and
-// M2 = Σ_s (M2_s + n_s·(mean_s − mean)²) (Chan et al.'s exact combination), var = M2/n. Empty channels
-// (n = 0) get mean = var = 0.
+// Per-group biased moments of x over real elements: mean = Σx/n, var = Σ(x−mean)²/n, in one pass over
+// memory: per segment s (n_s real elements, in cache) Σx in double and M2_s = Σ(x − mean_s)² with
+// mean_s = Σx/n_s (kernels::SegmentStats: fp32 squares around the fp32 pair of mean_s, accumulated in
+// double); per group, in segment order, mean = Σ_s Σx / n and M2 = Σ_s (M2_s + n_s·(mean_s − mean)²)
+// (Chan et al.'s exact combination), var = M2/n. Empty groups (n = 0) get mean = var = 0.
 struct Moments {
   std::vector<double> mean, var, count;
 };
 Moments moments(const Plan& p, ConstView x);
 
-// The statistics of a BatchNorm training backward in one pass over x and dy: the moments above, rstd per
-// channel (0 for empty channels) and, per segment, sdy = Σ dy (double, exact terms) and sdyxh = Σ dy·x̂,
-// formed from the segment's own Σ dy·(x − mean_s) (fp32 products, double accumulation) as
-// rstd_g·(Σ dy·(x − mean_s) + (mean_s − mean_g)·Σ dy) (0 for empty segments), combined per channel in b
-// order (nothing per segment is kept):
+// The statistics of a training backward in one pass over x and dy: the moments above, rstd per group
+// (0 for empty groups) and, per segment, sdy = Σ dy (double, exact terms) and sdyxh = Σ dy·x̂, formed
+// from the segment's own Σ dy·(x − mean_s) (fp32 products, double accumulation) as
+// rstd_g·(Σ dy·(x − mean_s) + (mean_s − mean_g)·Σ dy) (0 for empty segments), combined in segment order
+// (b major, c minor; nothing per segment is kept):
 //   mg_g  = Σ_seg γ_c·sdy / n_g,  mgx_g = Σ_seg γ_c·sdyxh / n_g  (0 for empty groups; γ = 1 when w is null)
 //   dweight_c = Σ_b sdyxh[b, c],  dbias_c = Σ_b sdy[b, c]         (double, in b order)
 struct GradStats {
@@ -124,33 +122,6 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
 // Constant-statistics dx = dy·float(γ_c·rstd_g) (fp32 product) at real elements, 0 at padded ones.
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w);
 
-// The BatchNorm training passes (grouping kBatch), in one of two orders with the same bits:
-//   kSegments  the statistics of every segment in memory order, then every output: moments + normalize,
-//              grad_stats + input_grad (x, and dy, read from memory twice);
-//   kChannels  by blocks of kBatchBlockChannels adjacent channels: the statistics of the block's segments
-//              (b major, c minor: per batch item the block's segments are one run of memory), each
-//              channel's combined by the same code as combine_moments / grad_stats, then the block's
-//              outputs while its segments are still in cache; one task per block;
-//   kAuto      kChannels where x is too large for the last-level cache (as large as the outputs that
-//              are streamed, 16 MiB), C ≥ 2·kBatchBlockChannels (two blocks at least), a segment holds at
-//              least kBatchMinSegmentBytes (shorter ones would be read a part of a cache line at a time)
-//              and a block's inputs (x, and dy) fit in kBatchBlockMaxBytes; else kSegments.
-// batch_forward: y, the moments and rstd (0 for empty channels) as moments + normalize give them.
-// batch_backward: dx and the GradStats of grad_stats (dweight, dbias per channel), as grad_stats +
-// input_grad give them. (docs/PERFORMANCE.md, ninth session, on a Zen 3 machine: out of cache, [64, 256,
-// 400], kChannels took 0.83-0.90 of kSegments' time for the backward and 0.88-1.00 for the forward; at
-// [32, 80, 1000] and [16, 64, 400], which the L3 holds, 0.97-1.09, so kAuto keeps kSegments there; blocks
-// of one channel were 15 % slower than kSegments out of cache.)
-enum class BatchOrder { kAuto, kSegments, kChannels };
-inline constexpr Index kBatchBlockChannels = 8;
-inline constexpr Index kBatchMinSegmentBytes = 256;
-inline constexpr Index kBatchBlockMaxBytes = Index{4} << 20;
-// kAuto's choice for the plan of a BatchNorm; inputs: the full-shaped inputs read (1: x; 2: x and dy).
-BatchOrder batch_order(const Plan& p, Index inputs);
-Moments batch_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
-                      std::vector<double>& rstd, BatchOrder order = BatchOrder::kAuto);
-GradStats batch_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
-                         BatchOrder order = BatchOrder::kAuto);
 // InstanceNorm and GroupNorm (every group is whole segments of one batch item): the forward (moments,
 // rstd per group, normalize) and the training backward's dx with the per-segment sdy, sdyxh, group by
 // group: a group's segments are read from memory for the statistics and again from cache for y or dx.

@@ -11,8 +11,6 @@
 //             mean(g·x̂)_g = Σ_seg γ_c·Σdy·x̂ / n_g; dx = rstd_g·(dy·γ_c − mean(g) − x̂·mean(g·x̂));
 //             dγ_c = Σ_b Σdy·x̂, dβ_c = Σ_b Σdy (b order).
 //   BatchNorm eval: the running statistics are constants: y as above with them, dx = dy·γ_c·rstd_c.
-//   BatchNorm training: chnorm::batch_forward / batch_backward, which go channel by channel where a
-//             channel's data fits in cache, so that it is read from memory once per pass pair (same bits).
 //   InstanceNorm, GroupNorm: the same arithmetic group by group (chnorm::per_sample_forward/_backward),
 //             so that a group's data is read from memory once per pass pair.
 // Every check runs before anything is written.
@@ -39,6 +37,13 @@ const float* ptr_or_null(const std::vector<float>& v) {
   return v.empty() ? nullptr : v.data();
 }
 
+// rstd per group; empty groups (n = 0) get 0 (their elements are all padding).
+std::vector<double> rstd_of(const chnorm::Moments& m, double eps) {
+  std::vector<double> r(m.var.size());
+  for (std::size_t g = 0; g < r.size(); ++g) r[g] = m.count[g] > 0 ? 1.0 / std::sqrt(m.var[g] + eps) : 0.0;
+  return r;
+}
+
 void check_training_counts(const Plan& p, const chnorm::Moments& m, const Dims& x_shape) {
   for (std::size_t c = 0; c < m.count.size(); ++c)
     NL_CHECK(m.count[c] > 1,
@@ -47,10 +52,21 @@ void check_training_counts(const Plan& p, const chnorm::Moments& m, const Dims& 
              p.masked() ? fmt::format(" with {} real value(s) in channel {}", m.count[c], c) : "");
 }
 
-// The full backward with batch (group) statistics recomputed from x (chnorm::batch_backward).
+// Statistics of groups in training mode: forward outputs.
+void train_forward(const Plan& p, View y, View save_mean, View save_rstd, ConstView x, const float* w,
+                   const float* b, const chnorm::Moments& m, const std::vector<double>& rstd) {
+  chnorm::normalize(p, y, x, m.mean, rstd, w, b);
+  chnorm::write_stats(save_mean, m.mean);
+  chnorm::write_stats(save_rstd, rstd);
+}
+
+// The full backward with batch (group) statistics recomputed from x (one pass over x and dy for the
+// statistics, one for dx).
 void train_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
                     const float* w, double eps, GradMode mode) {
-  const chnorm::GradStats st = chnorm::batch_backward(p, dx, dy, x, eps, w);
+  // mean(g) and mean(g·x̂) per group, g = dy·γ_c, and dγ, dβ: formed by grad_stats in segment order.
+  const chnorm::GradStats st = chnorm::grad_stats(p, dy, x, eps, w);
+  chnorm::input_grad(p, dx, dy, x, st.m.mean, st.rstd, w, st.mg, st.mgx);
   chnorm::write_channel_grads(dweight, dbias, st.dweight, st.dbias, mode);
 }
 
@@ -111,14 +127,10 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
   }
   NL_CHECK(!tracking || opt.momentum || num_batches_tracked,
            "{}: momentum = nullopt (cumulative average) needs num_batches_tracked", op);
-  chnorm::Moments counts;
-  counts.count = chnorm::group_counts(p);
-  check_training_counts(p, counts, x.shape());
+  const chnorm::Moments m = chnorm::moments(p, x);
+  check_training_counts(p, m, x.shape());
   const RunningStats old = tracking ? read_running(running_mean, running_var, p.C, opt.eps) : RunningStats{};
-  std::vector<double> rstd;
-  const chnorm::Moments m = chnorm::batch_forward(p, y, x, opt.eps, ptr_or_null(w), ptr_or_null(b), rstd);
-  chnorm::write_stats(save_mean, m.mean);
-  chnorm::write_stats(save_rstd, rstd);
+  train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m, rstd_of(m, opt.eps));
   if (!tracking) return;
 
   // Running statistics: weights of the old value and of the batch statistic.

@@ -8,11 +8,9 @@
 #include <normlab/simd.h>
 
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <random>
 
-#include "norm/channel_norm.h"
 #include "support/finite_diff.h"
 #include "support/random.h"
 #include "support/tolerance.h"
@@ -573,119 +571,6 @@ TEST(BatchNormDeterminism, StreamingStoresGiveTheSameBits) {
     }
   }
   set_num_threads(saved);
-}
-
-// ---- the two orders of the training passes (src/norm/channel_norm.h) -------------------------------
-
-// Whether two double vectors hold the same bits.
-::testing::AssertionResult same_doubles(const std::vector<double>& a, const std::vector<double>& b,
-                                        const std::string& what) {
-  if (a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0)
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": the two orders differ";
-}
-
-// BatchOrder::kChannels (blocks of channels, statistics and outputs per block) against kSegments (a
-// statistics pass over the whole tensor, then an output pass): the same bits for y, the moments, rstd,
-// dx and every backward statistic, on strided and misaligned views, with and without padding masks,
-// γ and β, a last block shorter than the others, segments of 1 element, in place, and 1 or 2 threads.
-TEST(BatchNormOrder, ChannelBlocksGiveTheBitsOfTheSegmentOrder) {
-  using chnorm::BatchOrder;
-  std::mt19937_64 rng(21);
-  const int saved = num_threads();
-  for (const Dims& shape : {Dims{3, 20, 70}, Dims{2, 17, 64}, Dims{4, 9, 1}, Dims{1, 16, 333}}) {
-    for (int layout = 0; layout < 2; ++layout) {
-      for (bool masked : {false, true}) {
-        SCOPED_TRACE(fmt::format("x {}, {}, {}", shape.str(), layout ? "strided view" : "contiguous",
-                                 masked ? "masked" : "unmasked"));
-        const Index B = shape[0], C = shape[1], T = shape[2];
-        Tensor xp, dyp;
-        Tensor xc = testing::random_tensor(shape, rng, 2.0, 3.0), dyc = testing::random_tensor(shape, rng, 1, 0);
-        ConstView x = xc.cview(), dy = dyc.cview();
-        if (layout) {
-          x = random_view(rng, xp, shape, 2.0, 3.0);
-          dy = random_view(rng, dyp, shape, 1.0, 0.0);
-        }
-        Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 0.5, 0.0);
-        const Lengths len = masked ? random_lengths(rng, B, T) : Lengths{};
-        const chnorm::Plan p = chnorm::make_plan(shape, 1, chnorm::Grouping::kBatch, 1, len, 2, "test");
-        for (int threads : {1, 2}) {
-          set_num_threads(threads);
-          for (bool affine : {true, false}) {
-            const float* wp = affine ? w.data() : nullptr;
-            const float* bp = affine ? b.data() : nullptr;
-            Tensor ys(shape), yc(shape), dxs(shape), dxc(shape);
-            std::vector<double> rs, rc;
-            const chnorm::Moments ms = chnorm::batch_forward(p, ys.view(), x, 1e-5, wp, bp, rs, BatchOrder::kSegments);
-            const chnorm::Moments mc = chnorm::batch_forward(p, yc.view(), x, 1e-5, wp, bp, rc, BatchOrder::kChannels);
-            EXPECT_TRUE(bitwise_equal(ys.cview(), yc.cview(), "y"));
-            EXPECT_TRUE(same_doubles(ms.mean, mc.mean, "mean"));
-            EXPECT_TRUE(same_doubles(ms.var, mc.var, "var"));
-            EXPECT_TRUE(same_doubles(ms.count, mc.count, "count"));
-            EXPECT_TRUE(same_doubles(rs, rc, "rstd"));
-            const chnorm::GradStats gs = chnorm::batch_backward(p, dxs.view(), dy, x, 1e-5, wp, BatchOrder::kSegments);
-            const chnorm::GradStats gc = chnorm::batch_backward(p, dxc.view(), dy, x, 1e-5, wp, BatchOrder::kChannels);
-            EXPECT_TRUE(bitwise_equal(dxs.cview(), dxc.cview(), "dx"));
-            EXPECT_TRUE(same_doubles(gs.m.mean, gc.m.mean, "backward mean"));
-            EXPECT_TRUE(same_doubles(gs.m.var, gc.m.var, "backward var"));
-            EXPECT_TRUE(same_doubles(gs.rstd, gc.rstd, "backward rstd"));
-            EXPECT_TRUE(same_doubles(gs.mg, gc.mg, "mean of g"));
-            EXPECT_TRUE(same_doubles(gs.mgx, gc.mgx, "mean of g·x̂"));
-            EXPECT_TRUE(same_doubles(gs.dweight, gc.dweight, "dweight"));
-            EXPECT_TRUE(same_doubles(gs.dbias, gc.dbias, "dbias"));
-            if (layout == 0) {  // in place: y over x, dx over dy
-              Tensor xi = xc.clone(), dyi = dyc.clone();
-              std::vector<double> ri;
-              chnorm::batch_forward(p, xi.view(), xi.cview(), 1e-5, wp, bp, ri, BatchOrder::kChannels);
-              EXPECT_TRUE(bitwise_equal(ys.cview(), xi.cview(), "y in place"));
-              chnorm::batch_backward(p, dyi.view(), dyi.cview(), x, 1e-5, wp, BatchOrder::kChannels);
-              EXPECT_TRUE(bitwise_equal(dxs.cview(), dyi.cview(), "dx in place"));
-            }
-          }
-        }
-      }
-    }
-  }
-  set_num_threads(saved);
-}
-
-// Which order kAuto takes (out of cache, enough channels, segments of at least 64 floats), and the public
-// ops there: the bits of the segment order.
-TEST(BatchNormOrder, OutOfCacheThePublicOpsGoByChannelBlocks) {
-  using chnorm::BatchOrder;
-  auto plan = [](const Dims& shape) {
-    return chnorm::make_plan(shape, 1, chnorm::Grouping::kBatch, 1, {}, -1, "test");
-  };
-  const Index T = 2056;  // [16, 128, T]: 16 MiB + 64 KiB; blocks of 8 channels: 1 MiB of x
-  EXPECT_EQ(chnorm::batch_order(plan({16, 128, T}), 1), BatchOrder::kChannels);
-  EXPECT_EQ(chnorm::batch_order(plan({16, 128, T}), 2), BatchOrder::kChannels);
-  EXPECT_EQ(chnorm::batch_order(plan({16, 128, T - 16}), 1), BatchOrder::kSegments);  // below 16 MiB
-  EXPECT_EQ(chnorm::batch_order(plan({128, 8, 2 * T}), 1), BatchOrder::kSegments);    // one block
-  EXPECT_EQ(chnorm::batch_order(plan({8192, 32, 16}), 1), BatchOrder::kSegments);     // 64-byte segments
-  EXPECT_EQ(chnorm::batch_order(plan({2, 64, 32 * T}), 2), BatchOrder::kSegments);    // 8 MiB blocks
-  std::mt19937_64 rng(22);
-  const Dims shape{16, 128, T};
-  Tensor x = testing::random_tensor(shape, rng, 2.0, 3.0), dy = testing::random_tensor(shape, rng, 1, 0);
-  Tensor w = testing::random_tensor({128}, rng, 1.0, 1.0), b = testing::random_tensor({128}, rng, 0.5, 0.0);
-  const chnorm::Plan p = plan(shape);
-  const BnFwd f = bn_forward(x.cview(), w.cview(), b.cview(), nullptr, nullptr, {}, {});
-  Tensor ys(shape), dxs(shape);
-  std::vector<double> rs;
-  const chnorm::Moments ms = chnorm::batch_forward(p, ys.view(), x.cview(), 1e-5, w.data(), b.data(), rs,
-                                                   BatchOrder::kSegments);
-  EXPECT_TRUE(bitwise_equal(f.y.cview(), ys.cview(), "y"));
-  for (Index c = 0; c < 128; ++c) {
-    EXPECT_EQ(f.mean[c], static_cast<float>(ms.mean[static_cast<std::size_t>(c)]));
-    EXPECT_EQ(f.rstd[c], static_cast<float>(rs[static_cast<std::size_t>(c)]));
-  }
-  const Grads g = bn_backward(dy.cview(), x.cview(), w.cview(), {}, {}, {}, {});
-  const chnorm::GradStats gs =
-      chnorm::batch_backward(p, dxs.view(), dy.cview(), x.cview(), 1e-5, w.data(), BatchOrder::kSegments);
-  EXPECT_TRUE(bitwise_equal(g.dx.cview(), dxs.cview(), "dx"));
-  for (Index c = 0; c < 128; ++c) {
-    EXPECT_EQ(g.dw[c], static_cast<float>(gs.dweight[static_cast<std::size_t>(c)]));
-    EXPECT_EQ(g.db[c], static_cast<float>(gs.dbias[static_cast<std::size_t>(c)]));
-  }
 }
 
 // ---- bad input ------------------------------------------------------------------------------------

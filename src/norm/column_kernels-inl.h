@@ -34,6 +34,7 @@ typedef float v8f __attribute__((vector_size(32)));
 #define NL_LOAD8F(dst, p) (dst) = (v8d)_mm512_mask_cvtps_pd(_mm512_setzero_pd(), 0xFF, _mm256_loadu_ps(p))
 #define NL_STORE8F(p, v) _mm256_storeu_ps((p), _mm512_mask_cvtpd_ps(_mm256_setzero_ps(), 0xFF, (__m512d)(v)))
 #define NL_SQRT8D(dst, v) (dst) = (v8d)_mm512_mask_sqrt_pd(_mm512_setzero_pd(), 0xFF, (__m512d)(v))
+#define NL_MAX0_8D(v) (v) = (v) < 0.0 ? v8d{} : (v)
 #else
 #define NL_LOAD8F(dst, p)                     \
   do {                                        \
@@ -46,6 +47,26 @@ typedef float v8f __attribute__((vector_size(32)));
     const v8f f_ = __builtin_convertvector((v), v8f); \
     std::memcpy((p), &f_, sizeof f_);                 \
   } while (0)
+#if defined(__AVX2__)
+// The square root and the clamp at 0 of v8d as two 4-double instructions each: GCC 12 takes the lanes one
+// at a time otherwise (on AVX-512 the generic form gives one instruction).
+#define NL_SQRT8D(dst, v)               \
+  do {                                  \
+    __m256d h_[2];                      \
+    std::memcpy(h_, &(v), sizeof h_);   \
+    h_[0] = _mm256_sqrt_pd(h_[0]);      \
+    h_[1] = _mm256_sqrt_pd(h_[1]);      \
+    std::memcpy(&(dst), h_, sizeof h_); \
+  } while (0)
+#define NL_MAX0_8D(v)                                  \
+  do {                                                 \
+    __m256d h_[2];                                     \
+    std::memcpy(h_, &(v), sizeof h_);                  \
+    h_[0] = _mm256_max_pd(_mm256_setzero_pd(), h_[0]); \
+    h_[1] = _mm256_max_pd(_mm256_setzero_pd(), h_[1]); \
+    std::memcpy(&(v), h_, sizeof h_);                  \
+  } while (0)
+#else
 #define NL_SQRT8D(dst, v)                                           \
   do {                                                              \
     double l_[8];                                                   \
@@ -53,6 +74,8 @@ typedef float v8f __attribute__((vector_size(32)));
     for (int k_ = 0; k_ < 8; ++k_) l_[k_] = __builtin_sqrt(l_[k_]); \
     std::memcpy(&(dst), l_, sizeof l_);                             \
   } while (0)
+#define NL_MAX0_8D(v) (v) = (v) < 0.0 ? v8d{} : (v)
+#endif
 #endif
 #define NL_LOAD8D(dst, p) std::memcpy(&(dst), (p), sizeof(v8d))
 #define NL_STORE8D(p, v) std::memcpy((p), &(v), sizeof(v8d))
@@ -126,6 +149,33 @@ inline VD2 acc2_at(VD2 a, const float* p, int k) {
 // Σx per column in the order of the row kernels' row_sum (see column_kernels.h).
 template <bool Full>
 inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int k) {
+#if NL_VEC_AVX2
+  // AVX2: the two halves of the block (columns 0..7, 8..15) one after the other, each with its own four
+  // accumulators: the same sums of the same terms (lanes are columns). Both halves at once would hold 16
+  // double accumulators in AVX2's 16 registers and spill.
+  for (int h = 0; h < 2; ++h) {
+    auto term = [&](Index row) __attribute__((always_inline)) {
+      if constexpr (Full) return load_cvt(x + off[row] + 8 * h);
+      const VF v = load_n(x + off[row], k);
+      return h ? cvt_hi(v) : cvt_lo(v);
+    };
+    auto part = [&](int l) __attribute__((always_inline)) {
+      VD a[4] = {zerod(), zerod(), zerod(), zerod()};
+      Index i0 = 0;
+      // Scalar math: P[q][j] += double(x[off[i0 + 8q + l] + j]), i0 = 0, 32, 64, ...
+      for (; i0 + 32 <= n; i0 += 32)
+        for (int q = 0; q < 4; ++q) a[q] = add(a[q], term(i0 + 8 * q + l));
+      for (int q = 0; q < 4; ++q)
+        if (i0 + 8 * q + l < n) a[q] = add(a[q], term(i0 + 8 * q + l));
+      return add(add(a[0], a[1]), add(a[2], a[3]));
+    };
+    // tree8's tree: ((S0 + S4) + (S2 + S6)) + ((S1 + S5) + (S3 + S7))
+    const VD s04 = add(part(0), part(4));
+    const VD a = add(s04, add(part(2), part(6)));
+    const VD s15 = add(part(1), part(5));
+    stored(bk.sum + 8 * h, add(a, add(s15, add(part(3), part(7)))));
+  }
+#else
   auto part = [&](int l) {
     VD2 a[4] = {zero2(), zero2(), zero2(), zero2()};
     Index i0 = 0;
@@ -139,6 +189,7 @@ inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int 
   const VD2 s = tree8(part);
   stored(bk.sum, s.lo);
   stored(bk.sum + 8, s.hi);
+#endif
 }
 
 // The second pass (see column_kernels.h): Σe² and, with dy, Σg and Σg·e, e = x − m_hi, g = dy·γ_r.
@@ -250,7 +301,7 @@ inline void block_rstd(Block& bk, Index n, double eps) {
       NL_LOAD8D(sq, bk.sq + 8 * h);
       // Scalar math: var = max(Σe²/n − m_lo², 0); rstd = 1/√(var + eps); r = float(rstd)
       var = sq / nd - ml * ml;
-      var = var < 0.0 ? v8d{} : var;
+      NL_MAX0_8D(var);  // (0 > var) ? 0 : var, as std::max(var, 0.0): NaN stays NaN
       const v8d ve = var + eps;
       NL_SQRT8D(sd, ve);
       rstd = 1.0 / sd;
@@ -448,6 +499,7 @@ void backward(const ColumnBackward& a) {
 #undef NL_STORE8D
 #undef NL_STORE8F
 #undef NL_SQRT8D
+#undef NL_MAX0_8D
 
 }  // namespace
 }  // namespace column_impl

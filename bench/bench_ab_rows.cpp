@@ -1,8 +1,9 @@
-// A paired A/B of two versions of the row kernels (src/norm/row_kernels-inl.h with src/simd/vec.h) in one
-// process, for machines whose speed drifts between runs seconds apart (docs/PERFORMANCE.md, "2026-11-30,
-// eighth session"). scripts/ab-rows builds this file with two copies of the kernel sources, compiled under
-// the target namespaces `ab_a` and `ab_b` (each vec.h copy ends in its own comment line, so that GCC's
-// #pragma once, which takes files of equal content and time for one, includes both), and runs it:
+// A paired A/B of two versions of the row and column kernels (src/norm/row_kernels-inl.h and
+// column_kernels-inl.h with src/simd/vec.h) in one process, for machines whose speed drifts between runs
+// seconds apart (docs/PERFORMANCE.md, "2026-11-30, eighth session"). scripts/ab-rows builds this file with
+// two copies of the kernel sources, compiled under the target namespaces `ab_a` and `ab_b` (each vec.h copy
+// ends in its own comment line, so that GCC's #pragma once, which takes files of equal content and time
+// for one, includes both), and runs it:
 //
 //   scripts/ab-rows REV KERNELS SHAPES [CALLS]     # A = REV's kernel files, B = the working tree's
 //   scripts/ab-rows HEAD~1 ln-bwd-saved,ln-fwd 8192x64,2048x256 1000
@@ -15,17 +16,23 @@
 // ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and saved double statistics) | ln-bwd (the same, the
 // statistics recomputed from x) | rms-bwd-saved (dx, dγ). A
 // backward makes one kernel call per 1024 rows, each assigning its own dγ/dβ partial rows, as the
-// library's chunks do. x, dy ~ N(1, 2), γ = 1 + 0.01·i, β = 0.1 (those of normlab_bench_loop).
-// Only the kernel sources differ between A and B: both use the working tree's row_kernels.h, so a
-// revision whose argument structs differ from it cannot be compared this way.
+// library's chunks do. The column kernels: col-fwd (y, mean, rstd) | col-bwd (dx, dγ, dβ, the statistics
+// recomputed), LayerNorm of x [B, F, T] over F (the strided path, no transpose), at shapes BxFxT: one call
+// per tile of up to 64 columns of T, each told the next tile (for its prefetches), as column_norm.cpp does.
+// x, dy ~ N(1, 2), γ = 1 + 0.01·i, β = 0.1 (those of normlab_bench_loop).
+// Only the kernel sources differ between A and B: both use the working tree's row_kernels.h and
+// column_kernels.h, so a revision whose argument structs differ from them cannot be compared this way.
 #ifndef NL_AB_A
-#error "build with scripts/ab-rows (NL_AB_A, NL_AB_B: the paths of the two row_kernels-inl.h copies)"
+#error \
+    "build with scripts/ab-rows (NL_AB_A, NL_AB_B: the two copies of row_kernels-inl.h; NL_AB_A_COL, NL_AB_B_COL: of column_kernels-inl.h)"
 #endif
 #define NL_TARGET ab_a
 #include NL_AB_A
+#include NL_AB_A_COL
 #undef NL_TARGET
 #define NL_TARGET ab_b
 #include NL_AB_B
+#include NL_AB_B_COL
 #undef NL_TARGET
 
 #include <normlab/tensor.h>
@@ -129,6 +136,38 @@ struct Run {
   }
 };
 
+// One untimed call of each version (its outputs hashed after `reset`), then `calls` rounds of one timed
+// call of each, alternating which goes first; prints each version's min, p10 and median, the quartiles of
+// the per-round ratio B/A and whether the hashes agree.
+template <typename Call, typename Hash, typename Reset = void (*)()>
+void paired(
+    const std::string& kernel, const char* shape, int calls, Call& call, Hash&& hash, Reset&& reset = [] {}) {
+  std::uint64_t h[2];
+  for (int v = 0; v < 2; ++v) {
+    reset();
+    call(v);
+    h[v] = hash();
+  }
+  std::vector<double> us[2], ratio;
+  for (int c = 0; c < calls; ++c) {
+    const int first = c & 1;
+    const double t_first = call(first), t_second = call(1 - first);
+    us[first].push_back(t_first);
+    us[1 - first].push_back(t_second);
+    ratio.push_back(first == 0 ? t_second / t_first : t_first / t_second);
+  }
+  const std::size_t m = static_cast<std::size_t>(calls);
+  std::printf("%s %s, %d rounds\n", kernel.c_str(), shape, calls);
+  for (int v = 0; v < 2; ++v) {
+    std::sort(us[v].begin(), us[v].end());
+    std::printf("%s: min %.1f us, p10 %.1f us, median %.1f us, output hash %016llx\n", v == 0 ? "A" : "B",
+                us[v][0], us[v][m / 10], us[v][m / 2], static_cast<unsigned long long>(h[v]));
+  }
+  std::sort(ratio.begin(), ratio.end());
+  std::printf("B/A per round: p25 %.3f, median %.3f, p75 %.3f; same bits: %s\n", ratio[m / 4], ratio[m / 2],
+              ratio[3 * m / 4], h[0] == h[1] ? "yes" : "no");
+}
+
 template <typename T>
 void run(const std::string& kernel, Index rows, Index n, int calls) {
   const bool backward = kernel.find("bwd") != std::string::npos;
@@ -167,31 +206,96 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   p.db.resize(parts);
 
   Run<T> r{p, x, dy, out, backward, kernel.find("saved") != std::string::npos};
-  std::uint64_t hash[2];
-  for (int v = 0; v < 2; ++v) {  // one untimed call each; its outputs are hashed
-    r(v);
-    hash[v] = hash_bits(out.data(), out.size());
-    if (backward) hash[v] = hash_bits(p.dw.data(), p.dw.size(), hash_bits(p.db.data(), p.db.size(), hash[v]));
+  char label[64];
+  std::snprintf(label, sizeof label, "%lldx%lld", static_cast<long long>(rows), static_cast<long long>(n));
+  paired(kernel, label, calls, r, [&] {
+    std::uint64_t h = hash_bits(out.data(), out.size());
+    if (backward) h = hash_bits(p.dw.data(), p.dw.size(), hash_bits(p.db.data(), p.db.size(), h));
+    return h;
+  });
+}
+
+// The column kernels on x [B, F, T] over F: one call per tile of up to kColumnTile columns, as
+// column_norm.cpp cuts them (the rows of a tile are its F elements at stride T).
+void run_columns(const std::string& kernel, Index B, Index F, Index T, int calls) {
+  const bool backward = kernel == "col-bwd";
+  const std::size_t size = static_cast<std::size_t>(B * F * T);
+  std::vector<float> x(size), dy(size), out(size), w, b, mean(static_cast<std::size_t>(B * T)),
+      rstd(mean.size());
+  std::mt19937 gen(1);
+  std::normal_distribution<float> dist(1.0f, 2.0f);
+  for (std::size_t i = 0; i < size; ++i) {
+    x[i] = dist(gen);
+    dy[i] = dist(gen);
   }
-  std::vector<double> us[2], ratio;
-  for (int c = 0; c < calls; ++c) {
-    const int first = c & 1;
-    const double t_first = r(first), t_second = r(1 - first);
-    us[first].push_back(t_first);
-    us[1 - first].push_back(t_second);
-    ratio.push_back(first == 0 ? t_second / t_first : t_first / t_second);
+  for (Index i = 0; i < F; ++i) {
+    w.push_back(1.0f + 0.01f * static_cast<float>(i));
+    b.push_back(0.1f);
   }
-  const std::size_t m = static_cast<std::size_t>(calls);
-  std::printf("%s %lldx%lld, %d rounds\n", kernel.c_str(), static_cast<long long>(rows),
-              static_cast<long long>(n), calls);
-  for (int v = 0; v < 2; ++v) {
-    std::sort(us[v].begin(), us[v].end());
-    std::printf("%s: min %.1f us, p10 %.1f us, median %.1f us, output hash %016llx\n", v == 0 ? "A" : "B",
-                us[v][0], us[v][m / 10], us[v][m / 2], static_cast<unsigned long long>(hash[v]));
-  }
-  std::sort(ratio.begin(), ratio.end());
-  std::printf("B/A per round: p25 %.3f, median %.3f, p75 %.3f; same bits: %s\n", ratio[m / 4], ratio[m / 2],
-              ratio[3 * m / 4], hash[0] == hash[1] ? "yes" : "no");
+  std::vector<Index> off;
+  for (Index i = 0; i < F; ++i) off.push_back(i * T);
+  std::vector<double> dw(static_cast<std::size_t>(F)), db(dw.size()), lanes(static_cast<std::size_t>(16 * F));
+  auto call = [&](int v) {
+    const k::ColumnKernels& table = v == 0 ? k::ab_a::kColumnTable : k::ab_b::kColumnTable;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (Index bi = 0; bi < B; ++bi)
+      for (Index t = 0; t < T; t += k::kColumnTile) {
+        const Index wd = std::min(k::kColumnTile, T - t), at = bi * F * T + t;
+        const Index next = t + wd < T ? at + wd : bi + 1 < B ? (bi + 1) * F * T : -1;
+        auto next_of = [&](auto* base) { return next < 0 ? nullptr : base + next; };
+        if (!backward) {
+          k::ColumnForward a;
+          a.y = out.data() + at;
+          a.yoff = off.data();
+          a.x = x.data() + at;
+          a.xoff = off.data();
+          a.n = F;
+          a.w = wd;
+          a.wt = w.data();
+          a.b = b.data();
+          a.eps = 1e-5;
+          a.mean = mean.data() + bi * T + t;
+          a.rstd = rstd.data() + bi * T + t;
+          a.next_x = next_of(x.data());
+          a.next_y = next_of(out.data());
+          table.forward(a);
+        } else {
+          k::ColumnBackward a;
+          a.dx = out.data() + at;
+          a.dxoff = off.data();
+          a.dy = dy.data() + at;
+          a.dyoff = off.data();
+          a.x = x.data() + at;
+          a.xoff = off.data();
+          a.n = F;
+          a.w = wd;
+          a.wt = w.data();
+          a.eps = 1e-5;
+          a.dw = dw.data();
+          a.db = db.data();
+          a.lanes = lanes.data();
+          a.next_x = next_of(x.data());
+          a.next_dy = next_of(dy.data());
+          a.next_dx = next_of(out.data());
+          table.backward(a);
+        }
+      }
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  };
+  char label[96];
+  std::snprintf(label, sizeof label, "%lldx%lldx%lld", static_cast<long long>(B), static_cast<long long>(F),
+                static_cast<long long>(T));
+  paired(
+      kernel, label, calls, call,
+      [&] {
+        std::uint64_t h = hash_bits(out.data(), out.size());
+        h = hash_bits(mean.data(), mean.size(), hash_bits(rstd.data(), rstd.size(), h));
+        return backward ? hash_bits(dw.data(), dw.size(), hash_bits(db.data(), db.size(), h)) : h;
+      },
+      [&] {  // dγ, dβ accumulate (+=) call after call: from 0 for the hashed calls
+        std::fill(dw.begin(), dw.end(), 0.0);
+        std::fill(db.begin(), db.end(), 0.0);
+      });
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -216,14 +320,24 @@ int main(int argc, char** argv) {
     const int calls = argc > 3 ? static_cast<int>(parse_positive(argv[3], "CALLS")) : 1000;
     for (const std::string& kernel : split(argv[1])) {
       for (const std::string& shape : split(argv[2])) {
-        const std::size_t x = shape.find('x');
-        if (x == std::string::npos) throw std::invalid_argument("a shape is ROWSxD, got '" + shape + "'");
-        const Index rows = parse_positive(shape.substr(0, x).c_str(), "ROWS");
-        const Index n = parse_positive(shape.substr(x + 1).c_str(), "D");
-        if (kernel == "ln-fwd" || kernel == "ln-bwd" || kernel == "ln-bwd-saved" || kernel == "rms-bwd-saved")
-          run<float>(kernel, rows, n, calls);
+        std::vector<Index> dims;  // the shape's x-separated sizes
+        for (std::size_t at = 0;;) {
+          const std::size_t x = shape.find('x', at);
+          dims.push_back(parse_positive(shape.substr(at, x - at).c_str(), "a size in SHAPES"));
+          if (x == std::string::npos) break;
+          at = x + 1;
+        }
+        const bool columns = kernel == "col-fwd" || kernel == "col-bwd";
+        if (dims.size() != (columns ? 3u : 2u))
+          throw std::invalid_argument(std::string("a shape of ") + kernel + " is " +
+                                      (columns ? "BxFxT" : "ROWSxD") + ", got '" + shape + "'");
+        if (columns)
+          run_columns(kernel, dims[0], dims[1], dims[2], calls);
+        else if (kernel == "ln-fwd" || kernel == "ln-bwd" || kernel == "ln-bwd-saved" ||
+                 kernel == "rms-bwd-saved")
+          run<float>(kernel, dims[0], dims[1], calls);
         else if (kernel == "ln-fwd-bf16" || kernel == "ln-bwd-saved-bf16")
-          run<bfloat16>(kernel, rows, n, calls);
+          run<bfloat16>(kernel, dims[0], dims[1], calls);
         else
           throw std::invalid_argument("unknown kernel '" + kernel + "'");
       }

@@ -197,6 +197,72 @@ inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int 
 template <bool Center, bool WithDy, bool W, bool Full, bool WithSq = true>
 inline void block_second(Block& bk, const float* x, const Index* xoff, const float* dy, const Index* dyoff,
                          const float* wt, Index n, int k) {
+#if NL_VEC_AVX2
+  // AVX2: the two halves of the block (columns 0..7, 8..15) one after the other, as block_sum: the same
+  // operations on each column's lane, with half the accumulators live (a whole block's spilled).
+  const __m256 zf = _mm256_setzero_ps();
+  for (int c = 0; c < 2; ++c) {
+    const int kc = k - 8 * c;  // valid columns of this half (≤ 0: none, ≥ 8: all)
+    auto ld8 = [&](const float* p) __attribute__((always_inline)) {
+      if constexpr (Full) return _mm256_loadu_ps(p + 8 * c);
+      return kc <= 0 ? zf : _mm256_maskload_ps(p + 8 * c, lane_mask8(kc));
+    };
+    const __m256 mhc = _mm256_loadu_ps(bk.mh + 8 * c);
+    VD tq[8], tg[8], tp[8];
+    for (int l = 0; l < 8; ++l) {
+      VD q[2] = {zerod(), zerod()}, g[2] = {zerod(), zerod()}, p[2] = {zerod(), zerod()};
+      // Scalar math: as below, on 8 columns
+      auto lane = [&](Index i0, int h, bool tail) __attribute__((always_inline)) {
+        const int L = l + 8 * h;
+        __m256 e[4], gv[4];
+        for (int u = 0; u < 4; ++u) {
+          const Index i = i0 + 16 * u + L;
+          const bool in = !tail || i < n;
+          const __m256 xv = in ? ld8(x + xoff[i]) : zf;
+          e[u] = in ? (Center ? _mm256_sub_ps(xv, mhc) : xv) : zf;
+          if constexpr (WithDy) {
+            const __m256 dv = in ? ld8(dy + dyoff[i]) : zf;
+            gv[u] = in ? (W ? _mm256_mul_ps(dv, _mm256_set1_ps(wt[i])) : dv) : zf;
+          }
+        }
+        auto tree4 = [](__m256 a, __m256 b, __m256 c2, __m256 d) __attribute__((always_inline)) {
+          return _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c2, d));
+        };
+        if constexpr (WithSq)
+          q[h] = add(q[h], cvt8(tree4(_mm256_mul_ps(e[0], e[0]), _mm256_mul_ps(e[1], e[1]),
+                                      _mm256_mul_ps(e[2], e[2]), _mm256_mul_ps(e[3], e[3]))));
+        if constexpr (WithDy) {
+          g[h] = add(g[h], cvt8(tree4(gv[0], gv[1], gv[2], gv[3])));
+          p[h] = add(p[h], cvt8(tree4(_mm256_mul_ps(gv[0], e[0]), _mm256_mul_ps(gv[1], e[1]),
+                                      _mm256_mul_ps(gv[2], e[2]), _mm256_mul_ps(gv[3], e[3]))));
+        }
+      };
+      Index i0 = 0;
+      for (; i0 + 64 <= n; i0 += 64) {
+        lane(i0, 0, false);
+        lane(i0, 1, false);
+      }
+      if (i0 < n) {
+        lane(i0, 0, true);
+        lane(i0, 1, true);
+      }
+      tq[l] = add(q[0], q[1]);
+      if constexpr (WithDy) {
+        tg[l] = add(g[0], g[1]);
+        tp[l] = add(p[0], p[1]);
+      }
+    }
+    // tree8's tree: ((T0 + T4) + (T2 + T6)) + ((T1 + T5) + (T3 + T7))
+    auto tree = [](const VD* t) __attribute__((always_inline)) {
+      return add(add(add(t[0], t[4]), add(t[2], t[6])), add(add(t[1], t[5]), add(t[3], t[7])));
+    };
+    if constexpr (WithSq) stored(bk.sq + 8 * c, tree(tq));
+    if constexpr (WithDy) {
+      stored(bk.sg + 8 * c, tree(tg));
+      stored(bk.sge + 8 * c, tree(tp));
+    }
+  }
+#else
   const VF mh = load(bk.mh), z = zerof();
   VD2 tq[8], tg[8], tp[8];
   for (int l = 0; l < 8; ++l) {
@@ -252,6 +318,7 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
     stored(bk.sge, sp.lo);
     stored(bk.sge + 8, sp.hi);
   }
+#endif
 }
 
 // m_hi, m_lo from Σx (as the row kernels' row_mean).

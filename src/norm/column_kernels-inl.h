@@ -5,7 +5,9 @@
 // IEEE operations on every target), one VF per row holding 16 neighbouring columns. The per-column
 // constants (mean, rstd, the backward's means) are computed 8 columns at a time with GCC vector
 // extensions (v8d: 8 doubles), whose arithmetic is also defined lane by lane; with -ffp-contract=off no
-// target fuses a multiply-add. segment_sums (channel-norm engine) uses v8d as well.
+// target fuses a multiply-add. segment_sums (channel-norm engine) uses v8d as well. On AVX2 (16 registers
+// of 8 floats) Σx and the second pass take a block's two 8-column halves one after the other, with the
+// same operations on every column's lane: a whole block's double accumulators would not fit in registers.
 #ifndef NL_TARGET
 #error "define NL_TARGET before including column_kernels-inl.h"
 #endif

@@ -235,6 +235,9 @@ void run_columns(const std::string& kernel, Index B, Index F, Index T, int calls
   std::vector<Index> off;
   for (Index i = 0; i < F; ++i) off.push_back(i * T);
   std::vector<double> dw(static_cast<std::size_t>(F)), db(dw.size()), lanes(static_cast<std::size_t>(16 * F));
+  // As column_norm.cpp decides it (a side whose kernels predate the field ignores it).
+  const bool stage_fwd = k::crowds_l1(x.data(), off.data(), F);
+  const bool stage_bwd = stage_fwd || k::crowds_l1(dy.data(), off.data(), F);
   auto call = [&](int v) {
     const k::ColumnKernels& table = v == 0 ? k::ab_a::kColumnTable : k::ab_b::kColumnTable;
     const auto t0 = std::chrono::steady_clock::now();
@@ -258,6 +261,7 @@ void run_columns(const std::string& kernel, Index B, Index F, Index T, int calls
           a.rstd = rstd.data() + bi * T + t;
           a.next_x = next_of(x.data());
           a.next_y = next_of(out.data());
+          a.stage = stage_fwd;
           table.forward(a);
         } else {
           k::ColumnBackward a;
@@ -277,6 +281,7 @@ void run_columns(const std::string& kernel, Index B, Index F, Index T, int calls
           a.next_x = next_of(x.data());
           a.next_dy = next_of(dy.data());
           a.next_dx = next_of(out.data());
+          a.stage = stage_bwd;
           table.backward(a);
         }
       }

@@ -87,7 +87,8 @@ typedef float v8f __attribute__((vector_size(32)));
 // A tile is processed in blocks of 16 columns (the last one may have k < 16 valid columns: masked
 // loads read zeros there, and nothing of those lanes is stored or summed). Per block: Σx, the second
 // pass, the per-column constants, then the output pass, all over the block's n rows (one cache line or
-// two per row, still in L1 from the first pass).
+// two per row, still in L1 from the first pass; a tile whose rows crowd a few L1 sets reads a copy of the
+// block instead, see "crowded tiles").
 
 using namespace vec;  // NOLINT: the vector layer of this target
 
@@ -415,15 +416,53 @@ inline VF dev(VF x, VF mh, VF ml) {
   return x;
 }
 
-template <bool Center, bool W, bool B, bool Full>
-[[gnu::flatten]] void forward_block(const ColumnForward& a, Index c0, int k) {
+// ---- crowded tiles (ColumnForward::stage) ---------------------------------------------------------------
+// A tile whose rows crowd a few sets of the L1 data cache loses a block's rows between the passes over
+// them, and every pass then reads from L2: rows 1, 2 or 4 KiB apart (T = 256, 512 or 1024 floats) fall
+// into 4, 2 or 1 of its 64 sets (8 ways on Zen 3 and Zen 4). The forward took 2.6× the time per element
+// at [4, 80, 1024] as at [4, 80, 1000] (docs/PERFORMANCE.md, tenth session). With stage, each block is
+// first copied row by row into a contiguous buffer, and the passes read the copy: the same values in the
+// same order, so the same bits.
+inline constexpr Index kStageRows = 256;  // buffer rows: 16 KiB, half an L1 of 32 KiB
+struct StageOffsets {
+  Index v[kStageRows];
+  constexpr StageOffsets() : v() {
+    for (Index i = 0; i < kStageRows; ++i) v[i] = kF * i;
+  }
+};
+inline constexpr StageOffsets kStageOff{};
+
+// The thread's buffer, for the backward. Not on the stack: from there the staged backward took 1.4-1.9×
+// the unstaged time, from this buffer 0.67-0.74× (the forward is the other way round, see forward_staged;
+// the cause was not pinned down).
+inline float* stage_buffer() {
+  alignas(64) static thread_local float buf[kStageRows * kF];
+  return buf;
+}
+
+// buf[16·i + j] = p[off[i] + j], j < 16 (zeros beyond k in a partial block), i < n.
+template <bool Full>
+inline void stage(float* buf, const float* p, const Index* off, Index n, int k) {
+  // Scalar math: a copy
+  for (Index i = 0; i < n; ++i) store(buf + kF * i, ld<Full>(p + off[i], k));
+}
+
+template <bool Center, bool W, bool B, bool Full, bool Staged>
+[[gnu::flatten]] void forward_block(const ColumnForward& a, Index c0, int k, float* buf) {
   Block bk;
   const float* x = a.x + c0;
   float* y = a.y + c0;
   const Index n = a.n;
-  block_sum<Full>(bk, x, a.xoff, n, k);
+  // The rows are read at x + xoff[i], or (Staged) from buf (a crowded tile, see stage).
+  const Index* xoff = a.xoff;
+  if constexpr (Staged) {
+    stage<Full>(buf, x, xoff, n, k);
+    x = buf;
+    xoff = kStageOff.v;
+  }
+  block_sum<Full>(bk, x, xoff, n, k);
   block_mean<Center>(bk, n);
-  block_second<Center, false, false, Full>(bk, x, a.xoff, nullptr, nullptr, nullptr, n, k);
+  block_second<Center, false, false, Full>(bk, x, xoff, nullptr, nullptr, nullptr, n, k);
   block_rstd<Center, false>(bk, n, a.eps);
   if (a.mean)
     for (int j = 0; j < k; ++j) a.mean[c0 + j] = bk.mh[j];
@@ -437,31 +476,47 @@ template <bool Center, bool W, bool B, bool Full>
   const float* pf = ahead(a.x, a.next_x, c0, a.w);
   const float* pfy = ahead(a.y, a.next_y, c0, a.w);
   // Locals: the stores to y could alias the argument block otherwise (reloaded every row).
-  const Index* const xoff = a.xoff;
+  const Index* const pxoff = Staged ? a.xoff : xoff;  // (the prefetches: x's own rows)
   const Index* const yoff = a.yoff;
   const float* const wt = a.wt;
   const float* const bt = a.b;
   const bool st = a.stream;
   // Scalar math: y = ((x − m_hi) − m_lo)·r·γ_i + β_i in float, left to right (RMSNorm: x·r·γ_i)
   for (Index i = 0; i < n; ++i) {
-    const Index xo = xoff[i], yo = yoff[i];
-    if (pf) prefetch16(pf + xo);
+    const Index yo = yoff[i];
+    if (pf) prefetch16(pf + pxoff[i]);
     if (pfy) prefetch16(pfy + yo);
-    VF v = mul(dev<Center>(ld<Full>(x + xo, k), mh, ml), r);
+    VF v = mul(dev<Center>(ld<Full>(x + xoff[i], k), mh, ml), r);
     if constexpr (W) v = mul(v, bcast(wt[i]));
     if constexpr (B) v = add(v, bcast(bt[i]));
     put<Full>(y + yo, v, k, st);
   }
 }
 
-template <bool Center, bool W, bool B>
-void forward_impl(const ColumnForward& a) {
+template <bool Center, bool W, bool B, bool Staged>
+void forward_tile(const ColumnForward& a, float* buf) {
   for (Index c0 = 0; c0 < a.w; c0 += kF) {
     if (c0 + kF <= a.w)
-      forward_block<Center, W, B, true>(a, c0, kF);
+      forward_block<Center, W, B, true, Staged>(a, c0, kF, buf);
     else
-      forward_block<Center, W, B, false>(a, c0, static_cast<int>(a.w - c0));
+      forward_block<Center, W, B, false, Staged>(a, c0, static_cast<int>(a.w - c0), buf);
   }
+}
+
+// A crowded tile, with its buffer on the stack (forward_impl's frame stays small): from there the forward
+// took 0.50 of the unstaged time at [4, 80, 1024], from stage_buffer() 0.69.
+template <bool Center, bool W, bool B>
+[[gnu::noinline]] void forward_staged(const ColumnForward& a) {
+  alignas(64) float buf[kStageRows * kF];
+  forward_tile<Center, W, B, true>(a, buf);
+}
+
+template <bool Center, bool W, bool B>
+void forward_impl(const ColumnForward& a) {
+  if (a.stage && a.n <= kStageRows)
+    forward_staged<Center, W, B>(a);
+  else
+    forward_tile<Center, W, B, false>(a, nullptr);
   if (a.stream) stream_fence();
 }
 
@@ -479,20 +534,31 @@ void forward(const ColumnForward& a) {
 
 // flatten (also on forward_block): the block passes inlined whatever the compiler's inlining budget for
 // the rest of this file (out of line they measured 5-20% slower).
-template <bool Center, bool W, bool Full, bool Saved>
-[[gnu::flatten]] void backward_block(const ColumnBackward& a, Index c0, int k, bool first) {
+template <bool Center, bool W, bool Full, bool Saved, bool Staged>
+[[gnu::flatten]] void backward_block(const ColumnBackward& a, Index c0, int k, bool first, float* buf) {
   Block bk;
   const float* x = a.x + c0;
   const float* dy = a.dy + c0;
   float* dx = a.dx + c0;
   const Index n = a.n;
+  // The rows are read at x + xoff[i] and dy + dyoff[i], or (Staged) from buf (a crowded tile, see
+  // stage): x in its first n rows, dy in the next n.
+  const Index* xoff = a.xoff;
+  const Index* dyoff = a.dyoff;
+  if constexpr (Staged) {
+    stage<Full>(buf, x, xoff, n, k);
+    stage<Full>(buf + kF * n, dy, dyoff, n, k);
+    x = buf;
+    dy = buf + kF * n;
+    xoff = dyoff = kStageOff.v;
+  }
   if constexpr (Saved) {
     block_saved<Center>(bk, a.smean ? a.smean + c0 : nullptr, a.srstd + c0, k);
   } else {
-    block_sum<Full>(bk, x, a.xoff, n, k);
+    block_sum<Full>(bk, x, xoff, n, k);
     block_mean<Center>(bk, n);
   }
-  block_second<Center, true, W, Full, !Saved>(bk, x, a.xoff, dy, a.dyoff, a.wt, n, k);
+  block_second<Center, true, W, Full, !Saved>(bk, x, xoff, dy, dyoff, a.wt, n, k);
   block_rstd<Center, true, Saved>(bk, n, a.eps);
   const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r), c0v = load(bk.c0), c2v = load(bk.c2);
   const float* pfx = ahead(a.x, a.next_x, c0, a.w);
@@ -501,8 +567,8 @@ template <bool Center, bool W, bool Full, bool Saved>
   double* lw = a.lanes;
   double* lb = a.lanes + 8 * n;
   // Locals: the stores to dx could alias the argument block otherwise (reloaded every row).
-  const Index* const xoff = a.xoff;
-  const Index* const dyoff = a.dyoff;
+  const Index* const pxoff = Staged ? a.xoff : xoff;  // (the prefetches: x's and dy's own rows)
+  const Index* const pdyoff = Staged ? a.dyoff : dyoff;
   const Index* const dxoff = a.dxoff;
   const float* const wt = a.wt;
   const bool st = a.stream, want_w = a.dw != nullptr, want_b = a.db != nullptr;
@@ -510,13 +576,13 @@ template <bool Center, bool W, bool Full, bool Saved>
   // d·c2)); with t_j = dy·(d·r) of column c0 + j (0 beyond k), in float t_j + t_{j+8}, then
   //              lanes_w[i][j] += double(t_j + t_{j+8}); lanes_b[i][j] += double(dy_j + dy_{j+8}), j < 8
   for (Index i = 0; i < n; ++i) {
-    const Index xo = xoff[i], dyo = dyoff[i], dxo = dxoff[i];
+    const Index dxo = dxoff[i];
     if (pfx) {
-      prefetch16(pfx + xo);
-      prefetch16(pfd + dyo);
+      prefetch16(pfx + pxoff[i]);
+      prefetch16(pfd + pdyoff[i]);
     }
     if (pfo) prefetch16(pfo + dxo);
-    const VF xv = ld<Full>(x + xo, k), dyv = ld<Full>(dy + dyo, k);
+    const VF xv = ld<Full>(x + xoff[i], k), dyv = ld<Full>(dy + dyoff[i], k);
     const VF d = dev<Center>(xv, mh, ml);
     const VF g = W ? mul(dyv, bcast(wt[i])) : dyv;
     const VF gc = Center ? sub(g, c0v) : g;
@@ -535,14 +601,22 @@ template <bool Center, bool W, bool Full, bool Saved>
   }
 }
 
-template <bool Center, bool W, bool Saved>
-void backward_impl(const ColumnBackward& a) {
+template <bool Center, bool W, bool Saved, bool Staged>
+void backward_tile(const ColumnBackward& a, float* buf) {
   for (Index c0 = 0; c0 < a.w; c0 += kF) {
     if (c0 + kF <= a.w)
-      backward_block<Center, W, true, Saved>(a, c0, kF, c0 == 0);
+      backward_block<Center, W, true, Saved, Staged>(a, c0, kF, c0 == 0, buf);
     else
-      backward_block<Center, W, false, Saved>(a, c0, static_cast<int>(a.w - c0), c0 == 0);
+      backward_block<Center, W, false, Saved, Staged>(a, c0, static_cast<int>(a.w - c0), c0 == 0, buf);
   }
+}
+
+template <bool Center, bool W, bool Saved>
+void backward_impl(const ColumnBackward& a) {
+  if (a.stage && a.n <= kStageRows / 2)  // (x and dy share the buffer)
+    backward_tile<Center, W, Saved, true>(a, stage_buffer());
+  else
+    backward_tile<Center, W, Saved, false>(a, nullptr);
   // Scalar math: dw[i] += hsum(lanes_w[i]); db[i] += hsum(lanes_b[i])
   if (a.dw)
     for (Index i = 0; i < a.n; ++i) a.dw[i] += hsum(loadd(a.lanes + 8 * i));

@@ -23,6 +23,8 @@
 
 #include <normlab/tensor.h>
 
+#include <cstdint>
+
 namespace normlab::kernels {
 
 inline constexpr Index kColumnTile = 64;  // columns per tile (four vectors of 16)
@@ -54,6 +56,10 @@ struct ColumnForward {
   // prefetchers).
   const float* next_x = nullptr;
   const float* next_y = nullptr;
+  // Copy each block's rows of x into a contiguous buffer before the passes over them (same bits), when
+  // n ≤ 256: for rows that crowd the L1 cache's sets (crowds_l1), which would evict each other between
+  // the passes.
+  bool stage = false;
 };
 
 // Backward of one tile: dx (may equal dy or x) from dy, x, wt (may be null), with mean and rstd
@@ -85,7 +91,18 @@ struct ColumnBackward {
   const float* next_x = nullptr;  // as in ColumnForward (x, dy and dx are prefetched)
   const float* next_dy = nullptr;
   const float* next_dx = nullptr;
+  bool stage = false;  // as in ColumnForward, for x and dy, when n ≤ 128
 };
+
+// Whether more than 4 of the n rows at p + off[i] start in one set of the L1 data cache (64-byte lines,
+// 64 sets: the L1 data caches of 32 and 48 KiB of current x86 cores). The sets of a tile further along
+// the same rows are those shifted by a constant, so one answer serves every tile of a call.
+inline bool crowds_l1(const float* p, const Index* off, Index n) {
+  unsigned count[64] = {};
+  for (Index i = 0; i < n; ++i)
+    if (++count[(reinterpret_cast<std::uintptr_t>(p + off[i]) >> 6) & 63] > 4) return true;
+  return false;
+}
 
 struct ColumnKernels {
   void (*forward)(const ColumnForward& a);

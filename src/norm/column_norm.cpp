@@ -127,6 +127,7 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
   const Operand xo(s, x), yo(s, y);
   const kernels::ColumnKernels& k = kernels::column_kernels();
   const bool stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
+  const bool stage = kernels::crowds_l1(xo.at<const float>(un, 0), xo.rows.data(), s.n);
   parallel::parallel_for(un.count, [&](Index u) {
     float mu[kColumnTile], rs[kColumnTile];
     kernels::ColumnForward a;
@@ -141,6 +142,7 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
     a.eps = eps;
     a.center = kind.center;
     a.stream = stream;
+    a.stage = stage;
     a.mean = mean.defined ? mu : nullptr;
     a.rstd = rstd.defined ? rs : nullptr;
     // The tile's groups are consecutive along the innermost kept axis.
@@ -172,6 +174,8 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
   const kernels::ColumnKernels& k = kernels::column_kernels();
   const std::size_t n = static_cast<std::size_t>(s.n);
   const bool stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
+  const bool stage = kernels::crowds_l1(xo.at<const float>(un, 0), xo.rows.data(), s.n) ||
+                     kernels::crowds_l1(dyo.at<const float>(un, 0), dyo.rows.data(), s.n);
 
   const plan::Chunks ch = plan::param_grad_chunks(un.count, s.n);
   std::vector<double> dw_part(dweight.defined ? static_cast<std::size_t>(ch.count) * n : 0);
@@ -187,6 +191,7 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
     a.eps = eps;
     a.center = kind.center;
     a.stream = stream;
+    a.stage = stage;
     a.dw = dweight.defined ? dw_part.data() + static_cast<std::size_t>(c) * n : nullptr;
     a.db = dbias.defined ? db_part.data() + static_cast<std::size_t>(c) * n : nullptr;
     a.lanes = lanes.data();

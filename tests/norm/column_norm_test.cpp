@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "norm/column_kernels.h"
 #include "support/finite_diff.h"
 #include "support/random.h"
 #include "support/tolerance.h"
@@ -156,10 +157,12 @@ TEST(ColumnNorm, OffsetTenThousandWithinOneMicro) {
 TEST(ColumnNorm, SameBitsAsTheTransposedRowPath) {
   std::mt19937_64 rng(69);
   // F: one row, below and above one block of 32/64 rows, the row path's pipelined kernel (256);
-  // T: one block of 16 columns, a partial block, several tiles and a tail.
+  // T: one block of 16 columns, a partial block, several tiles and a tail; T = 64 and 256 put the rows
+  // into 16 and 4 sets of the L1 cache, so from F = 65 and 17 the kernels copy each block first
+  // (ColumnForward::stage; the backward up to F = 128, the forward up to 256).
   for (const bool rms : {false, true})
     for (const Index F : {1, 2, 7, 31, 33, 64, 65, 80, 130, 256})
-      for (const Index T : {8, 16, 23, 64, 203}) {
+      for (const Index T : {8, 16, 23, 64, 203, 256}) {
         const Index B = 2;
         const std::string what = fmt::format("{} [{},{},{}]", rms ? "RMSNorm" : "LayerNorm", B, F, T);
         Tensor x = testing::random_tensor({B, F, T}, rng, 2.0, 3.0),
@@ -278,27 +281,48 @@ void expect_same_bits(const Out& a, const Out& b, bool rms, const std::string& w
 TEST(ColumnNorm, SameBitsForEveryThreadCountAndSimdTarget) {
   std::mt19937_64 rng(66);
   // T = 203: three full tiles and a tile of 11 columns (one block, three tail columns); 24 units, so
-  // dγ/dβ are reduced over several chunks.
-  const Dims shape{8, 37, 203};
-  Tensor x = testing::random_tensor(shape, rng, 2.0, 1.0), dy = testing::random_tensor(shape, rng, 1.0, 0.0);
-  Tensor w = testing::random_tensor({37}, rng, 0.5, 1.0), b = testing::random_tensor({37}, rng, 0.5, 0.0);
-  const int saved_threads = num_threads();
-  const Isa saved_isa = active_isa();
-  for (const bool rms : {false, true}) {
-    const ConstView bias = rms ? ConstView{} : b.cview();
+  // dγ/dβ are reduced over several chunks. T = 1024: rows 4 KiB apart, in one L1 set, so each block
+  // is copied first (ColumnForward::stage).
+  for (const Dims& shape : {Dims{8, 37, 203}, Dims{3, 37, 1024}}) {
+    SCOPED_TRACE(shape.str());
+    Tensor x = testing::random_tensor(shape, rng, 2.0, 1.0),
+           dy = testing::random_tensor(shape, rng, 1.0, 0.0);
+    Tensor w = testing::random_tensor({37}, rng, 0.5, 1.0), b = testing::random_tensor({37}, rng, 0.5, 0.0);
+    const int saved_threads = num_threads();
+    const Isa saved_isa = active_isa();
+    for (const bool rms : {false, true}) {
+      const ConstView bias = rms ? ConstView{} : b.cview();
+      set_isa(saved_isa);
+      set_num_threads(1);
+      const Out base = run(rms, x.cview(), w.cview(), bias, dy.cview(), {1}, 1e-5);
+      for (const Isa isa : supported_isas())
+        for (const int t : {1, 2, 3}) {
+          set_isa(isa);
+          set_num_threads(t);
+          expect_same_bits(base, run(rms, x.cview(), w.cview(), bias, dy.cview(), {1}, 1e-5), rms,
+                           fmt::format("{} {} threads {}", rms ? "RMSNorm" : "LayerNorm", isa_name(isa), t));
+        }
+    }
     set_isa(saved_isa);
-    set_num_threads(1);
-    const Out base = run(rms, x.cview(), w.cview(), bias, dy.cview(), {1}, 1e-5);
-    for (const Isa isa : supported_isas())
-      for (const int t : {1, 2, 3}) {
-        set_isa(isa);
-        set_num_threads(t);
-        expect_same_bits(base, run(rms, x.cview(), w.cview(), bias, dy.cview(), {1}, 1e-5), rms,
-                         fmt::format("{} {} threads {}", rms ? "RMSNorm" : "LayerNorm", isa_name(isa), t));
-      }
+    set_num_threads(saved_threads);
   }
-  set_isa(saved_isa);
-  set_num_threads(saved_threads);
+}
+
+// The kernels' test of crowded rows (column_kernels.h): rows 1 KiB apart start in 4 of the 64 sets, so
+// 17 of them crowd one set; rows 1000 bytes apart, or 64 bytes, spread over the sets.
+TEST(ColumnNorm, CrowdedRowsAreThoseInFewL1Sets) {
+  alignas(64) static float base[20000];  // (the rows below lie inside it)
+  auto rows = [](Index n, Index step) {
+    std::vector<Index> off;
+    for (Index i = 0; i < n; ++i) off.push_back(i * step);
+    return off;
+  };
+  EXPECT_FALSE(kernels::crowds_l1(base, rows(16, 256).data(), 16));
+  EXPECT_TRUE(kernels::crowds_l1(base, rows(17, 256).data(), 17));
+  EXPECT_TRUE(kernels::crowds_l1(base, rows(5, 1024).data(), 5));
+  EXPECT_FALSE(kernels::crowds_l1(base, rows(80, 250).data(), 80));
+  EXPECT_FALSE(kernels::crowds_l1(base, rows(256, 16).data(), 256));
+  EXPECT_TRUE(kernels::crowds_l1(base, rows(257, 16).data(), 257));
 }
 
 // A column's result depends neither on which tile it falls in nor on the path: normalizing [F, T] over

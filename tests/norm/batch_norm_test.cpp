@@ -522,24 +522,29 @@ TEST(BatchNormReference, SegmentLengthsAroundTheVectorBlocks) {
   }
 }
 
-// Per-segment moments are taken around one of the segment's own values (channel_norm.cpp), so a large
-// common offset costs no accuracy: y within 1e-6 of float64 at 1e4 + N(0, 1), the backward within the
+// Per-segment sums are double and the moments are taken around the fp32 pair of the mean
+// (channel_kernels.h), so a large common offset costs no accuracy: y within 1e-6 of float64 at
+// 1e4 + N(0, 1) and at 1e6 + N(0, 1) (where the data's own fp32 step is 1/16), the backward within the
 // usual budget.
-TEST(BatchNormNumerics, OffsetTenThousandWithinOneMicro) {
-  std::mt19937_64 rng(8);
-  std::normal_distribution<double> nd(0.0, 1.0);
-  Tensor x({8, 6, 300});
-  for (Index i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(1e4 + nd(rng));
-  Tensor dy = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
-  const BnFwd f = bn_forward(x.cview(), {}, {}, nullptr, nullptr, {}, {});
-  const ref::BatchNormOut r = ref::batch_norm_forward(x.cview(), {}, {}, {}, {}, 0, {}, {});
-  double worst = 0;
-  for (Index i = 0; i < x.numel(); ++i) worst = std::max(worst, std::fabs(f.y[i] - r.y[i]));
-  EXPECT_LE(worst, 1e-6) << "max abs error of y at offset 1e4";
-  const Grads g = bn_backward(dy.cview(), x.cview(), {}, {}, {}, {}, {});
-  const LayerNormGrads rg = ref::batch_norm_backward(dy.cview(), x.cview(), {}, {}, {}, {}, {});
-  EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), {})}, "dx at 1e4"));
-  EXPECT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{8, max_abs(rg.dweight)}, "dweight at 1e4"));
+TEST(BatchNormNumerics, LargeOffsetsWithinOneMicro) {
+  for (const double offset : {1e4, 1e6}) {
+    SCOPED_TRACE(fmt::format("offset {}", offset));
+    std::mt19937_64 rng(8);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    Tensor x({8, 6, 300});
+    for (Index i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(offset + nd(rng));
+    Tensor dy = testing::random_tensor(x.shape(), rng, 1.0, 0.0);
+    const BnFwd f = bn_forward(x.cview(), {}, {}, nullptr, nullptr, {}, {});
+    const ref::BatchNormOut r = ref::batch_norm_forward(x.cview(), {}, {}, {}, {}, 0, {}, {});
+    double worst = 0;
+    for (Index i = 0; i < x.numel(); ++i) worst = std::max(worst, std::fabs(f.y[i] - r.y[i]));
+    EXPECT_LE(worst, 1e-6) << "max abs error of y";
+    EXPECT_TRUE(all_close(f.mean.cview(), r.mean, Tol{2, 1e-5}, "save_mean"));
+    const Grads g = bn_backward(dy.cview(), x.cview(), {}, {}, {}, {}, {});
+    const LayerNormGrads rg = ref::batch_norm_backward(dy.cview(), x.cview(), {}, {}, {}, {}, {});
+    EXPECT_TRUE(all_close(g.dx.cview(), rg.dx, Tol{16, dx_scale(rg.dx, r.rstd, dy.cview(), {})}, "dx"));
+    EXPECT_TRUE(all_close(g.dw.cview(), rg.dweight, Tol{8, max_abs(rg.dweight)}, "dweight"));
+  }
 }
 
 // Outputs of ≥ 16 MiB go through scratch and streaming stores (channel_norm.cpp) when a segment of the

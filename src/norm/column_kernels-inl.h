@@ -423,11 +423,10 @@ inline VF dev(VF x, VF mh, VF ml) {
 // at [4, 80, 1024] as at [4, 80, 1000] (docs/PERFORMANCE.md, tenth session). With stage, each block is
 // first copied row by row into a contiguous buffer, and the passes read the copy: the same values in the
 // same order, so the same bits.
-inline constexpr Index kStageRows = 256;  // buffer rows: 16 KiB, half an L1 of 32 KiB
 struct StageOffsets {
-  Index v[kStageRows];
+  Index v[kColumnStageRows];
   constexpr StageOffsets() : v() {
-    for (Index i = 0; i < kStageRows; ++i) v[i] = kF * i;
+    for (Index i = 0; i < kColumnStageRows; ++i) v[i] = kF * i;
   }
 };
 inline constexpr StageOffsets kStageOff{};
@@ -436,7 +435,7 @@ inline constexpr StageOffsets kStageOff{};
 // the unstaged time, from this buffer 0.67-0.74× (the forward is the other way round, see forward_staged;
 // the cause was not pinned down).
 inline float* stage_buffer() {
-  alignas(64) static thread_local float buf[kStageRows * kF];
+  alignas(64) static thread_local float buf[kColumnStageRows * kF];
   return buf;
 }
 
@@ -507,13 +506,13 @@ void forward_tile(const ColumnForward& a, float* buf) {
 // took 0.50 of the unstaged time at [4, 80, 1024], from stage_buffer() 0.69.
 template <bool Center, bool W, bool B>
 [[gnu::noinline]] void forward_staged(const ColumnForward& a) {
-  alignas(64) float buf[kStageRows * kF];
+  alignas(64) float buf[kColumnStageRows * kF];
   forward_tile<Center, W, B, true>(a, buf);
 }
 
 template <bool Center, bool W, bool B>
 void forward_impl(const ColumnForward& a) {
-  if (a.stage && a.n <= kStageRows)
+  if (a.stage && a.n <= kColumnStageRows)
     forward_staged<Center, W, B>(a);
   else
     forward_tile<Center, W, B, false>(a, nullptr);
@@ -613,7 +612,7 @@ void backward_tile(const ColumnBackward& a, float* buf) {
 
 template <bool Center, bool W, bool Saved>
 void backward_impl(const ColumnBackward& a) {
-  if (a.stage && a.n <= kStageRows / 2)  // (x and dy share the buffer)
+  if (a.stage && a.n <= kColumnStageRows / 2)  // (x and dy share the buffer)
     backward_tile<Center, W, Saved, true>(a, stage_buffer());
   else
     backward_tile<Center, W, Saved, false>(a, nullptr);

@@ -28,6 +28,9 @@
 namespace normlab::kernels {
 
 inline constexpr Index kColumnTile = 64;  // columns per tile (four vectors of 16)
+// Rows of the staging buffer of crowded tiles (ColumnForward::stage): 256 rows of one 16-column block
+// are 16 KiB, half an L1 data cache of 32 KiB. The backward stages x and dy, up to half as many rows each.
+inline constexpr Index kColumnStageRows = 256;
 // Prefetch distance in blocks of 16 columns (one tile): far enough ahead to hide a memory access.
 inline constexpr Index kColumnPrefetch = 4;
 
@@ -57,8 +60,8 @@ struct ColumnForward {
   const float* next_x = nullptr;
   const float* next_y = nullptr;
   // Copy each block's rows of x into a contiguous buffer before the passes over them (same bits), when
-  // n ≤ 256: for rows that crowd the L1 cache's sets (crowds_l1), which would evict each other between
-  // the passes.
+  // n ≤ kColumnStageRows: for rows that crowd the L1 cache's sets (crowds_l1), which would evict each other
+  // between the passes.
   bool stage = false;
 };
 
@@ -91,7 +94,7 @@ struct ColumnBackward {
   const float* next_x = nullptr;  // as in ColumnForward (x, dy and dx are prefetched)
   const float* next_dy = nullptr;
   const float* next_dx = nullptr;
-  bool stage = false;  // as in ColumnForward, for x and dy, when n ≤ 128
+  bool stage = false;  // as in ColumnForward, for x and dy, when n ≤ kColumnStageRows / 2
 };
 
 // Whether more than 4 of the n rows at p + off[i] start in one set of the L1 data cache (64-byte lines,

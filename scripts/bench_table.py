@@ -16,6 +16,10 @@ For every thread count it prints:
   * one row per (op, shape, impl): GB/s (the benchmark's bytes_per_second / 1e9, bytes = what the
     ideal kernel reads + writes, see bench/bench_norm.cpp), the fraction of the copy reference, and
     for the peers (aten, onednn) normlab's speed divided by theirs (> 1: normlab is faster).
+  * issue 6's targets (docs/PERFORMANCE.md, "Targets at a glance"): per target the measured range over
+    its shapes and how many of them meet it. Ratios between implementations or operations are ratios of
+    time (above 1: normlab is faster, or for "[B,F,T] over contiguous", slower by that factor); "of copy"
+    as above. A target whose benchmarks are not in the run (a --benchmark_filter) is left out.
 With --wide: one row per (op, shape) with all implementations side by side instead.
 Repetitions (--benchmark_repetitions) are reduced to their median, or with --best to their best.
 """
@@ -57,22 +61,33 @@ def size_class(shape):
     return "in L3" if shape_bytes(shape) <= IN_CACHE_LIMIT else "out of cache"
 
 
-def collect(run, best=False):
-    """{(op, impl, shape): GB/s or None (error)}; repetitions are reduced to their median (or best)."""
+TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+
+
+def collect(run, best=False, field="bytes_per_second"):
+    """{(op, impl, shape): value or None (error)}; value: GB/s (field bytes_per_second) or µs (field
+    real_time). Repetitions are reduced to their median (or best: the highest GB/s, the lowest time)."""
+    def value(b):
+        if field == "bytes_per_second":
+            return b["bytes_per_second"] / 1e9
+        return b["real_time"] * TIME_UNITS[b.get("time_unit", "ns")]
+
+    pick = (max if field == "bytes_per_second" else min) if best else statistics.median
     samples, medians, errors = {}, {}, set()
     for b in run["benchmarks"]:
         key = parse_name(b.get("run_name", b["name"]))
         if key is None:
             continue
         if b.get("run_type") == "aggregate":
-            if b.get("aggregate_name") == "median" and "bytes_per_second" in b and not best:
-                medians[key] = b["bytes_per_second"] / 1e9
+            if b.get("aggregate_name") == "median" and field in b and not best:
+                medians[key] = value(b)
             continue
         if b.get("error_occurred"):
             errors.add(key)
             continue
-        samples.setdefault(key, []).append(b["bytes_per_second"] / 1e9)
-    out = {k: max(v) if best else statistics.median(v) for k, v in samples.items()}
+        if field in b:
+            samples.setdefault(key, []).append(value(b))
+    out = {k: pick(v) for k, v in samples.items()}
     out.update(medians)
     for k in errors:
         out.setdefault(k, None)
@@ -125,6 +140,7 @@ def print_run(run, wide, best):
         copy_ref[s] = best
         print(f"| {s} | {size_class(s)} | {cells[0]} | {cells[1]} | {which} {best:.2f} |")
     print()
+    print_targets(run, best, copy_ref)
 
     op_order = ["LayerNormFwd", "LayerNormBwd", "LayerNormFwdBFT"]
     ops = sorted({o for (o, i, _) in res if i in IMPLS},
@@ -159,6 +175,96 @@ def print_run(run, wide, best):
                     ratio = "" if i == "normlab" else fmt_ratio(nl, vals[i])
                     print(f"| {op} | {s} | {size_class(s)} | {i} | {fmt_gbs(vals[i])} | "
                           f"{fmt_frac(vals[i], ref)} | {ratio} |")
+    print()
+
+
+ROW_SHAPES = ["8192x64", "6553x80", "2048x256", "682x768", "128x4096",
+              "524288x64", "419430x80", "131072x256", "43690x768", "8192x4096"]
+BFT, BFT_ROWS, BN = "32x80x1000", "32000x80", "64x256x400"
+
+
+def target_rows(gbs, us, copy_ref):
+    """Issue 6's targets: [(target, [(shape, value)], threshold)]; a point meets the target when its
+    value ≥ threshold, or ≤ it for the "[B,F,T] over contiguous" rows (threshold given negative)."""
+    l3 = [s for s in ROW_SHAPES if size_class(s) == "in L3"]
+    ooc = [s for s in ROW_SHAPES if size_class(s) != "in L3"]
+
+    def of_copy(op, shapes):
+        return [(s, gbs[(op, "normlab", s)] / copy_ref[s]) for s in shapes
+                if gbs.get((op, "normlab", s)) and copy_ref.get(s)]
+
+    def speedup(op_peer, op_nl, peer, shapes, impl_nl="normlab"):
+        # time of the peer / time of normlab (> 1: normlab faster)
+        return [(s, us[(op_peer, peer, s)] / us[(op_nl, impl_nl, s)]) for s in shapes
+                if us.get((op_peer, peer, s)) and us.get((op_nl, impl_nl, s))]
+
+    def bft_over_rows(op):
+        a, b = us.get((op, "normlab", BFT)), us.get((op.replace("BFT", ""), "normlab", BFT_ROWS))
+        return [(BFT, a / b)] if a and b else []
+
+    def bn_fwd_bwd():
+        t = [us.get((op, i, BN)) for op in ("BatchNormFwd", "BatchNormBwd") for i in ("aten", "normlab")]
+        return [(BN, (t[0] + t[2]) / (t[1] + t[3]))] if all(t) else []
+
+    def lowp(op16, op32, shapes):
+        return [(s, us[(op32, "normlab", s)] / us[(op16, "normlab", s)]) for s in shapes
+                if us.get((op32, "normlab", s)) and us.get((op16, "normlab", s))]
+
+    allr = ROW_SHAPES
+    return [
+        ("LayerNorm forward, of copy out of cache (≥ 0.85)", of_copy("LayerNormFwd", ooc), 0.85),
+        ("RMSNorm forward, of copy out of cache (≥ 0.85)", of_copy("RmsNormFwd", ooc), 0.85),
+        ("LayerNorm forward, of copy in L3 (≥ 0.6)", of_copy("LayerNormFwd", l3), 0.6),
+        ("RMSNorm forward, of copy in L3 (≥ 0.6)", of_copy("RmsNormFwd", l3), 0.6),
+        ("LayerNorm forward against ATen, every shape (> 1)",
+         speedup("LayerNormFwd", "LayerNormFwd", "aten", allr), 1.0 + 1e-9),
+        ("LayerNorm forward against oneDNN, every shape (> 1)",
+         speedup("LayerNormFwd", "LayerNormFwd", "onednn", allr), 1.0 + 1e-9),
+        ("RMSNorm forward against ATen's composition, every shape (> 1)",
+         speedup("RmsNormFwd", "RmsNormFwd", "aten", allr), 1.0 + 1e-9),
+        ("LayerNorm forward against oneDNN in L3 (≥ 1.5)",
+         speedup("LayerNormFwd", "LayerNormFwd", "onednn", l3), 1.5),
+        ("LayerNorm forward against ATen in L3 (≥ 3)",
+         speedup("LayerNormFwd", "LayerNormFwd", "aten", l3), 3.0),
+        ("RMSNorm forward against ATen in L3 (≥ 3)", speedup("RmsNormFwd", "RmsNormFwd", "aten", l3), 3.0),
+        ("LayerNorm backward from saved statistics, of copy out of cache (≥ 0.75)",
+         of_copy("LayerNormBwdSaved", ooc), 0.75),
+        ("LayerNorm backward recomputing, of copy out of cache (≥ 0.75)", of_copy("LayerNormBwd", ooc), 0.75),
+        ("LayerNorm backward from saved statistics against ATen in L3 (≥ 2)",
+         speedup("LayerNormBwd", "LayerNormBwdSaved", "aten", l3), 2.0),
+        ("LayerNorm backward from saved statistics against oneDNN in L3 (≥ 2)",
+         speedup("LayerNormBwd", "LayerNormBwdSaved", "onednn", l3), 2.0),
+        ("[B,F,T] forward over F, time over contiguous rows (≤ 1.3)", bft_over_rows("LayerNormFwdBFT"), -1.3),
+        ("[B,F,T] backward over F, time over contiguous rows (≤ 1.3)",
+         bft_over_rows("LayerNormBwdBFT"), -1.3),
+        ("[B,F,T] forward against the LibTorch permute route (≥ 10)",
+         speedup("LayerNormFwdBFT", "LayerNormFwdBFT", "aten", [BFT]), 10.0),
+        ("[B,F,T] backward against the LibTorch permute route (≥ 10)",
+         speedup("LayerNormBwdBFT", "LayerNormBwdBFT", "aten", [BFT]), 10.0),
+        ("BatchNorm training forward + backward against ATen (≥ 3)", bn_fwd_bwd(), 3.0),
+        ("bf16 LayerNorm forward against our fp32, out of cache (≥ 1.7)",
+         lowp("LayerNormFwdBF16", "LayerNormFwd", ooc), 1.7),
+        ("bf16 RMSNorm forward against our fp32, out of cache (≥ 1.7)",
+         lowp("RmsNormFwdBF16", "RmsNormFwd", ooc), 1.7),
+        ("bf16 LayerNorm backward against our fp32, out of cache (≥ 1.7)",
+         lowp("LayerNormBwdBF16", "LayerNormBwd", ooc), 1.7),
+    ]
+
+
+def print_targets(run, best, copy_ref):
+    gbs, us = collect(run, best), collect(run, best, "real_time")
+    rows = [r for r in target_rows(gbs, us, copy_ref) if r[1]]
+    if not rows:
+        return
+    print("Issue 6's targets (ratios of time; the worst point is named):\n")
+    print("| target | measured | worst at | met |")
+    print("|---|---|---|---|")
+    for name, points, thr in rows:
+        vals = [v for _, v in points]
+        ok = [v <= -thr if thr < 0 else v >= thr for v in vals]
+        worst = max(points, key=lambda p: p[1]) if thr < 0 else min(points, key=lambda p: p[1])
+        rng = f"{min(vals):.2f}" if len(vals) == 1 else f"{min(vals):.2f}–{max(vals):.2f}"
+        print(f"| {name} | {rng} | {worst[0]} | {sum(ok)} of {len(ok)} |")
     print()
 
 

@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <exception>
 #include <functional>
 #include <vector>
 
@@ -136,10 +135,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "normlab_bench_bft_pair: %s\n", e.what());
-    return 1;
-  }
+  return normlab::bench::run_tool("normlab_bench_bft_pair", run, argc, argv);
 }

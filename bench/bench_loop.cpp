@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -121,10 +120,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "normlab_bench_loop: %s\n", e.what());
-    return 1;
-  }
+  return normlab::bench::run_tool("normlab_bench_loop", run, argc, argv);
 }

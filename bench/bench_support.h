@@ -6,7 +6,9 @@
 #include <normlab/tensor.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -35,6 +37,17 @@ inline long parse_positive(const char* s, const char* what) {
   if (end == s || *end != '\0' || v <= 0)
     throw std::invalid_argument(std::string(what) + " must be a positive integer, got '" + s + "'");
   return v;
+}
+
+// The main() of a timing tool: run(argc, argv), with an exception reported as "tool: message" on stderr
+// (exit status 1).
+inline int run_tool(const char* tool, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", tool, e.what());
+    return 1;
+  }
 }
 
 // Deterministic uniform values in [lo, hi) (splitmix64; fast enough to fill 128 MiB in a blink).

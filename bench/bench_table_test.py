@@ -44,15 +44,27 @@ RUN = run_of([
 
 
 def targets(run):
-    copy_ref = {}
     gbs = bench_table.collect(run)
-    for s in {s for (_, _, s) in gbs}:
-        c = [gbs.get((n, "copy", s)) for n in ("Copy", "CopyStream")]
-        c = [v for v in c if v is not None]
-        if c:
-            copy_ref[s] = max(c)
+    copy_ref = {s: v for s, (v, _) in bench_table.copy_references(gbs).items()}
     rows = bench_table.target_rows(gbs, bench_table.collect(run, field="real_time"), copy_ref)
-    return {name: (dict(points), thr) for name, points, thr in rows if points}
+    return {name: (dict(points), cmp, thr) for name, points, cmp, thr in rows if points}
+
+
+def printed(run, *args):
+    """scripts/bench_table.py's output for `run` (written to a file), with extra arguments."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "run.json")
+        with open(path, "w") as f:
+            json.dump(run, f)
+        out = io.StringIO()
+        argv = sys.argv
+        sys.argv = ["bench_table.py", path, *args]
+        try:
+            with contextlib.redirect_stdout(out):
+                bench_table.main()
+        finally:
+            sys.argv = argv
+    return out.getvalue()
 
 
 class TargetsTest(unittest.TestCase):
@@ -84,20 +96,23 @@ class TargetsTest(unittest.TestCase):
         self.assertNotIn("RMSNorm forward, of copy in L3 (≥ 0.6)", t)
         self.assertNotIn("[B,F,T] backward over F, time over contiguous rows (≤ 1.3)", t)
 
+    def test_copy_reference_is_the_better_copy(self):
+        refs = bench_table.copy_references(bench_table.collect(RUN))
+        self.assertEqual(refs["8192x64"], (100.0, "Copy"))
+        self.assertEqual(refs["524288x64"], (20.0, "CopyStream"))
+
+    def test_repetitions_give_the_median_unless_best(self):
+        # Three repetitions of normlab's forward at 8192x64 (30, 60, 90 µs) against ATen's 120 µs: the median
+        # gives 2.00; --best, the fastest repetition, 4.00.
+        reps = [b for b in RUN["benchmarks"] if b["name"] != "BM_LayerNormFwd/normlab/8192x64/real_time"]
+        reps += [bench("BM_LayerNormFwd/normlab/8192x64", t, 70) for t in (30, 60, 90)]
+        run = run_of(reps)
+        self.assertIn("| LayerNorm forward against ATen in L3 (≥ 3) | 2.00 | 8192x64 | 0 of 1 |", printed(run))
+        self.assertIn("| LayerNorm forward against ATen in L3 (≥ 3) | 4.00 | 8192x64 | 1 of 1 |",
+                      printed(run, "--best"))
+
     def test_printed_table_counts_met_points(self):
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "run.json")
-            with open(path, "w") as f:
-                json.dump(RUN, f)
-            out = io.StringIO()
-            argv = sys.argv
-            sys.argv = ["bench_table.py", path]
-            try:
-                with contextlib.redirect_stdout(out):
-                    bench_table.main()
-            finally:
-                sys.argv = argv
-        text = out.getvalue()
+        text = printed(RUN)
         # ATen: 4.0 at 8192x64 meets "> 1", 0.75 at 524288x64 does not; the worst point is named.
         self.assertIn("| LayerNorm forward against ATen, every shape (> 1) | 0.75–4.00 | 524288x64 | 1 of 2 |",
                       text)

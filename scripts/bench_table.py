@@ -94,6 +94,16 @@ def collect(run, best=False, field="bytes_per_second"):
     return out
 
 
+def copy_references(gbs):
+    """{shape: (GB/s, "Copy" or "CopyStream")}: the better of the two copy benchmarks at each shape that has
+    one (from collect's GB/s)."""
+    refs = {}
+    for (op, impl, s), v in gbs.items():
+        if impl == "copy" and op in ("Copy", "CopyStream") and v is not None:
+            refs[s] = max(refs.get(s, (v, op)), (v, op))
+    return refs
+
+
 def fmt_gbs(v):
     return "error" if v is None else f"{v:.2f}"
 
@@ -123,24 +133,20 @@ def print_run(run, wide, best):
           f"date: {ctx.get('date', '?')}, load average at start: {load}, repetitions: {reps}{reduced}\n")
 
     shapes = sorted({s for (_, _, s) in res}, key=shape_order)
-    copy_ref = {}
+    refs = copy_references(res)
+    copy_ref = {s: gbs for s, (gbs, _) in refs.items()}
     print("Copy roofline (GB/s, read + write); `copy` below = the better of the two:\n")
     print("| shape | size | BM_Copy (stores) | BM_CopyStream (NT stores) | copy reference |")
     print("|---|---|---:|---:|---|")
     for s in shapes:
-        cells, cands = [], []
-        for name in ("Copy", "CopyStream"):
-            key = (name, "copy", s)
-            cells.append(fmt_gbs(res[key]) if key in res else "—")
-            if res.get(key) is not None:
-                cands.append((res[key], name))
-        if not cands:
+        if s not in refs:
             continue
-        best, which = max(cands)
-        copy_ref[s] = best
-        print(f"| {s} | {size_class(s)} | {cells[0]} | {cells[1]} | {which} {best:.2f} |")
+        cells = [fmt_gbs(res[(name, "copy", s)]) if (name, "copy", s) in res else "—"
+                 for name in ("Copy", "CopyStream")]
+        ref, which = refs[s]
+        print(f"| {s} | {size_class(s)} | {cells[0]} | {cells[1]} | {which} {ref:.2f} |")
     print()
-    print_targets(run, best, copy_ref)
+    print_targets(res, collect(run, best, "real_time"), copy_ref)
 
     op_order = ["LayerNormFwd", "LayerNormBwd", "LayerNormFwdBFT"]
     ops = sorted({o for (o, i, _) in res if i in IMPLS},
@@ -183,9 +189,13 @@ ROW_SHAPES = ["8192x64", "6553x80", "2048x256", "682x768", "128x4096",
 BFT, BFT_ROWS, BN = "32x80x1000", "32000x80", "64x256x400"
 
 
+# How a target's value compares with its threshold: meets(value, threshold), and the worst of its points.
+COMPARE = {">": (lambda v, t: v > t, min), "≥": (lambda v, t: v >= t, min), "≤": (lambda v, t: v <= t, max)}
+
+
 def target_rows(gbs, us, copy_ref):
-    """Issue 6's targets: [(target, [(shape, value)], threshold)]; a point meets the target when its
-    value ≥ threshold, or ≤ it for the "[B,F,T] over contiguous" rows (threshold given negative)."""
+    """Issue 6's targets: [(target, [(shape, value)], comparison, threshold)], comparison a key of COMPARE.
+    gbs: collect's GB/s, us: its times (µs), copy_ref: {shape: copy GB/s}."""
     l3 = [s for s in ROW_SHAPES if size_class(s) == "in L3"]
     ooc = [s for s in ROW_SHAPES if size_class(s) != "in L3"]
 
@@ -193,10 +203,10 @@ def target_rows(gbs, us, copy_ref):
         return [(s, gbs[(op, "normlab", s)] / copy_ref[s]) for s in shapes
                 if gbs.get((op, "normlab", s)) and copy_ref.get(s)]
 
-    def speedup(op_peer, op_nl, peer, shapes, impl_nl="normlab"):
+    def speedup(op_peer, op_nl, peer, shapes):
         # time of the peer / time of normlab (> 1: normlab faster)
-        return [(s, us[(op_peer, peer, s)] / us[(op_nl, impl_nl, s)]) for s in shapes
-                if us.get((op_peer, peer, s)) and us.get((op_nl, impl_nl, s))]
+        return [(s, us[(op_peer, peer, s)] / us[(op_nl, "normlab", s)]) for s in shapes
+                if us.get((op_peer, peer, s)) and us.get((op_nl, "normlab", s))]
 
     def bft_over_rows(op):
         a, b = us.get((op, "normlab", BFT)), us.get((op.replace("BFT", ""), "normlab", BFT_ROWS))
@@ -212,57 +222,57 @@ def target_rows(gbs, us, copy_ref):
 
     allr = ROW_SHAPES
     return [
-        ("LayerNorm forward, of copy out of cache (≥ 0.85)", of_copy("LayerNormFwd", ooc), 0.85),
-        ("RMSNorm forward, of copy out of cache (≥ 0.85)", of_copy("RmsNormFwd", ooc), 0.85),
-        ("LayerNorm forward, of copy in L3 (≥ 0.6)", of_copy("LayerNormFwd", l3), 0.6),
-        ("RMSNorm forward, of copy in L3 (≥ 0.6)", of_copy("RmsNormFwd", l3), 0.6),
+        ("LayerNorm forward, of copy out of cache (≥ 0.85)", of_copy("LayerNormFwd", ooc), "≥", 0.85),
+        ("RMSNorm forward, of copy out of cache (≥ 0.85)", of_copy("RmsNormFwd", ooc), "≥", 0.85),
+        ("LayerNorm forward, of copy in L3 (≥ 0.6)", of_copy("LayerNormFwd", l3), "≥", 0.6),
+        ("RMSNorm forward, of copy in L3 (≥ 0.6)", of_copy("RmsNormFwd", l3), "≥", 0.6),
         ("LayerNorm forward against ATen, every shape (> 1)",
-         speedup("LayerNormFwd", "LayerNormFwd", "aten", allr), 1.0 + 1e-9),
+         speedup("LayerNormFwd", "LayerNormFwd", "aten", allr), ">", 1.0),
         ("LayerNorm forward against oneDNN, every shape (> 1)",
-         speedup("LayerNormFwd", "LayerNormFwd", "onednn", allr), 1.0 + 1e-9),
+         speedup("LayerNormFwd", "LayerNormFwd", "onednn", allr), ">", 1.0),
         ("RMSNorm forward against ATen's composition, every shape (> 1)",
-         speedup("RmsNormFwd", "RmsNormFwd", "aten", allr), 1.0 + 1e-9),
+         speedup("RmsNormFwd", "RmsNormFwd", "aten", allr), ">", 1.0),
         ("LayerNorm forward against oneDNN in L3 (≥ 1.5)",
-         speedup("LayerNormFwd", "LayerNormFwd", "onednn", l3), 1.5),
+         speedup("LayerNormFwd", "LayerNormFwd", "onednn", l3), "≥", 1.5),
         ("LayerNorm forward against ATen in L3 (≥ 3)",
-         speedup("LayerNormFwd", "LayerNormFwd", "aten", l3), 3.0),
-        ("RMSNorm forward against ATen in L3 (≥ 3)", speedup("RmsNormFwd", "RmsNormFwd", "aten", l3), 3.0),
+         speedup("LayerNormFwd", "LayerNormFwd", "aten", l3), "≥", 3.0),
+        ("RMSNorm forward against ATen in L3 (≥ 3)", speedup("RmsNormFwd", "RmsNormFwd", "aten", l3), "≥", 3.0),
         ("LayerNorm backward from saved statistics, of copy out of cache (≥ 0.75)",
-         of_copy("LayerNormBwdSaved", ooc), 0.75),
-        ("LayerNorm backward recomputing, of copy out of cache (≥ 0.75)", of_copy("LayerNormBwd", ooc), 0.75),
+         of_copy("LayerNormBwdSaved", ooc), "≥", 0.75),
+        ("LayerNorm backward recomputing, of copy out of cache (≥ 0.75)", of_copy("LayerNormBwd", ooc), "≥", 0.75),
         ("LayerNorm backward from saved statistics against ATen in L3 (≥ 2)",
-         speedup("LayerNormBwd", "LayerNormBwdSaved", "aten", l3), 2.0),
+         speedup("LayerNormBwd", "LayerNormBwdSaved", "aten", l3), "≥", 2.0),
         ("LayerNorm backward from saved statistics against oneDNN in L3 (≥ 2)",
-         speedup("LayerNormBwd", "LayerNormBwdSaved", "onednn", l3), 2.0),
-        ("[B,F,T] forward over F, time over contiguous rows (≤ 1.3)", bft_over_rows("LayerNormFwdBFT"), -1.3),
+         speedup("LayerNormBwd", "LayerNormBwdSaved", "onednn", l3), "≥", 2.0),
+        ("[B,F,T] forward over F, time over contiguous rows (≤ 1.3)", bft_over_rows("LayerNormFwdBFT"), "≤", 1.3),
         ("[B,F,T] backward over F, time over contiguous rows (≤ 1.3)",
-         bft_over_rows("LayerNormBwdBFT"), -1.3),
+         bft_over_rows("LayerNormBwdBFT"), "≤", 1.3),
         ("[B,F,T] forward against the LibTorch permute route (≥ 10)",
-         speedup("LayerNormFwdBFT", "LayerNormFwdBFT", "aten", [BFT]), 10.0),
+         speedup("LayerNormFwdBFT", "LayerNormFwdBFT", "aten", [BFT]), "≥", 10.0),
         ("[B,F,T] backward against the LibTorch permute route (≥ 10)",
-         speedup("LayerNormBwdBFT", "LayerNormBwdBFT", "aten", [BFT]), 10.0),
-        ("BatchNorm training forward + backward against ATen (≥ 3)", bn_fwd_bwd(), 3.0),
+         speedup("LayerNormBwdBFT", "LayerNormBwdBFT", "aten", [BFT]), "≥", 10.0),
+        ("BatchNorm training forward + backward against ATen (≥ 3)", bn_fwd_bwd(), "≥", 3.0),
         ("bf16 LayerNorm forward against our fp32, out of cache (≥ 1.7)",
-         lowp("LayerNormFwdBF16", "LayerNormFwd", ooc), 1.7),
+         lowp("LayerNormFwdBF16", "LayerNormFwd", ooc), "≥", 1.7),
         ("bf16 RMSNorm forward against our fp32, out of cache (≥ 1.7)",
-         lowp("RmsNormFwdBF16", "RmsNormFwd", ooc), 1.7),
+         lowp("RmsNormFwdBF16", "RmsNormFwd", ooc), "≥", 1.7),
         ("bf16 LayerNorm backward against our fp32, out of cache (≥ 1.7)",
-         lowp("LayerNormBwdBF16", "LayerNormBwd", ooc), 1.7),
+         lowp("LayerNormBwdBF16", "LayerNormBwd", ooc), "≥", 1.7),
     ]
 
 
-def print_targets(run, best, copy_ref):
-    gbs, us = collect(run, best), collect(run, best, "real_time")
+def print_targets(gbs, us, copy_ref):
     rows = [r for r in target_rows(gbs, us, copy_ref) if r[1]]
     if not rows:
         return
     print("Issue 6's targets (ratios of time; the worst point is named):\n")
     print("| target | measured | worst at | met |")
     print("|---|---|---|---|")
-    for name, points, thr in rows:
+    for name, points, cmp, thr in rows:
+        meets, worst_of = COMPARE[cmp]
         vals = [v for _, v in points]
-        ok = [v <= -thr if thr < 0 else v >= thr for v in vals]
-        worst = max(points, key=lambda p: p[1]) if thr < 0 else min(points, key=lambda p: p[1])
+        ok = [meets(v, thr) for v in vals]
+        worst = worst_of(points, key=lambda p: p[1])
         rng = f"{min(vals):.2f}" if len(vals) == 1 else f"{min(vals):.2f}–{max(vals):.2f}"
         print(f"| {name} | {rng} | {worst[0]} | {sum(ok)} of {len(ok)} |")
     print()

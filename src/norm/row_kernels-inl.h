@@ -202,9 +202,13 @@ struct SecondPassVec {  // the accumulators before the hsum
 };
 
 // WithSq = false leaves Σe² out (a backward from saved statistics needs only Σg and Σg·e).
+// Always inlined: within its inlining budget GCC left the bf16/fp16 instantiations out of line in the
+// avx2 unit's short-row forward, a call per row that returned the accumulators through memory (the bf16
+// LayerNorm forward at D = 64 took 1.47× the time; docs/PERFORMANCE.md, twelfth session).
 template <bool Center, bool WithDy, bool W, bool WithSq = true, typename T>
-inline SecondPassVec row_second_pass_vec(const T* x, std::type_identity_t<const T*> dy, const float* w,
-                                         Index n, VF mh) {
+__attribute__((always_inline)) inline SecondPassVec row_second_pass_vec(const T* x,
+                                                                        std::type_identity_t<const T*> dy,
+                                                                        const float* w, Index n, VF mh) {
   VD q0 = zerod(), q1 = zerod(), g0 = zerod(), g1 = zerod(), p0 = zerod(), p1 = zerod();
   const VF z = zerof();
   auto dev0 = [&](VF v) __attribute__((always_inline)) {
@@ -420,10 +424,12 @@ inline void rstd8(Stats8& st, const double* sq, double n, double eps) {
 #endif
 }
 
-// y = ((x − mh) − ml)·r·w + b of one row, all in float.
+// y = ((x − mh) − ml)·r·w + b of one row, all in float. Always inlined, as row_second_pass_vec: GCC left
+// two of its bf16/fp16 instantiations (LayerNorm without β, RMSNorm with β) out of line in the avx2 unit.
 template <bool Center, bool W, bool B, typename T>
-inline void row_output(T* y, const T* x, Index n, const float* w, const float* b, float mhs, float mls,
-                       float rs, bool nt) {
+__attribute__((always_inline)) inline void row_output(T* y, const T* x, Index n, const float* w,
+                                                      const float* b, float mhs, float mls, float rs,
+                                                      bool nt) {
   const VF z = zerof();
   const VF mh = bcast(mhs), ml = bcast(mls), r = bcast(rs);
   auto out = [&](VF xv, VF wv, VF bv) __attribute__((always_inline)) {

@@ -5,7 +5,8 @@
 // A/B runs of one kernel at one shape.
 //
 //   normlab_bench_loop KERNEL ROWS D [THREADS [CALLS]]
-//   KERNEL: ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β) | ln-bwd-saved | ln-bwd-saved-bf16 (dx, dγ, dβ
+//   KERNEL: ln-fwd | ln-fwd-bf16 | ln-fwd-fp16 (y, mean, rstd from x, γ, β) | ln-bwd-saved |
+//   ln-bwd-saved-bf16 (dx, dγ, dβ
 //           from dy, x, γ and the NormStats of one forward before the loop) | rms-bwd-saved (RMSNorm: dx, dγ
 //           from dy, x, γ and NormStats; the dγ/dβ hash then covers dγ and a zero dβ)
 //   NORMLAB_ISA=avx512 normlab_bench_loop ln-fwd-bf16 682 768    # 1 thread, 200 calls
@@ -48,17 +49,19 @@ std::uint64_t hash_bits(const T* p, Index n) {
 
 int run(int argc, char** argv) {
   if (argc < 4 || argc > 6) {
-    std::fprintf(stderr,
-                 "usage: %s ln-fwd|ln-fwd-bf16|ln-bwd-saved|ln-bwd-saved-bf16|rms-bwd-saved ROWS D [THREADS "
-                 "[CALLS]]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s ln-fwd|ln-fwd-bf16|ln-fwd-fp16|ln-bwd-saved|ln-bwd-saved-bf16|rms-bwd-saved ROWS D "
+        "[THREADS [CALLS]]\n",
+        argv[0]);
     return 2;
   }
   const std::string kernel = argv[1];
   const bool bf16 = kernel == "ln-fwd-bf16" || kernel == "ln-bwd-saved-bf16";
+  const bool fp16 = kernel == "ln-fwd-fp16";
   const bool rms = kernel == "rms-bwd-saved";
   const bool backward = kernel == "ln-bwd-saved" || kernel == "ln-bwd-saved-bf16" || rms;
-  if (!bf16 && !rms && kernel != "ln-fwd" && kernel != "ln-bwd-saved")
+  if (!bf16 && !fp16 && !rms && kernel != "ln-fwd" && kernel != "ln-bwd-saved")
     throw std::invalid_argument("unknown kernel '" + kernel + "'");
   const Index rows = parse_positive(argv[2], "ROWS"), d = parse_positive(argv[3], "D");
   set_num_threads(argc > 4 ? static_cast<int>(parse_positive(argv[4], "THREADS")) : 1);
@@ -68,12 +71,14 @@ int run(int argc, char** argv) {
   Tensor x({rows, d}), y({rows, d}), dy({rows, d}), w({d}), b({d}), mean({rows}), rstd({rows}), dw({d}),
       db({d});
   BF16Tensor xh({rows, d}), yh({rows, d}), dyh({rows, d});
+  F16Tensor xf({rows, d}), yf({rows, d});
   std::mt19937 gen(1);
   std::normal_distribution<float> dist(1.0f, 2.0f);
   for (Index i = 0; i < x.numel(); ++i) {
     x.data()[i] = dist(gen);
     dy.data()[i] = dist(gen);
     xh.data()[i] = bfloat16(x.data()[i]);
+    xf.data()[i] = float16(x.data()[i]);
     dyh.data()[i] = bfloat16(dy.data()[i]);
   }
   for (Index i = 0; i < d; ++i) {
@@ -92,7 +97,10 @@ int run(int argc, char** argv) {
   std::vector<double> us;
   for (int c = 0; c < calls; ++c) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (!backward && !bf16)
+    if (fp16)
+      layer_norm_forward(yf.view(), mean.view(), rstd.view(), xf.cview(), w.cview(), b.cview(), Axes{1},
+                         1e-5);
+    else if (!backward && !bf16)
       layer_norm_forward(y.view(), mean.view(), rstd.view(), x.cview(), w.cview(), b.cview(), Axes{1}, 1e-5);
     if (!backward && bf16)
       layer_norm_forward(yh.view(), mean.view(), rstd.view(), xh.cview(), w.cview(), b.cview(), Axes{1},
@@ -106,7 +114,9 @@ int run(int argc, char** argv) {
     us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(us.begin(), us.end());
-  const std::uint64_t h = bf16 ? hash_bits(yh.data(), yh.numel()) : hash_bits(y.data(), y.numel());
+  const std::uint64_t h = bf16   ? hash_bits(yh.data(), yh.numel())
+                          : fp16 ? hash_bits(yf.data(), yf.numel())
+                                 : hash_bits(y.data(), y.numel());
   std::printf("%s %lldx%lld %s %d threads: median %.1f us, p10 %.1f us, output hash %016llx", kernel.c_str(),
               static_cast<long long>(rows), static_cast<long long>(d), isa_name(active_isa()), num_threads(),
               us[us.size() / 2], us[us.size() / 10], static_cast<unsigned long long>(h));

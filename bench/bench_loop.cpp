@@ -5,10 +5,10 @@
 // A/B runs of one kernel at one shape.
 //
 //   normlab_bench_loop KERNEL ROWS D [THREADS [CALLS]]
-//   KERNEL: ln-fwd | ln-fwd-bf16 | ln-fwd-fp16 (y, mean, rstd from x, γ, β) | ln-bwd-saved |
-//   ln-bwd-saved-bf16 (dx, dγ, dβ
-//           from dy, x, γ and the NormStats of one forward before the loop) | rms-bwd-saved (RMSNorm: dx, dγ
-//           from dy, x, γ and NormStats; the dγ/dβ hash then covers dγ and a zero dβ)
+//   KERNEL: ln-fwd | ln-fwd-bf16 | ln-fwd-fp16 (y, mean, rstd from x, γ, β) |
+//           ln-bwd-saved | ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and the NormStats of one forward
+//           before the loop) | rms-bwd-saved (RMSNorm: dx, dγ from dy, x, γ and NormStats; the dγ/dβ hash
+//           then covers dγ and a zero dβ)
 //   NORMLAB_ISA=avx512 normlab_bench_loop ln-fwd-bf16 682 768    # 1 thread, 200 calls
 #include <normlab/norm.h>
 #include <normlab/parallel.h>

@@ -122,6 +122,20 @@ class TargetsTest(unittest.TestCase):
         self.assertIn("| BatchNorm training forward + backward against ATen (≥ 3) | 3.00 | 64x256x400 "
                       "| 1 of 1 |", text)
 
+    def test_unreadable_input_is_a_one_line_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            cases = {"truncated.json": '{"benchmarks": [', "list.json": "[1, 2]", "other.json": '{"a": 1}'}
+            for name, text in cases.items():
+                path = os.path.join(d, name)
+                with open(path, "w") as f:
+                    f.write(text)
+                with self.assertRaises(SystemExit) as cm:
+                    bench_table.load_runs([path])
+                self.assertIn(path, str(cm.exception.code))
+            with self.assertRaises(SystemExit) as cm:
+                bench_table.load_runs([os.path.join(d, "missing.json")])
+            self.assertIn("cannot read", str(cm.exception.code))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -37,10 +37,17 @@ IN_CACHE_LIMIT = 16 << 20  # bytes of x; the harness uses 2 MiB (and 10 MB for B
 
 
 def load_runs(paths):
+    """The runs of Google Benchmark JSON files (or of files written by --combine); a file that cannot be read
+    or is not such JSON ends the program with a one-line message naming it."""
     runs = []
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            sys.exit(f"bench_table: cannot read {path}: {e}")
+        if not isinstance(data, dict) or not ("runs" in data or "benchmarks" in data):
+            sys.exit(f"bench_table: {path} is not Google Benchmark JSON (no 'benchmarks' or 'runs')")
         runs.extend(data["runs"] if "runs" in data else [data])
     return runs
 

@@ -124,7 +124,10 @@ def fmt_ratio(a, b):
 
 
 def shape_order(shape):
-    return (shape_bytes(shape) > IN_CACHE_LIMIT, len(shape.split("x")), int(shape.split("x")[-1]))
+    """In cache first, rows before [B,F,T], by the last extent, then by all extents (so that shapes with the
+    same last extent, 6553x80 and 32000x80, keep one order: the sets they come from iterate in hash order)."""
+    dims = tuple(int(p) for p in shape.split("x"))
+    return (shape_bytes(shape) > IN_CACHE_LIMIT, len(dims), dims[-1], dims)
 
 
 def print_run(run, wide, best):

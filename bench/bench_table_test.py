@@ -44,9 +44,7 @@ RUN = run_of([
 
 
 def targets(run):
-    gbs = bench_table.collect(run)
-    copy_ref = {s: v for s, (v, _) in bench_table.copy_references(gbs).items()}
-    rows = bench_table.target_rows(gbs, bench_table.collect(run, field="real_time"), copy_ref)
+    rows = bench_table.target_rows(bench_table.collect(run), bench_table.collect(run, field="real_time"))
     return {name: (dict(points), cmp, thr) for name, points, cmp, thr in rows if points}
 
 

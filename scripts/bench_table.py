@@ -144,7 +144,6 @@ def print_run(run, wide, best):
 
     shapes = sorted({s for (_, _, s) in res}, key=shape_order)
     refs = copy_references(res)
-    copy_ref = {s: gbs for s, (gbs, _) in refs.items()}
     print("Copy roofline (GB/s, read + write); `copy` below = the better of the two:\n")
     print("| shape | size | BM_Copy (stores) | BM_CopyStream (NT stores) | copy reference |")
     print("|---|---|---:|---:|---|")
@@ -156,7 +155,7 @@ def print_run(run, wide, best):
         ref, which = refs[s]
         print(f"| {s} | {size_class(s)} | {cells[0]} | {cells[1]} | {which} {ref:.2f} |")
     print()
-    print_targets(res, collect(run, best, "real_time"), copy_ref)
+    print_targets(res, collect(run, best, "real_time"))
 
     op_order = ["LayerNormFwd", "LayerNormBwd", "LayerNormFwdBFT"]
     ops = sorted({o for (o, i, _) in res if i in IMPLS},
@@ -176,7 +175,7 @@ def print_run(run, wide, best):
             vals = {i: res[(op, i, s)] for i in IMPLS if (op, i, s) in res}
             if not vals:
                 continue
-            ref = copy_ref.get(s)
+            ref = refs[s][0] if s in refs else None
             nl = vals.get("normlab")
             if wide:
                 cells = [f"{fmt_gbs(vals[i])} ({fmt_frac(vals[i], ref)})" if i in vals else "—"
@@ -203,15 +202,16 @@ BFT, BFT_ROWS, BN = "32x80x1000", "32000x80", "64x256x400"
 COMPARE = {">": (lambda v, t: v > t, min), "≥": (lambda v, t: v >= t, min), "≤": (lambda v, t: v <= t, max)}
 
 
-def target_rows(gbs, us, copy_ref):
+def target_rows(gbs, us):
     """Issue 6's targets: [(target, [(shape, value)], comparison, threshold)], comparison a key of COMPARE.
-    gbs: collect's GB/s, us: its times (µs), copy_ref: {shape: copy GB/s}."""
+    gbs: collect's GB/s (the copy references are its copy benchmarks), us: its times (µs)."""
+    refs = copy_references(gbs)
     l3 = [s for s in ROW_SHAPES if size_class(s) == "in L3"]
     ooc = [s for s in ROW_SHAPES if size_class(s) != "in L3"]
 
     def of_copy(op, shapes):
-        return [(s, gbs[(op, "normlab", s)] / copy_ref[s]) for s in shapes
-                if gbs.get((op, "normlab", s)) and copy_ref.get(s)]
+        return [(s, gbs[(op, "normlab", s)] / refs[s][0]) for s in shapes
+                if gbs.get((op, "normlab", s)) and s in refs and refs[s][0]]
 
     def speedup(op_peer, op_nl, peer, shapes):
         # time of the peer / time of normlab (> 1: normlab faster)
@@ -271,8 +271,8 @@ def target_rows(gbs, us, copy_ref):
     ]
 
 
-def print_targets(gbs, us, copy_ref):
-    rows = [r for r in target_rows(gbs, us, copy_ref) if r[1]]
+def print_targets(gbs, us):
+    rows = [r for r in target_rows(gbs, us) if r[1]]
     if not rows:
         return
     print("Issue 6's targets (ratios of time; the worst point is named):\n")

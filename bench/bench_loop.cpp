@@ -70,16 +70,19 @@ int run(int argc, char** argv) {
   // x ~ N(1, 2), dy ~ N(1, 2); γ = 1 + 0.01·i, β = 0.1; the 16-bit inputs are the rounded fp32 ones.
   Tensor x({rows, d}), y({rows, d}), dy({rows, d}), w({d}), b({d}), mean({rows}), rstd({rows}), dw({d}),
       db({d});
-  BF16Tensor xh({rows, d}), yh({rows, d}), dyh({rows, d});
-  F16Tensor xf({rows, d}), yf({rows, d});
+  // (the 16-bit tensors have rows only for the kernel that uses them)
+  BF16Tensor xh({bf16 ? rows : 0, d}), yh({bf16 ? rows : 0, d}), dyh({bf16 ? rows : 0, d});
+  F16Tensor xf({fp16 ? rows : 0, d}), yf({fp16 ? rows : 0, d});
   std::mt19937 gen(1);
   std::normal_distribution<float> dist(1.0f, 2.0f);
   for (Index i = 0; i < x.numel(); ++i) {
     x.data()[i] = dist(gen);
     dy.data()[i] = dist(gen);
-    xh.data()[i] = bfloat16(x.data()[i]);
-    xf.data()[i] = float16(x.data()[i]);
-    dyh.data()[i] = bfloat16(dy.data()[i]);
+    if (bf16) {
+      xh.data()[i] = bfloat16(x.data()[i]);
+      dyh.data()[i] = bfloat16(dy.data()[i]);
+    }
+    if (fp16) xf.data()[i] = float16(x.data()[i]);
   }
   for (Index i = 0; i < d; ++i) {
     w.data()[i] = 1.0f + 0.01f * static_cast<float>(i);

@@ -3,7 +3,7 @@
 // VF holds 16 floats, VD 8 doubles, on every target:
 //   AVX-512: one __m512 / __m512d;
 //   AVX2:    two __m256 / __m256d (lanes 0..7, 8..15 of VF; 0..3, 4..7 of VD);
-//   scalar:  plain arrays (GCC auto-vectorizes them to SSE2).
+//   scalar:  GCC generic vectors of 16 floats / 8 doubles (lowered to SSE2).
 // Every operation is lane-wise IEEE arithmetic (add, sub, mul, div, float→double conversion, which is
 // exact, and double→float rounding to nearest)
 // with the same lane semantics on each target, and the horizontal sum hsum() combines lanes by one fixed
@@ -18,7 +18,7 @@
 // float16 pointers (16 halves ↔ one VF). Loads widen exactly; stores round to nearest even with the NaN
 // rule of normlab::bfloat16 / normlab::float16 (include/normlab/tensor.h), the same bits on every target
 // (AVX-512: integer rounding for bf16, F16C for fp16, with AVX512_BF16 (target avx512bf16) its conversion
-// instruction for bf16; AVX2: the same at 8 lanes; scalar: the functions of tensor.h). A kernel written for
+// instruction for bf16; AVX2: the same at 8 lanes; scalar: the same rule on generic integer vectors for bf16, the functions of tensor.h for fp16). A kernel written for
 // float therefore runs on bf16/fp16 rows unchanged: each element is read and written at 2 bytes, and its
 // values are round(the float kernel on the widened data).
 #pragma once
@@ -348,8 +348,19 @@ inline VD load_cvt(const T* p) { return cvt8(widen8<T>(_mm_loadu_si128(reinterpr
 
 #else  // scalar
 
-struct VF { float v[kF]; };
-struct VD { double v[kD]; };
+// GCC's generic vectors: each operation below is one lane-wise vector operation, which GCC lowers to SSE2
+// (four lanes at a time). Plain float[16] arrays, which this target used before, compiled to the same
+// arithmetic but took the compiler 13 minutes on this unit (alias walking over the array elements) against
+// about 2 for the AVX2 unit. (-Wno-psabi for this unit in CMakeLists.txt: the 64-byte vector arguments of
+// these internal functions have no ABI to keep.)
+typedef float VFv __attribute__((vector_size(kF * sizeof(float))));
+typedef double VDv __attribute__((vector_size(kD * sizeof(double))));
+typedef float VF8v __attribute__((vector_size(kD * sizeof(float))));
+typedef std::uint32_t VUv __attribute__((vector_size(kF * sizeof(std::uint32_t))));
+typedef std::int32_t VIv __attribute__((vector_size(kF * sizeof(std::int32_t))));
+typedef std::uint16_t VHv __attribute__((vector_size(kF * sizeof(std::uint16_t))));
+struct VF { VFv v; };
+struct VD { VDv v; };
 
 inline VF zerof() { return VF{}; }
 inline VD zerod() { return VD{}; }
@@ -360,7 +371,7 @@ inline VF bcast(float a) {
 }
 inline VF load(const float* p) {
   VF r;
-  std::memcpy(r.v, p, sizeof r.v);
+  std::memcpy(&r.v, p, sizeof r.v);
   return r;
 }
 inline VF load_n(const float* p, int k) {
@@ -368,7 +379,7 @@ inline VF load_n(const float* p, int k) {
   for (int l = 0; l < k; ++l) r.v[l] = p[l];
   return r;
 }
-inline void store(float* p, VF a) { std::memcpy(p, a.v, sizeof a.v); }
+inline void store(float* p, VF a) { std::memcpy(p, &a.v, sizeof a.v); }
 inline void store_n(float* p, VF a, int k) {
   for (int l = 0; l < k; ++l) p[l] = a.v[l];
 }
@@ -378,72 +389,43 @@ inline VF keep_n(VF a, int k) {
   for (int l = k; l < kF; ++l) a.v[l] = 0.0f;
   return a;
 }
-inline VF add(VF a, VF b) {
-  for (int l = 0; l < kF; ++l) a.v[l] += b.v[l];
-  return a;
-}
-inline VF sub(VF a, VF b) {
-  for (int l = 0; l < kF; ++l) a.v[l] -= b.v[l];
-  return a;
-}
-inline VF mul(VF a, VF b) {
-  for (int l = 0; l < kF; ++l) a.v[l] *= b.v[l];
-  return a;
-}
-inline VD add(VD a, VD b) {
-  for (int l = 0; l < kD; ++l) a.v[l] += b.v[l];
-  return a;
-}
-inline VD sub(VD a, VD b) {
-  for (int l = 0; l < kD; ++l) a.v[l] -= b.v[l];
-  return a;
-}
-inline VD mul(VD a, VD b) {
-  for (int l = 0; l < kD; ++l) a.v[l] *= b.v[l];
-  return a;
-}
-inline VD div(VD a, VD b) {
-  for (int l = 0; l < kD; ++l) a.v[l] /= b.v[l];
-  return a;
-}
+inline VF add(VF a, VF b) { return VF{a.v + b.v}; }
+inline VF sub(VF a, VF b) { return VF{a.v - b.v}; }
+inline VF mul(VF a, VF b) { return VF{a.v * b.v}; }
+inline VD add(VD a, VD b) { return VD{a.v + b.v}; }
+inline VD sub(VD a, VD b) { return VD{a.v - b.v}; }
+inline VD mul(VD a, VD b) { return VD{a.v * b.v}; }
+inline VD div(VD a, VD b) { return VD{a.v / b.v}; }
 inline VD bcastd(double a) {
   VD r;
   for (int l = 0; l < kD; ++l) r.v[l] = a;
   return r;
 }
 inline VF narrow_pd(VD lo, VD hi) {
-  VF r;
-  for (int l = 0; l < kD; ++l) {
-    r.v[l] = static_cast<float>(lo.v[l]);
-    r.v[l + kD] = static_cast<float>(hi.v[l]);
-  }
-  return r;
+  const VF8v l = __builtin_convertvector(lo.v, VF8v), h = __builtin_convertvector(hi.v, VF8v);
+  return VF{__builtin_shufflevector(l, h, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)};
 }
 inline VD loadd(const double* p) {
   VD r;
-  std::memcpy(r.v, p, sizeof r.v);
+  std::memcpy(&r.v, p, sizeof r.v);
   return r;
 }
-inline void stored(double* p, VD a) { std::memcpy(p, a.v, sizeof a.v); }
+inline void stored(double* p, VD a) { std::memcpy(p, &a.v, sizeof a.v); }
 inline VD cvt_lo(VF a) {
-  VD r;
-  for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(a.v[l]);
-  return r;
+  return VD{__builtin_convertvector(__builtin_shufflevector(a.v, a.v, 0, 1, 2, 3, 4, 5, 6, 7), VDv)};
 }
 inline VD cvt_hi(VF a) {
-  VD r;
-  for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(a.v[l + kD]);
-  return r;
+  return VD{__builtin_convertvector(__builtin_shufflevector(a.v, a.v, 8, 9, 10, 11, 12, 13, 14, 15), VDv)};
 }
 inline VD cvt_fold(VF a) {
-  VD r;
-  for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(static_cast<float>(a.v[l] + a.v[l + kD]));
-  return r;
+  const VF8v lo = __builtin_shufflevector(a.v, a.v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const VF8v hi = __builtin_shufflevector(a.v, a.v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return VD{__builtin_convertvector(lo + hi, VDv)};
 }
 inline VD load_cvt(const float* p) {
-  VD r;
-  for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(p[l]);
-  return r;
+  VF8v h;
+  std::memcpy(&h, p, sizeof h);
+  return VD{__builtin_convertvector(h, VDv)};
 }
 inline double hsum(VD a) {
   double t[4], u[2];
@@ -452,43 +434,65 @@ inline double hsum(VD a) {
   return u[0] + u[1];
 }
 
-// ---- 16-bit storage: VH holds 16 halves.
-struct VH { std::uint16_t v[kF]; };
+// ---- 16-bit storage: VH holds 16 halves. bf16 converts with integer vector operations (the rule of
+// detail::bf16_bits_from_float, lane by lane); fp16 calls the per-element functions of tensor.h from one
+// out-of-line function per direction, so that the kernels do not inline sixteen copies of them.
+struct VH { VHv v; };
 inline VH hload(const void* p) {
   VH h;
-  std::memcpy(h.v, p, sizeof h.v);
+  std::memcpy(&h.v, p, sizeof h.v);
   return h;
 }
 inline VH hload_n(const void* p, int k) {
   VH h{};
-  std::memcpy(h.v, p, static_cast<std::size_t>(k) * 2);
+  std::memcpy(&h.v, p, static_cast<std::size_t>(k) * 2);
   return h;
 }
-inline void hstore(void* p, VH h) { std::memcpy(p, h.v, sizeof h.v); }
-inline void hstore_n(void* p, VH h, int k) { std::memcpy(p, h.v, static_cast<std::size_t>(k) * 2); }
+inline void hstore(void* p, VH h) { std::memcpy(p, &h.v, sizeof h.v); }
+inline void hstore_n(void* p, VH h, int k) { std::memcpy(p, &h.v, static_cast<std::size_t>(k) * 2); }
 inline void hstream(void* p, VH h) { hstore(p, h); }
 template <Half T>
 inline float widen1(std::uint16_t h) {
   return kIsBf16<T> ? detail::float_from_bf16_bits(h) : detail::float_from_f16_bits(h);
 }
-template <Half T>
-inline VF widen(VH h) {
+[[gnu::noinline]] inline VF widen_f16(VH h) {
   VF r;
-  for (int l = 0; l < kF; ++l) r.v[l] = widen1<T>(h.v[l]);
+  for (int l = 0; l < kF; ++l) r.v[l] = detail::float_from_f16_bits(h.v[l]);
   return r;
 }
-template <Half T>
-inline VH narrow(VF a) {
+[[gnu::noinline]] inline VH narrow_f16(VF a) {
   VH h;
-  for (int l = 0; l < kF; ++l)
-    h.v[l] = kIsBf16<T> ? detail::bf16_bits_from_float(a.v[l]) : detail::f16_bits_from_float(a.v[l]);
+  for (int l = 0; l < kF; ++l) h.v[l] = detail::f16_bits_from_float(a.v[l]);
   return h;
 }
 template <Half T>
+inline VF widen(VH h) {
+  if constexpr (kIsBf16<T>) {
+    const VUv u = __builtin_convertvector(h.v, VUv) << 16;
+    VF r;
+    std::memcpy(&r.v, &u, sizeof u);
+    return r;
+  } else {
+    return widen_f16(h);
+  }
+}
+template <Half T>
+inline VH narrow(VF a) {
+  if constexpr (kIsBf16<T>) {
+    // Scalar math: NaN → (x >> 16) | 0x40; otherwise (x + 0x7FFF + ((x >> 16) & 1)) >> 16 (round to nearest even)
+    VUv x;
+    std::memcpy(&x, &a.v, sizeof x);
+    const VIv nan = (x & 0x7FFFFFFFu) > 0x7F800000u;  // all ones where NaN
+    const VUv rne = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16, quiet = (x >> 16) | 0x0040u;
+    const VUv m = reinterpret_cast<const VUv&>(nan);
+    return VH{__builtin_convertvector((quiet & m) | (rne & ~m), VHv)};
+  } else {
+    return narrow_f16(a);
+  }
+}
+template <Half T>
 inline VD load_cvt(const T* p) {
-  VD r;
-  for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(widen1<T>(p[l].bits));
-  return r;
+  return cvt_lo(widen<T>(hload_n(p, kD)));
 }
 
 #endif

@@ -18,9 +18,10 @@
 // float16 pointers (16 halves ↔ one VF). Loads widen exactly; stores round to nearest even with the NaN
 // rule of normlab::bfloat16 / normlab::float16 (include/normlab/tensor.h), the same bits on every target
 // (AVX-512: integer rounding for bf16, F16C for fp16, with AVX512_BF16 (target avx512bf16) its conversion
-// instruction for bf16; AVX2: the same at 8 lanes; scalar: the same rule on generic integer vectors for bf16, the functions of tensor.h for fp16). A kernel written for
-// float therefore runs on bf16/fp16 rows unchanged: each element is read and written at 2 bytes, and its
-// values are round(the float kernel on the widened data).
+// instruction for bf16; AVX2: the same at 8 lanes; scalar: the same rule on generic integer vectors for bf16,
+// the functions of tensor.h for fp16). A kernel written for float therefore runs on bf16/fp16 rows unchanged:
+// each element is read and written at 2 bytes, and its values are round(the float kernel on the widened
+// data).
 #pragma once
 
 #ifndef NL_TARGET
@@ -359,8 +360,12 @@ typedef float VF8v __attribute__((vector_size(kD * sizeof(float))));
 typedef std::uint32_t VUv __attribute__((vector_size(kF * sizeof(std::uint32_t))));
 typedef std::int32_t VIv __attribute__((vector_size(kF * sizeof(std::int32_t))));
 typedef std::uint16_t VHv __attribute__((vector_size(kF * sizeof(std::uint16_t))));
-struct VF { VFv v; };
-struct VD { VDv v; };
+struct VF {
+  VFv v;
+};
+struct VD {
+  VDv v;
+};
 
 inline VF zerof() { return VF{}; }
 inline VD zerod() { return VD{}; }
@@ -379,7 +384,9 @@ inline VF load_n(const float* p, int k) {
   for (int l = 0; l < k; ++l) r.v[l] = p[l];
   return r;
 }
-inline void store(float* p, VF a) { std::memcpy(p, &a.v, sizeof a.v); }
+inline void store(float* p, VF a) {
+  std::memcpy(p, &a.v, sizeof a.v);
+}
 inline void store_n(float* p, VF a, int k) {
   for (int l = 0; l < k; ++l) p[l] = a.v[l];
 }
@@ -389,13 +396,27 @@ inline VF keep_n(VF a, int k) {
   for (int l = k; l < kF; ++l) a.v[l] = 0.0f;
   return a;
 }
-inline VF add(VF a, VF b) { return VF{a.v + b.v}; }
-inline VF sub(VF a, VF b) { return VF{a.v - b.v}; }
-inline VF mul(VF a, VF b) { return VF{a.v * b.v}; }
-inline VD add(VD a, VD b) { return VD{a.v + b.v}; }
-inline VD sub(VD a, VD b) { return VD{a.v - b.v}; }
-inline VD mul(VD a, VD b) { return VD{a.v * b.v}; }
-inline VD div(VD a, VD b) { return VD{a.v / b.v}; }
+inline VF add(VF a, VF b) {
+  return VF{a.v + b.v};
+}
+inline VF sub(VF a, VF b) {
+  return VF{a.v - b.v};
+}
+inline VF mul(VF a, VF b) {
+  return VF{a.v * b.v};
+}
+inline VD add(VD a, VD b) {
+  return VD{a.v + b.v};
+}
+inline VD sub(VD a, VD b) {
+  return VD{a.v - b.v};
+}
+inline VD mul(VD a, VD b) {
+  return VD{a.v * b.v};
+}
+inline VD div(VD a, VD b) {
+  return VD{a.v / b.v};
+}
 inline VD bcastd(double a) {
   VD r;
   for (int l = 0; l < kD; ++l) r.v[l] = a;
@@ -410,7 +431,9 @@ inline VD loadd(const double* p) {
   std::memcpy(&r.v, p, sizeof r.v);
   return r;
 }
-inline void stored(double* p, VD a) { std::memcpy(p, &a.v, sizeof a.v); }
+inline void stored(double* p, VD a) {
+  std::memcpy(p, &a.v, sizeof a.v);
+}
 inline VD cvt_lo(VF a) {
   return VD{__builtin_convertvector(__builtin_shufflevector(a.v, a.v, 0, 1, 2, 3, 4, 5, 6, 7), VDv)};
 }
@@ -437,7 +460,9 @@ inline double hsum(VD a) {
 // ---- 16-bit storage: VH holds 16 halves. bf16 converts with integer vector operations (the rule of
 // detail::bf16_bits_from_float, lane by lane); fp16 calls the per-element functions of tensor.h from one
 // out-of-line function per direction, so that the kernels do not inline sixteen copies of them.
-struct VH { VHv v; };
+struct VH {
+  VHv v;
+};
 inline VH hload(const void* p) {
   VH h;
   std::memcpy(&h.v, p, sizeof h.v);
@@ -448,8 +473,12 @@ inline VH hload_n(const void* p, int k) {
   std::memcpy(&h.v, p, static_cast<std::size_t>(k) * 2);
   return h;
 }
-inline void hstore(void* p, VH h) { std::memcpy(p, &h.v, sizeof h.v); }
-inline void hstore_n(void* p, VH h, int k) { std::memcpy(p, &h.v, static_cast<std::size_t>(k) * 2); }
+inline void hstore(void* p, VH h) {
+  std::memcpy(p, &h.v, sizeof h.v);
+}
+inline void hstore_n(void* p, VH h, int k) {
+  std::memcpy(p, &h.v, static_cast<std::size_t>(k) * 2);
+}
 inline void hstream(void* p, VH h) { hstore(p, h); }
 template <Half T>
 inline float widen1(std::uint16_t h) {
@@ -479,12 +508,13 @@ inline VF widen(VH h) {
 template <Half T>
 inline VH narrow(VF a) {
   if constexpr (kIsBf16<T>) {
-    // Scalar math: NaN → (x >> 16) | 0x40; otherwise (x + 0x7FFF + ((x >> 16) & 1)) >> 16 (round to nearest even)
+    // Scalar math: NaN → (x >> 16) | 0x40; otherwise (x + 0x7FFF + ((x >> 16) & 1)) >> 16 (round to nearest
+    // even)
     VUv x;
     std::memcpy(&x, &a.v, sizeof x);
     const VIv nan = (x & 0x7FFFFFFFu) > 0x7F800000u;  // all ones where NaN
     const VUv rne = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16, quiet = (x >> 16) | 0x0040u;
-    const VUv m = reinterpret_cast<const VUv&>(nan);
+    const VUv m = (VUv)nan;  // the same bits as unsigned lanes
     return VH{__builtin_convertvector((quiet & m) | (rne & ~m), VHv)};
   } else {
     return narrow_f16(a);

@@ -1,7 +1,11 @@
 // Row kernels, compiled once per target: include with NL_TARGET defined to the target's name.
 // See row_kernels.h for the contract. No include guard on purpose.
-// NL_BF16_ONLY (the avx512bf16 target, src/simd/kernels_avx512bf16.cpp): only the kernel templates,
-// for convert_kernels-inl.h's bf16 entries; the float entries and kTable are left out.
+// NL_BF16_ONLY (the avx512bf16 target, src/simd/kernels_avx512bf16.cpp) and NL_ROWS_FOR_CONVERT (the
+// scalar target's second unit, src/simd/kernels_scalar_convert.cpp): only the kernel templates, for
+// convert_kernels-inl.h's bf16/fp16 entries; the float entries and kTable are left out.
+#if defined(NL_BF16_ONLY) || defined(NL_ROWS_FOR_CONVERT)
+#define NL_ROWS_TEMPLATES_ONLY 1
+#endif
 #ifndef NL_TARGET
 #error "define NL_TARGET before including row_kernels-inl.h"
 #endif
@@ -72,7 +76,7 @@ void backward_sums_impl(double* sums, double* dw, double* db, const float* dy, c
   sums[1] = lane_tree(lgx);
 }
 
-#ifndef NL_BF16_ONLY
+#ifndef NL_ROWS_TEMPLATES_ONLY
 void backward_sums(double* sums, double* dw, double* db, const float* dy, const float* x, Index n,
                    double mean, double rstd, const float* w) {
   if (w) return backward_sums_impl<true>(sums, dw, db, dy, x, n, mean, rstd, w);
@@ -108,7 +112,7 @@ void backward_dx_impl(float* dx, const float* dy, const float* x, Index n, doubl
   }
 }
 
-#ifndef NL_BF16_ONLY
+#ifndef NL_ROWS_TEMPLATES_ONLY
 void backward_dx(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
                  const float* w, double mean_g, double mean_gx) {
   if (w) return backward_dx_impl<true>(dx, dy, x, n, mean, rstd, w, mean_g, mean_gx);
@@ -1137,7 +1141,7 @@ void rows_backward_of(const RowsBackwardOf<T>& a) {
   rows_backward_saved<false>(a);
 }
 
-#ifndef NL_BF16_ONLY
+#ifndef NL_ROWS_TEMPLATES_ONLY
 void rows_forward(const RowsForward& a) {
   rows_forward_of(a);
 }
@@ -1148,9 +1152,11 @@ void rows_backward(const RowsBackward& a) {
 
 }  // namespace
 
-#ifndef NL_BF16_ONLY
+#ifndef NL_ROWS_TEMPLATES_ONLY
 extern const RowKernels kTable;
 const RowKernels kTable = {backward_sums, backward_dx, rows_forward, rows_backward};
 #endif
 
 }  // namespace normlab::kernels::NL_TARGET
+
+#undef NL_ROWS_TEMPLATES_ONLY

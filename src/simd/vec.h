@@ -358,7 +358,6 @@ typedef float VFv __attribute__((vector_size(kF * sizeof(float))));
 typedef double VDv __attribute__((vector_size(kD * sizeof(double))));
 typedef float VF8v __attribute__((vector_size(kD * sizeof(float))));
 typedef std::uint32_t VUv __attribute__((vector_size(kF * sizeof(std::uint32_t))));
-typedef std::int32_t VIv __attribute__((vector_size(kF * sizeof(std::int32_t))));
 typedef std::uint16_t VHv __attribute__((vector_size(kF * sizeof(std::uint16_t))));
 struct VF {
   VFv v;
@@ -479,10 +478,8 @@ inline void hstore(void* p, VH h) {
 inline void hstore_n(void* p, VH h, int k) {
   std::memcpy(p, &h.v, static_cast<std::size_t>(k) * 2);
 }
-inline void hstream(void* p, VH h) { hstore(p, h); }
-template <Half T>
-inline float widen1(std::uint16_t h) {
-  return kIsBf16<T> ? detail::float_from_bf16_bits(h) : detail::float_from_f16_bits(h);
+inline void hstream(void* p, VH h) {
+  hstore(p, h);
 }
 [[gnu::noinline]] inline VF widen_f16(VH h) {
   VF r;
@@ -512,9 +509,8 @@ inline VH narrow(VF a) {
     // even)
     VUv x;
     std::memcpy(&x, &a.v, sizeof x);
-    const VIv nan = (x & 0x7FFFFFFFu) > 0x7F800000u;  // all ones where NaN
+    const VUv m = (VUv)((x & 0x7FFFFFFFu) > 0x7F800000u);  // all ones where NaN
     const VUv rne = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16, quiet = (x >> 16) | 0x0040u;
-    const VUv m = (VUv)nan;  // the same bits as unsigned lanes
     return VH{__builtin_convertvector((quiet & m) | (rne & ~m), VHv)};
   } else {
     return narrow_f16(a);

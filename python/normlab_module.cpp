@@ -1,0 +1,578 @@
+// The `normlab` Python module (pybind11): the normalization family, CMVN and the Kaldi fbank on NumPy arrays.
+//
+// Arrays go to the kernels without a copy when they are float32 (float16 for the LayerNorm / RMSNorm
+// storage kernels), whatever their strides: a transposed or sliced array is read in place, as the C++ API
+// reads a strided view. Other dtypes are converted to float32 first (one copy), as np.asarray(x, np.float32)
+// would. Outputs are new C-contiguous arrays. Running statistics of BatchNorm are updated in place and must
+// therefore be writable float32 arrays.
+//
+// Errors: every normlab::Error (bad shape, axis, eps, file ...) becomes normlab.Error, a subclass of
+// ValueError, with the library's message. The kernels run without the GIL.
+#include <normlab/cmvn.h>
+#include <normlab/error.h>
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+#include <normlab/simd.h>
+#include <normlab/speech/fbank.h>
+#include <normlab/speech/wav.h>
+#include <normlab/tensor.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using namespace normlab;
+
+namespace {
+
+using F32Array = py::array_t<float, py::array::forcecast>;  // converts other dtypes, keeps float32 strides
+using OptArray = std::optional<F32Array>;
+
+bool is_float16(const py::array& a) {
+  return a.dtype().kind() == 'f' && a.dtype().itemsize() == 2;
+}
+
+// Shape and element strides of a NumPy array (NumPy counts strides in bytes).
+Dims shape_of(const py::array& a) {
+  Dims d;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) d.push_back(a.shape(i));
+  return d;
+}
+Dims strides_of(const py::array& a, const char* name) {
+  Dims d;
+  const py::ssize_t item = a.itemsize();
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    NL_CHECK(a.strides(i) % item == 0, "{}: stride {} bytes is not a multiple of the element size {}", name,
+             a.strides(i), item);
+    d.push_back(a.strides(i) / item);
+  }
+  return d;
+}
+
+// NumPy allows an array at any byte offset (np.frombuffer(buf, offset=1)); the kernels read whole elements.
+void check_aligned(const py::array& a, const char* name) {
+  NL_CHECK(reinterpret_cast<std::uintptr_t>(a.data()) % static_cast<std::uintptr_t>(a.itemsize()) == 0,
+           "{}: the data is not aligned to its element size ({} bytes); pass a copy (x.copy())", name,
+           a.itemsize());
+}
+
+template <class T>
+TensorView<const T> cview(const py::array& a, const char* name) {
+  check_aligned(a, name);
+  return TensorView<const T>(static_cast<const T*>(a.data()), shape_of(a), strides_of(a, name));
+}
+ConstView cview(const OptArray& a, const char* name) {
+  return a ? cview<float>(*a, name) : ConstView();
+}
+
+// A new C-contiguous array of `shape` and a view of it.
+template <class T>
+py::array_t<T> new_array(const Dims& shape) {
+  std::vector<py::ssize_t> s(shape.begin(), shape.end());
+  return py::array_t<T>(s);
+}
+template <class T>
+TensorView<T> view(py::array_t<T>& a) {
+  return TensorView<T>(a.mutable_data(), shape_of(a), strides_of(a, "output"));
+}
+
+// A running statistic updated in place: exactly float32 and writable (a converted copy would drop the
+// update).
+View inout_view(const std::optional<py::array>& a, const char* name) {
+  if (!a) return View();
+  NL_CHECK(a->dtype().is(py::dtype::of<float>()),
+           "{} must be a float32 array (it is updated in place), got {}", name,
+           std::string(py::str(a->dtype())));
+  NL_CHECK(a->writeable(), "{} must be writable (it is updated in place)", name);
+  py::array arr = *a;
+  check_aligned(arr, name);
+  return View(static_cast<float*>(arr.mutable_data()), shape_of(arr), strides_of(arr, name));
+}
+
+Axes axes_of(const std::vector<int>& axes) {
+  return Axes(axes.begin(), axes.end());
+}
+
+// float16 storage for LayerNorm / RMSNorm when x (and dy) are float16; float32 otherwise.
+using NumpyF16 = py::array_t<float16>;
+
+}  // namespace
+
+// NumPy's float16 has the bits of normlab::float16.
+namespace pybind11::detail {
+template <>
+struct npy_format_descriptor<normlab::float16> {
+  static constexpr auto name = _("float16");
+  static pybind11::dtype dtype() { return pybind11::dtype("float16"); }
+};
+}  // namespace pybind11::detail
+
+namespace {
+
+py::object py_layer_norm(const py::array& x_in, const OptArray& weight, const OptArray& bias,
+                         const std::vector<int>& axes_in, double eps, bool return_stats) {
+  const Axes axes = axes_of(axes_in);
+  const Dims xs = shape_of(x_in);
+  auto mean = new_array<float>(kept_shape(xs, axes));
+  auto rstd = new_array<float>(kept_shape(xs, axes));
+  py::array y_out;
+  if (is_float16(x_in)) {
+    auto y = new_array<float16>(xs);
+    const auto x = cview<float16>(x_in, "x");
+    auto yv = view(y);
+    auto mv = view(mean), rv = view(rstd);
+    const auto w = cview(weight, "weight"), b = cview(bias, "bias");
+    {
+      py::gil_scoped_release nogil;
+      layer_norm_forward(yv, mv, rv, x, w, b, axes, eps);
+    }
+    y_out = y;
+  } else {
+    const F32Array xa = F32Array::ensure(x_in);
+    auto y = new_array<float>(xs);
+    const auto x = cview<float>(xa, "x");
+    auto yv = view(y);
+    auto mv = view(mean), rv = view(rstd);
+    const auto w = cview(weight, "weight"), b = cview(bias, "bias");
+    {
+      py::gil_scoped_release nogil;
+      layer_norm_forward(yv, mv, rv, x, w, b, axes, eps);
+    }
+    y_out = y;
+  }
+  if (return_stats) return py::make_tuple(y_out, mean, rstd);
+  return y_out;
+}
+
+py::tuple py_layer_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
+                                 const std::vector<int>& axes_in, double eps) {
+  const Axes axes = axes_of(axes_in);
+  const Dims xs = shape_of(x_in);
+  auto dw = new_array<float>(normalized_shape(xs, axes));
+  auto db = new_array<float>(normalized_shape(xs, axes));
+  auto dwv = view(dw), dbv = view(db);
+  const auto w = cview(weight, "weight");
+  if (is_float16(x_in)) {
+    NL_CHECK(is_float16(dy_in), "dy must be float16 like x, got {}", std::string(py::str(dy_in.dtype())));
+    auto dx = new_array<float16>(xs);
+    auto dxv = view(dx);
+    const auto x = cview<float16>(x_in, "x"), dy = cview<float16>(dy_in, "dy");
+    {
+      py::gil_scoped_release nogil;
+      layer_norm_backward(dxv, dwv, dbv, dy, x, w, axes, eps);
+    }
+    return py::make_tuple(dx, dw, db);
+  }
+  const F32Array xa = F32Array::ensure(x_in), dya = F32Array::ensure(dy_in);
+  auto dx = new_array<float>(xs);
+  auto dxv = view(dx);
+  const auto x = cview<float>(xa, "x"), dy = cview<float>(dya, "dy");
+  {
+    py::gil_scoped_release nogil;
+    layer_norm_backward(dxv, dwv, dbv, dy, x, w, axes, eps);
+  }
+  return py::make_tuple(dx, dw, db);
+}
+
+py::object py_rms_norm(const py::array& x_in, const OptArray& weight, const std::vector<int>& axes_in,
+                       double eps, bool return_stats) {
+  const Axes axes = axes_of(axes_in);
+  const Dims xs = shape_of(x_in);
+  auto rstd = new_array<float>(kept_shape(xs, axes));
+  auto rv = view(rstd);
+  const auto w = cview(weight, "weight");
+  py::array y_out;
+  if (is_float16(x_in)) {
+    auto y = new_array<float16>(xs);
+    auto yv = view(y);
+    const auto x = cview<float16>(x_in, "x");
+    {
+      py::gil_scoped_release nogil;
+      rms_norm_forward(yv, rv, x, w, axes, eps);
+    }
+    y_out = y;
+  } else {
+    const F32Array xa = F32Array::ensure(x_in);
+    auto y = new_array<float>(xs);
+    auto yv = view(y);
+    const auto x = cview<float>(xa, "x");
+    {
+      py::gil_scoped_release nogil;
+      rms_norm_forward(yv, rv, x, w, axes, eps);
+    }
+    y_out = y;
+  }
+  if (return_stats) return py::make_tuple(y_out, rstd);
+  return y_out;
+}
+
+py::tuple py_rms_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
+                               const std::vector<int>& axes_in, double eps) {
+  const Axes axes = axes_of(axes_in);
+  const Dims xs = shape_of(x_in);
+  auto dw = new_array<float>(normalized_shape(xs, axes));
+  auto dwv = view(dw);
+  const auto w = cview(weight, "weight");
+  if (is_float16(x_in)) {
+    NL_CHECK(is_float16(dy_in), "dy must be float16 like x, got {}", std::string(py::str(dy_in.dtype())));
+    auto dx = new_array<float16>(xs);
+    auto dxv = view(dx);
+    const auto x = cview<float16>(x_in, "x"), dy = cview<float16>(dy_in, "dy");
+    {
+      py::gil_scoped_release nogil;
+      rms_norm_backward(dxv, dwv, dy, x, w, axes, eps);
+    }
+    return py::make_tuple(dx, dw);
+  }
+  const F32Array xa = F32Array::ensure(x_in), dya = F32Array::ensure(dy_in);
+  auto dx = new_array<float>(xs);
+  auto dxv = view(dx);
+  const auto x = cview<float>(xa, "x"), dy = cview<float>(dya, "dy");
+  {
+    py::gil_scoped_release nogil;
+    rms_norm_backward(dxv, dwv, dy, x, w, axes, eps);
+  }
+  return py::make_tuple(dx, dw);
+}
+
+py::tuple py_add_layer_norm(const F32Array& x, const F32Array& residual, const OptArray& weight,
+                            const OptArray& bias, const std::vector<int>& axes_in, double eps) {
+  const Axes axes = axes_of(axes_in);
+  const Dims xs = shape_of(x);
+  auto s = new_array<float>(xs), y = new_array<float>(xs);
+  auto sv = view(s), yv = view(y);
+  const auto xv = cview<float>(x, "x"), rv = cview<float>(residual, "residual");
+  const auto w = cview(weight, "weight"), b = cview(bias, "bias");
+  {
+    py::gil_scoped_release nogil;
+    add_layer_norm_forward(sv, yv, View(), View(), xv, rv, w, b, axes, eps);
+  }
+  return py::make_tuple(y, s);
+}
+
+std::vector<Index> lengths_of(const std::optional<std::vector<Index>>& lengths) {
+  return lengths ? *lengths : std::vector<Index>{};
+}
+
+BatchNormOptions bn_options(bool training, double momentum, double eps, int channel_axis, int time_axis) {
+  BatchNormOptions o;
+  o.training = training;
+  o.momentum = momentum;
+  o.eps = eps;
+  o.channel_axis = channel_axis;
+  o.time_axis = time_axis;
+  return o;
+}
+
+py::array py_batch_norm(const F32Array& x, const std::optional<py::array>& running_mean,
+                        const std::optional<py::array>& running_var, const OptArray& weight,
+                        const OptArray& bias, bool training, double momentum, double eps,
+                        const std::optional<std::vector<Index>>& lengths, int channel_axis, int time_axis) {
+  const BatchNormOptions opt = bn_options(training, momentum, eps, channel_axis, time_axis);
+  const std::vector<Index> len = lengths_of(lengths);
+  auto y = new_array<float>(shape_of(x));
+  auto yv = view(y);
+  View rm = inout_view(running_mean, "running_mean"), rvv = inout_view(running_var, "running_var");
+  const auto xv = cview<float>(x, "x");
+  const auto w = cview(weight, "weight"), b = cview(bias, "bias");
+  {
+    py::gil_scoped_release nogil;
+    batch_norm_forward(yv, View(), View(), rm, rvv, nullptr, xv, w, b, len, opt);
+  }
+  return y;
+}
+
+py::tuple py_batch_norm_backward(const F32Array& dy, const F32Array& x, const OptArray& weight,
+                                 const OptArray& running_mean, const OptArray& running_var, bool training,
+                                 double eps, const std::optional<std::vector<Index>>& lengths,
+                                 int channel_axis, int time_axis) {
+  const BatchNormOptions opt = bn_options(training, 0.1, eps, channel_axis, time_axis);
+  const std::vector<Index> len = lengths_of(lengths);
+  const Dims xs = shape_of(x);
+  NL_CHECK(xs.size() >= 2, "x must have at least 2 dimensions, got shape {}", xs.str());
+  const Index channels = xs[channel_axis < 0 ? channel_axis + xs.size() : channel_axis];
+  auto dx = new_array<float>(xs);
+  auto dw = new_array<float>(Dims{channels}), db = new_array<float>(Dims{channels});
+  auto dxv = view(dx), dwv = view(dw), dbv = view(db);
+  const auto dyv = cview<float>(dy, "dy"), xv = cview<float>(x, "x");
+  const auto w = cview(weight, "weight"), rm = cview(running_mean, "running_mean"),
+             rv = cview(running_var, "running_var");
+  {
+    py::gil_scoped_release nogil;
+    batch_norm_backward(dxv, dwv, dbv, dyv, xv, w, rm, rv, len, opt);
+  }
+  return py::make_tuple(dx, dw, db);
+}
+
+Index channels_of(const Dims& xs, int channel_axis) {
+  NL_CHECK(xs.size() >= 2, "x must have at least 2 dimensions, got shape {}", xs.str());
+  NL_CHECK(channel_axis >= -xs.size() && channel_axis < xs.size(),
+           "channel_axis {} is out of range for rank {}", channel_axis, xs.size());
+  return xs[channel_axis < 0 ? channel_axis + xs.size() : channel_axis];
+}
+
+py::array py_instance_norm(const F32Array& x, const OptArray& weight, const OptArray& bias, double eps,
+                           const std::optional<std::vector<Index>>& lengths, int channel_axis,
+                           int time_axis) {
+  InstanceNormOptions opt;
+  opt.eps = eps;
+  opt.channel_axis = channel_axis;
+  opt.time_axis = time_axis;
+  const std::vector<Index> len = lengths_of(lengths);
+  auto y = new_array<float>(shape_of(x));
+  auto yv = view(y);
+  const auto xv = cview<float>(x, "x");
+  const auto w = cview(weight, "weight"), b = cview(bias, "bias");
+  {
+    py::gil_scoped_release nogil;
+    instance_norm_forward(yv, View(), View(), xv, w, b, len, opt);
+  }
+  return y;
+}
+
+py::tuple py_instance_norm_backward(const F32Array& dy, const F32Array& x, const OptArray& weight, double eps,
+                                    const std::optional<std::vector<Index>>& lengths, int channel_axis,
+                                    int time_axis) {
+  InstanceNormOptions opt;
+  opt.eps = eps;
+  opt.channel_axis = channel_axis;
+  opt.time_axis = time_axis;
+  const std::vector<Index> len = lengths_of(lengths);
+  const Dims xs = shape_of(x);
+  const Index c = channels_of(xs, channel_axis);
+  auto dx = new_array<float>(xs);
+  auto dw = new_array<float>(Dims{c}), db = new_array<float>(Dims{c});
+  auto dxv = view(dx), dwv = view(dw), dbv = view(db);
+  const auto dyv = cview<float>(dy, "dy"), xv = cview<float>(x, "x");
+  const auto w = cview(weight, "weight");
+  {
+    py::gil_scoped_release nogil;
+    instance_norm_backward(dxv, dwv, dbv, dyv, xv, w, len, opt);
+  }
+  return py::make_tuple(dx, dw, db);
+}
+
+py::array py_group_norm(const F32Array& x, int groups, const OptArray& weight, const OptArray& bias,
+                        double eps, int channel_axis) {
+  GroupNormOptions opt;
+  opt.eps = eps;
+  opt.channel_axis = channel_axis;
+  auto y = new_array<float>(shape_of(x));
+  auto yv = view(y);
+  const auto xv = cview<float>(x, "x");
+  const auto w = cview(weight, "weight"), b = cview(bias, "bias");
+  {
+    py::gil_scoped_release nogil;
+    group_norm_forward(yv, View(), View(), xv, w, b, groups, opt);
+  }
+  return y;
+}
+
+py::tuple py_group_norm_backward(const F32Array& dy, const F32Array& x, int groups, const OptArray& weight,
+                                 double eps, int channel_axis) {
+  GroupNormOptions opt;
+  opt.eps = eps;
+  opt.channel_axis = channel_axis;
+  const Dims xs = shape_of(x);
+  const Index c = channels_of(xs, channel_axis);
+  auto dx = new_array<float>(xs);
+  auto dw = new_array<float>(Dims{c}), db = new_array<float>(Dims{c});
+  auto dxv = view(dx), dwv = view(dw), dbv = view(db);
+  const auto dyv = cview<float>(dy, "dy"), xv = cview<float>(x, "x");
+  const auto w = cview(weight, "weight");
+  {
+    py::gil_scoped_release nogil;
+    group_norm_backward(dxv, dwv, dbv, dyv, xv, w, groups, opt);
+  }
+  return py::make_tuple(dx, dw, db);
+}
+
+py::array py_sliding_cmvn(const F32Array& x, int cmn_window, int min_cmn_window, bool center, bool norm_vars,
+                          int time_axis) {
+  SlidingCmvnOptions opt;
+  opt.cmn_window = cmn_window;
+  opt.min_cmn_window = min_cmn_window;
+  opt.center = center;
+  opt.norm_vars = norm_vars;
+  opt.time_axis = time_axis;
+  auto y = new_array<float>(shape_of(x));
+  auto yv = view(y);
+  const auto xv = cview<float>(x, "x");
+  {
+    py::gil_scoped_release nogil;
+    sliding_cmvn(yv, xv, opt);
+  }
+  return y;
+}
+
+py::array py_cmvn_per_utterance(const F32Array& x, bool norm_vars, int time_axis) {
+  CmvnOptions opt;
+  opt.norm_vars = norm_vars;
+  opt.time_axis = time_axis;
+  auto y = new_array<float>(shape_of(x));
+  auto yv = view(y);
+  const auto xv = cview<float>(x, "x");
+  {
+    py::gil_scoped_release nogil;
+    apply_cmvn_per_utterance(yv, xv, opt);
+  }
+  return y;
+}
+
+py::tuple py_read_wav(const std::string& path, float expected_sample_rate, bool normalize) {
+  speech::WavReadOptions opt;
+  opt.expected_samp_freq = expected_sample_rate;
+  opt.normalize = normalize;
+  speech::Waveform w = speech::read_wav(path, opt);
+  auto samples = new_array<float>(Dims{static_cast<Index>(w.samples.size())});
+  std::memcpy(samples.mutable_data(), w.samples.data(), w.samples.size() * sizeof(float));
+  return py::make_tuple(samples, w.samp_freq);
+}
+
+py::array py_fbank(const F32Array& samples, float sample_rate, int num_mel_bins, float frame_length_ms,
+                   float frame_shift_ms, float dither, float preemphasis_coefficient, bool remove_dc_offset,
+                   const std::string& window_type, bool round_to_power_of_two, bool snip_edges,
+                   float low_freq, float high_freq, bool use_energy, float energy_floor, bool raw_energy,
+                   bool htk_compat, bool use_log_fbank, bool use_power, std::uint64_t seed) {
+  NL_CHECK(samples.ndim() == 1, "samples must be 1-D (mono), got {} dimensions", samples.ndim());
+  speech::FbankOptions o;
+  o.frame_opts.samp_freq = sample_rate;
+  o.frame_opts.frame_length_ms = frame_length_ms;
+  o.frame_opts.frame_shift_ms = frame_shift_ms;
+  o.frame_opts.dither = dither;
+  o.frame_opts.preemph_coeff = preemphasis_coefficient;
+  o.frame_opts.remove_dc_offset = remove_dc_offset;
+  o.frame_opts.window_type = window_type;
+  o.frame_opts.round_to_power_of_two = round_to_power_of_two;
+  o.frame_opts.snip_edges = snip_edges;
+  o.frame_opts.dither_seed = seed;
+  o.mel_opts.num_bins = num_mel_bins;
+  o.mel_opts.low_freq = low_freq;
+  o.mel_opts.high_freq = high_freq;
+  o.use_energy = use_energy;
+  o.energy_floor = energy_floor;
+  o.raw_energy = raw_energy;
+  o.htk_compat = htk_compat;
+  o.use_log_fbank = use_log_fbank;
+  o.use_power = use_power;
+  // The samples as one contiguous run (a strided 1-D array is copied once).
+  const Index n = samples.shape(0);
+  std::vector<float> buf(static_cast<std::size_t>(n));
+  const auto sv = cview<float>(samples, "samples");
+  for (Index i = 0; i < n; ++i) buf[static_cast<std::size_t>(i)] = sv.data()[i * sv.strides()[0]];
+  Tensor feats;
+  {
+    py::gil_scoped_release nogil;
+    feats = speech::ComputeFbank(o, buf, sample_rate);
+  }
+  auto out = new_array<float>(feats.shape());
+  std::memcpy(out.mutable_data(), feats.data(), static_cast<std::size_t>(feats.numel()) * sizeof(float));
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(normlab, m) {
+  m.doc() =
+      "normlab: LayerNorm over any axes of strided arrays, RMSNorm, BatchNorm, InstanceNorm, GroupNorm, CMVN "
+      "and the Kaldi log-mel fbank, forward and backward, on NumPy arrays (float32; float16 storage for "
+      "LayerNorm and RMSNorm). Errors raise normlab.Error (a ValueError).";
+  py::register_exception<Error>(m, "Error", PyExc_ValueError);
+
+  m.def(
+      "layer_norm", &py_layer_norm, py::arg("x"), py::arg("weight") = py::none(),
+      py::arg("bias") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = 1e-5,
+      py::arg("return_stats") = false,
+      "LayerNorm over `axes` (any set of axes, any strides). y = (x - mean) * rstd * weight + bias with the "
+      "biased variance, as torch.nn.functional.layer_norm. weight/bias have the shape of the normalized "
+      "axes. "
+      "return_stats=True returns (y, mean, rstd), float32 arrays of x's shape without the normalized axes.");
+  m.def("layer_norm_backward", &py_layer_norm_backward, py::arg("dy"), py::arg("x"),
+        py::arg("weight") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = 1e-5,
+        "Gradients of layer_norm: (dx, dweight, dbias). The statistics are recomputed from x.");
+  m.def(
+      "rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight") = py::none(),
+      py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = kRmsNormEps, py::arg("return_stats") = false,
+      "RMSNorm over `axes`: y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps). return_stats=True returns "
+      "(y, rstd).");
+  m.def("rms_norm_backward", &py_rms_norm_backward, py::arg("dy"), py::arg("x"),
+        py::arg("weight") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = kRmsNormEps,
+        "Gradients of rms_norm: (dx, dweight).");
+  m.def("add_layer_norm", &py_add_layer_norm, py::arg("x"), py::arg("residual"),
+        py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("axes") = std::vector<int>{-1},
+        py::arg("eps") = 1e-5,
+        "Fused residual add + LayerNorm: s = x + residual, y = layer_norm(s). Returns (y, s).");
+  m.def(
+      "batch_norm", &py_batch_norm, py::arg("x"), py::arg("running_mean") = py::none(),
+      py::arg("running_var") = py::none(), py::arg("weight") = py::none(), py::arg("bias") = py::none(),
+      py::arg("training") = true, py::arg("momentum") = 0.1, py::arg("eps") = 1e-5,
+      py::arg("lengths") = py::none(), py::arg("channel_axis") = 1, py::arg("time_axis") = -1,
+      "BatchNorm as torch.nn.functional.batch_norm. training=True: batch statistics, and running_mean / "
+      "running_var (float32, writable) are updated in place with PyTorch's rule (unbiased running variance). "
+      "training=False: the running statistics. lengths[b]: only the first lengths[b] steps of time_axis "
+      "count "
+      "(padding-aware); padded outputs are 0.");
+  m.def("batch_norm_backward", &py_batch_norm_backward, py::arg("dy"), py::arg("x"),
+        py::arg("weight") = py::none(), py::arg("running_mean") = py::none(),
+        py::arg("running_var") = py::none(), py::arg("training") = true, py::arg("eps") = 1e-5,
+        py::arg("lengths") = py::none(), py::arg("channel_axis") = 1, py::arg("time_axis") = -1,
+        "Gradients of batch_norm: (dx, dweight, dbias).");
+  m.def("instance_norm", &py_instance_norm, py::arg("x"), py::arg("weight") = py::none(),
+        py::arg("bias") = py::none(), py::arg("eps") = 1e-5, py::arg("lengths") = py::none(),
+        py::arg("channel_axis") = 1, py::arg("time_axis") = -1,
+        "InstanceNorm: each (sample, channel) over the remaining axes (padding-aware with lengths).");
+  m.def("instance_norm_backward", &py_instance_norm_backward, py::arg("dy"), py::arg("x"),
+        py::arg("weight") = py::none(), py::arg("eps") = 1e-5, py::arg("lengths") = py::none(),
+        py::arg("channel_axis") = 1, py::arg("time_axis") = -1,
+        "Gradients of instance_norm: (dx, dweight, dbias).");
+  m.def("group_norm", &py_group_norm, py::arg("x"), py::arg("groups"), py::arg("weight") = py::none(),
+        py::arg("bias") = py::none(), py::arg("eps") = 1e-5, py::arg("channel_axis") = 1,
+        "GroupNorm as torch.nn.functional.group_norm (per-channel weight and bias).");
+  m.def("group_norm_backward", &py_group_norm_backward, py::arg("dy"), py::arg("x"), py::arg("groups"),
+        py::arg("weight") = py::none(), py::arg("eps") = 1e-5, py::arg("channel_axis") = 1,
+        "Gradients of group_norm: (dx, dweight, dbias).");
+
+  m.def("sliding_cmvn", &py_sliding_cmvn, py::arg("x"), py::arg("cmn_window") = 600,
+        py::arg("min_cmn_window") = 100, py::arg("center") = false, py::arg("norm_vars") = false,
+        py::arg("time_axis") = 0,
+        "Kaldi apply-cmvn-sliding on x [T, D] (time_axis 0) or [D, T] (time_axis 1).");
+  m.def("cmvn_per_utterance", &py_cmvn_per_utterance, py::arg("x"), py::arg("norm_vars") = false,
+        py::arg("time_axis") = 0, "Kaldi apply-cmvn with the utterance's own statistics.");
+  m.def(
+      "read_wav", &py_read_wav, py::arg("path"), py::arg("expected_sample_rate") = 16000.0f,
+      py::arg("normalize") = false,
+      "Reads a mono WAV file: (samples float32 on the int16 scale, or [-1, 1] with normalize, sample_rate). "
+      "expected_sample_rate <= 0 accepts any rate.");
+  m.def(
+      "fbank", &py_fbank, py::arg("samples"), py::arg("sample_rate") = 16000.0f, py::arg("num_mel_bins") = 23,
+      py::arg("frame_length_ms") = 25.0f, py::arg("frame_shift_ms") = 10.0f, py::arg("dither") = 1.0f,
+      py::arg("preemphasis_coefficient") = 0.97f, py::arg("remove_dc_offset") = true,
+      py::arg("window_type") = "povey", py::arg("round_to_power_of_two") = true, py::arg("snip_edges") = true,
+      py::arg("low_freq") = 20.0f, py::arg("high_freq") = 0.0f, py::arg("use_energy") = false,
+      py::arg("energy_floor") = 0.0f, py::arg("raw_energy") = true, py::arg("htk_compat") = false,
+      py::arg("use_log_fbank") = true, py::arg("use_power") = true, py::arg("seed") = 0,
+      "Kaldi compute-fbank-feats on mono samples (int16 scale): [frames, num_mel_bins (+1 with use_energy)]. "
+      "Option names and defaults follow Kaldi's flags; seed seeds the dither.");
+
+  m.def("set_num_threads", &set_num_threads, py::arg("n"),
+        "Threads the kernels use. Results are the same bits for every count.");
+  m.def("num_threads", &num_threads);
+  m.def(
+      "isa", [] { return std::string(isa_name(active_isa())); },
+      "The instruction set the kernels run on: scalar, avx2, avx512 or avx512bf16.");
+  m.def(
+      "set_isa", [](const std::string& name) { set_isa(parse_isa(name)); }, py::arg("name"),
+      "Selects the kernels' instruction set (raises normlab.Error when this CPU lacks it).");
+  m.def("supported_isas", [] {
+    std::vector<std::string> v;
+    for (Isa i : supported_isas()) v.emplace_back(isa_name(i));
+    return v;
+  });
+  m.attr("__version__") = "0.1.0";
+}

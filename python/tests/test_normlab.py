@@ -1,0 +1,455 @@
+"""Tests of the `normlab` Python module (python/normlab_module.cpp).
+
+Run by CTest as `Python.normlab` with Debian's /usr/bin/python3 and PYTHONPATH at the built module:
+    PYTHONPATH=build/release/python /usr/bin/python3 -m unittest discover -s python/tests -v
+
+What they check: the binding passes arrays, axes, strides and options through correctly. Each function is
+compared with a float64 NumPy reference written from the math (the kernels themselves are tested in depth
+by the C++ suite, against LibTorch and finite differences). The reference backward formulas are checked
+against central finite differences of the float64 forward here too.
+"""
+import json
+import os
+import tempfile
+import unittest
+import wave
+
+import numpy as np
+
+import normlab
+
+F32_EPS = float(np.finfo(np.float32).eps)
+
+
+def assert_close(test, actual, ref, k=16.0, scale=1.0, what=""):
+    """The one tolerance rule (as tests/support/tolerance.h): |a - ref| <= k * FLT_EPSILON * max(|ref|, scale)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    test.assertEqual(actual.shape, ref.shape, what)
+    bound = k * F32_EPS * np.maximum(np.abs(ref), scale)
+    err = np.abs(actual - ref)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else None
+    test.assertTrue(np.all(err <= bound),
+                    f"{what}: worst at {worst}: {actual[worst]} vs {ref[worst]} (bound {bound[worst]:.3g})")
+
+
+# ---- float64 references -------------------------------------------------------------------------------
+
+def ref_norm(x, axes, eps, center=True):
+    """(x̂, rstd) over `axes`, float64, with the biased variance (LayerNorm) or the mean square (RMSNorm)."""
+    x = np.asarray(x, np.float64)
+    axes = tuple(a % x.ndim for a in axes)
+    mean = x.mean(axis=axes, keepdims=True) if center else 0.0
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    return (x - mean) * rstd, rstd
+
+
+def affine_shape(x, axes):
+    """Shape that broadcasts weight (the normalized axes' shape) against x."""
+    axes = sorted(a % x.ndim for a in axes)
+    return [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
+
+
+def ref_layer_norm(x, w, b, axes, eps, center=True):
+    xhat, _ = ref_norm(x, axes, eps, center)
+    shp = affine_shape(x, axes)
+    y = xhat * (np.reshape(w, shp) if w is not None else 1.0)
+    return y + (np.reshape(b, shp) if b is not None else 0.0)
+
+
+def ref_layer_norm_backward(dy, x, w, axes, eps, center=True):
+    """dx, dγ, dβ of LayerNorm (center) or RMSNorm, float64."""
+    dy = np.asarray(dy, np.float64)
+    xhat, rstd = ref_norm(x, axes, eps, center)
+    axes_n = tuple(a % x.ndim for a in axes)
+    rest = tuple(i for i in range(x.ndim) if i not in axes_n)
+    shp = affine_shape(x, axes)
+    g = dy * (np.reshape(w, shp) if w is not None else 1.0)
+    proj = (g * xhat).mean(axis=axes_n, keepdims=True)
+    gm = g.mean(axis=axes_n, keepdims=True) if center else 0.0
+    dx = rstd * (g - gm - xhat * proj)
+    dw = (dy * xhat).sum(axis=rest).reshape([x.shape[i] for i in sorted(axes_n)])
+    db = dy.sum(axis=rest).reshape(dw.shape)
+    return dx, dw, db
+
+
+def rng_array(rng, shape, scale=1.0, offset=0.0):
+    return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+class LayerNormTest(unittest.TestCase):
+    def test_hand_computed_case_over_f(self):
+        # [[1,2,3],[3,4,5]] over the first axis (F of an [F, T] matrix), eps 0: every column is (−1, 1).
+        x = np.array([[1, 2, 3], [3, 4, 5]], np.float32)
+        y = normlab.layer_norm(x, axes=[0], eps=0.0)
+        np.testing.assert_array_equal(y, [[-1, -1, -1], [1, 1, 1]])
+        y, mean, rstd = normlab.layer_norm(x, axes=[0], eps=0.0, return_stats=True)
+        np.testing.assert_array_equal(mean, [2, 3, 4])
+        np.testing.assert_array_equal(rstd, [1, 1, 1])
+
+    def test_any_axes_and_strides_match_float64(self):
+        rng = np.random.default_rng(1)
+        cases = [((7, 33), [-1]), ((3, 80, 17), [1]), ((4, 5, 6), [0, 2]), ((2, 1025), [1]), ((5, 1), [1]),
+                 ((3, 4, 5, 6), [1, 2, 3])]
+        for shape, axes in cases:
+            for layout in ("contiguous", "transposed", "sliced"):
+                base = rng_array(rng, [2 * n for n in shape], 2.0, 3.0)
+                x = base[tuple(slice(0, None, 2) for _ in shape)]  # every other element: strided
+                if layout == "contiguous":
+                    x = np.ascontiguousarray(x)
+                elif layout == "transposed":
+                    x = np.ascontiguousarray(x.T).T  # Fortran order: the last axis has the largest stride
+                norm_shape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
+                w = rng_array(rng, norm_shape, 0.5, 1.0)
+                b = rng_array(rng, norm_shape)
+                with self.subTest(shape=shape, axes=axes, layout=layout):
+                    y = normlab.layer_norm(x, w, b, axes=axes, eps=1e-5)
+                    self.assertEqual(y.dtype, np.float32)
+                    ref = ref_layer_norm(x, w, b, axes, 1e-5)
+                    assert_close(self, y, ref, scale=np.abs(ref).max(), what="y")
+                    dy = rng_array(rng, shape)
+                    dx, dw, db = normlab.layer_norm_backward(dy, x, w, axes=axes, eps=1e-5)
+                    rdx, rdw, rdb = ref_layer_norm_backward(dy, x, w, axes, 1e-5)
+                    _, rstd = ref_norm(x, axes, 1e-5)
+                    dx_scale = max(np.abs(rdx).max(), rstd.max() * np.abs(dy).max() * np.abs(w).max())
+                    n_rest = x.size // w.size
+                    assert_close(self, dx, rdx, k=64, scale=dx_scale, what="dx")
+                    assert_close(self, dw, rdw, k=16 * n_rest, scale=np.abs(rdw).max(), what="dweight")
+                    assert_close(self, db, rdb, k=16 * n_rest, scale=np.abs(rdb).max(), what="dbias")
+
+    def test_large_offset_keeps_precision(self):
+        # The mean is kept in extra precision: at offset 1e4 the result is as accurate as at offset 0.
+        rng = np.random.default_rng(2)
+        x = rng_array(rng, (8, 768), 1.0, 1e4)
+        y = normlab.layer_norm(x)
+        assert_close(self, y, ref_layer_norm(x, None, None, [-1], 1e-5), k=8 * 1e4 * 2, scale=1.0, what="y")
+        # and the error is far below the 1e-3 of a float32 mean
+        self.assertLess(np.abs(y - ref_layer_norm(x, None, None, [-1], 1e-5)).max(), 1e-3)
+
+    def test_float64_input_is_converted(self):
+        x = np.array([[1.0, 2.0, 3.0]])
+        y = normlab.layer_norm(x, eps=0.0)
+        self.assertEqual(y.dtype, np.float32)
+        assert_close(self, y, ref_layer_norm(x, None, None, [-1], 0.0))
+
+    def test_float16_storage(self):
+        rng = np.random.default_rng(3)
+        x32 = rng_array(rng, (9, 100), 1.0, 0.5)
+        x = x32.astype(np.float16)
+        w = rng_array(rng, (100,), 0.5, 1.0)
+        b = rng_array(rng, (100,))
+        y = normlab.layer_norm(x, w, b)
+        self.assertEqual(y.dtype, np.float16)
+        # fp32 arithmetic on the float16 inputs, rounded once to float16: within one float16 ulp of the exact value
+        ref = ref_layer_norm(x.astype(np.float64), w, b, [-1], 1e-5)
+        ulp = np.spacing(np.abs(ref).astype(np.float16)).astype(np.float64)
+        self.assertTrue(np.all(np.abs(y.astype(np.float64) - ref) <= ulp))
+        dy = rng_array(rng, x.shape).astype(np.float16)
+        dx, dw, db = normlab.layer_norm_backward(dy, x, w)
+        self.assertEqual(dx.dtype, np.float16)
+        rdx, rdw, rdb = ref_layer_norm_backward(dy, x, w, [-1], 1e-5)
+        ulp = np.spacing(np.abs(rdx).astype(np.float16)).astype(np.float64)
+        self.assertTrue(np.all(np.abs(dx.astype(np.float64) - rdx) <= ulp + 1e-3 * np.abs(rdx).max()))
+        assert_close(self, dw, rdw, k=16 * 9, scale=np.abs(rdw).max(), what="dweight")
+        rms = normlab.rms_norm(x, w)
+        self.assertEqual(rms.dtype, np.float16)
+        ref = ref_layer_norm(x.astype(np.float64), w, None, [-1], normlab_rms_eps(), center=False)
+        ulp = np.spacing(np.abs(ref).astype(np.float16)).astype(np.float64)
+        self.assertTrue(np.all(np.abs(rms.astype(np.float64) - ref) <= ulp))
+
+    def test_reference_backward_matches_finite_differences(self):
+        # The float64 references above are right: central differences of the float64 forward.
+        rng = np.random.default_rng(4)
+        for center in (True, False):
+            x = rng.standard_normal((3, 5))
+            w = rng.standard_normal(5)
+            dy = rng.standard_normal((3, 5))
+            dx, dw, _ = ref_layer_norm_backward(dy, x, w, [-1], 1e-5, center)
+            h = 1e-6
+            for idx in np.ndindex(x.shape):
+                xp, xm = x.copy(), x.copy()
+                xp[idx] += h
+                xm[idx] -= h
+                fd = (np.sum(dy * ref_layer_norm(xp, w, None, [-1], 1e-5, center))
+                      - np.sum(dy * ref_layer_norm(xm, w, None, [-1], 1e-5, center))) / (2 * h)
+                self.assertAlmostEqual(dx[idx], fd, delta=1e-6 * max(1.0, abs(fd)))
+            for j in range(5):
+                wp, wm = w.copy(), w.copy()
+                wp[j] += h
+                wm[j] -= h
+                fd = (np.sum(dy * ref_layer_norm(x, wp, None, [-1], 1e-5, center))
+                      - np.sum(dy * ref_layer_norm(x, wm, None, [-1], 1e-5, center))) / (2 * h)
+                self.assertAlmostEqual(dw[j], fd, delta=1e-6 * max(1.0, abs(fd)))
+
+    def test_add_layer_norm_returns_the_sum(self):
+        rng = np.random.default_rng(5)
+        x, r = rng_array(rng, (6, 64)), rng_array(rng, (6, 64))
+        w, b = rng_array(rng, (64,), 0.5, 1.0), rng_array(rng, (64,))
+        y, s = normlab.add_layer_norm(x, r, w, b)
+        np.testing.assert_array_equal(s, x + r)
+        np.testing.assert_array_equal(y, normlab.layer_norm(s, w, b))
+
+
+def normlab_rms_eps():
+    return 1e-6  # kRmsNormEps, the module's default
+
+
+class RmsNormTest(unittest.TestCase):
+    def test_matches_float64(self):
+        rng = np.random.default_rng(6)
+        for shape, axes in [((5, 80), [-1]), ((3, 40, 9), [1]), ((2, 3, 4), [0, 1, 2])]:
+            x = rng_array(rng, shape, 2.0, 1.0)
+            nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
+            w = rng_array(rng, nshape, 0.5, 1.0)
+            with self.subTest(shape=shape, axes=axes):
+                y, rstd = normlab.rms_norm(x, w, axes=axes, return_stats=True)
+                ref = ref_layer_norm(x, w, None, axes, 1e-6, center=False)
+                assert_close(self, y, ref, scale=np.abs(ref).max(), what="y")
+                dy = rng_array(rng, shape)
+                dx, dw = normlab.rms_norm_backward(dy, x, w, axes=axes)
+                rdx, rdw, _ = ref_layer_norm_backward(dy, x, w, axes, 1e-6, center=False)
+                _, r = ref_norm(x, axes, 1e-6, center=False)
+                assert_close(self, dx, rdx, k=64, scale=r.max() * np.abs(dy).max() * np.abs(w).max(), what="dx")
+                assert_close(self, dw, rdw, k=16 * (x.size // w.size), scale=np.abs(rdw).max(), what="dw")
+
+
+def ref_batch_norm(x, w, b, eps, lengths=None):
+    """Training-mode BatchNorm over [N, C, T] (per channel over N and T), float64; padded steps excluded."""
+    x = np.asarray(x, np.float64)
+    n, c, t = x.shape
+    mask = np.ones((n, 1, t))
+    if lengths is not None:
+        for i, L in enumerate(lengths):
+            mask[i, :, L:] = 0
+    cnt = mask.sum(axis=(0, 2))
+    mean = (x * mask).sum(axis=(0, 2)) / cnt
+    var = (((x - mean[None, :, None]) ** 2) * mask).sum(axis=(0, 2)) / cnt
+    y = (x - mean[None, :, None]) / np.sqrt(var[None, :, None] + eps)
+    y = y * np.asarray(w)[None, :, None] + np.asarray(b)[None, :, None]
+    return y * mask, mean, var, cnt
+
+
+class BatchNormTest(unittest.TestCase):
+    def test_training_updates_running_stats_in_place(self):
+        rng = np.random.default_rng(7)
+        x = rng_array(rng, (4, 3, 50), 2.0, 1.0)
+        w, b = rng_array(rng, (3,), 0.5, 1.0), rng_array(rng, (3,))
+        rm, rv = np.zeros(3, np.float32), np.ones(3, np.float32)
+        y = normlab.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1)
+        ref, mean, var, cnt = ref_batch_norm(x, w, b, 1e-5)
+        assert_close(self, y, ref, scale=np.abs(ref).max(), what="y")
+        # PyTorch's rule: running ← 0.9·running + 0.1·batch, with the unbiased variance
+        assert_close(self, rm, 0.1 * mean, k=16, scale=np.abs(mean).max(), what="running_mean")
+        assert_close(self, rv, 0.9 + 0.1 * var * cnt / (cnt - 1), k=16, what="running_var")
+        # eval mode reads the running statistics
+        ye = normlab.batch_norm(x, rm, rv, w, b, training=False)
+        refe = (x - rm[None, :, None]) / np.sqrt(rv[None, :, None].astype(np.float64) + 1e-5) * w[None, :, None] \
+            + b[None, :, None]
+        assert_close(self, ye, refe, scale=np.abs(refe).max(), what="eval y")
+
+    def test_strided_input_matches_contiguous(self):
+        # [N, T, C] data seen as [N, C, T] without a copy (channel stride 1) gives the contiguous result.
+        rng = np.random.default_rng(14)
+        ntc = rng_array(rng, (4, 33, 7), 1.0, 2.0)
+        x = ntc.transpose(0, 2, 1)
+        self.assertFalse(x.flags.c_contiguous)
+        w, b = rng_array(rng, (7,), 0.5, 1.0), rng_array(rng, (7,))
+        y = normlab.batch_norm(x, None, None, w, b)
+        ref, *_ = ref_batch_norm(x, w, b, 1e-5)
+        assert_close(self, y, ref, scale=np.abs(ref).max(), what="y")
+
+    def test_padding_aware_lengths(self):
+        rng = np.random.default_rng(8)
+        x = rng_array(rng, (3, 4, 20))
+        w, b = rng_array(rng, (4,), 0.5, 1.0), rng_array(rng, (4,))
+        lengths = [20, 7, 13]
+        y = normlab.batch_norm(x, None, None, w, b, lengths=lengths, time_axis=2)
+        ref, *_ = ref_batch_norm(x, w, b, 1e-5, lengths)
+        assert_close(self, y, ref, scale=np.abs(ref).max(), what="y")
+        self.assertTrue(np.all(y[1, :, 7:] == 0) and np.all(y[2, :, 13:] == 0))
+
+    def test_backward_matches_layer_norm_over_batch_and_time(self):
+        # Training BatchNorm over [N, C, T] is LayerNorm over axes (0, 2) with a per-channel affine.
+        rng = np.random.default_rng(9)
+        x = rng_array(rng, (5, 3, 17))
+        w = rng_array(rng, (3,), 0.5, 1.0)
+        dy = rng_array(rng, x.shape)
+        dx, dw, db = normlab.batch_norm_backward(dy, x, w)
+        rdx, _, _ = ref_layer_norm_backward(dy * w[None, :, None], x, None, [0, 2], 1e-5)
+        xhat, rstd = ref_norm(x, [0, 2], 1e-5)
+        rdw, rdb = (dy * xhat).sum(axis=(0, 2)), dy.astype(np.float64).sum(axis=(0, 2))
+        assert_close(self, dx, rdx, k=64, scale=rstd.max() * np.abs(dy).max() * np.abs(w).max(), what="dx")
+        assert_close(self, dw, rdw, k=16 * 85, scale=np.abs(rdw).max(), what="dweight")
+        assert_close(self, db, rdb, k=16 * 85, scale=np.abs(rdb).max(), what="dbias")
+
+    def test_running_stats_must_be_writable_float32(self):
+        x = np.ones((2, 3, 4), np.float32)
+        with self.assertRaisesRegex(normlab.Error, "running_mean must be a float32 array"):
+            normlab.batch_norm(x, np.zeros(3), np.ones(3, np.float32))
+        ro = np.zeros(3, np.float32)
+        ro.flags.writeable = False
+        with self.assertRaisesRegex(normlab.Error, "running_mean must be writable"):
+            normlab.batch_norm(x, ro, np.ones(3, np.float32))
+
+
+class GroupAndInstanceNormTest(unittest.TestCase):
+    def test_group_norm_is_layer_norm_over_each_group(self):
+        rng = np.random.default_rng(10)
+        x = rng_array(rng, (2, 6, 11), 1.5, -2.0)
+        w, b = rng_array(rng, (6,), 0.5, 1.0), rng_array(rng, (6,))
+        y = normlab.group_norm(x, 3, w, b)
+        xg = x.reshape(2, 3, 2, 11)
+        ref = ref_layer_norm(xg, None, None, [2, 3], 1e-5).reshape(x.shape) * w[None, :, None] + b[None, :, None]
+        assert_close(self, y, ref, scale=np.abs(ref).max(), what="y")
+        dy = rng_array(rng, x.shape)
+        dx, dw, db = normlab.group_norm_backward(dy, x, 3, w)
+        g = (dy * w[None, :, None]).reshape(2, 3, 2, 11)
+        rdx, _, _ = ref_layer_norm_backward(g, xg, None, [2, 3], 1e-5)
+        xhat, rstd = ref_norm(xg, [2, 3], 1e-5)
+        assert_close(self, dx, rdx.reshape(x.shape), k=64, scale=rstd.max() * np.abs(g).max(), what="dx")
+        assert_close(self, dw, (dy * xhat.reshape(x.shape)).sum(axis=(0, 2)), k=16 * 22, scale=10, what="dw")
+        assert_close(self, db, dy.astype(np.float64).sum(axis=(0, 2)), k=16 * 22, scale=10, what="db")
+
+    def test_instance_norm_is_group_norm_with_one_channel_per_group(self):
+        rng = np.random.default_rng(11)
+        x = rng_array(rng, (3, 4, 25))
+        w, b = rng_array(rng, (4,), 0.5, 1.0), rng_array(rng, (4,))
+        y = normlab.instance_norm(x, w, b)
+        ref = ref_layer_norm(x, None, None, [2], 1e-5) * w[None, :, None] + b[None, :, None]
+        assert_close(self, y, ref, scale=np.abs(ref).max(), what="y")
+        dy = rng_array(rng, x.shape)
+        dx, dw, db = normlab.instance_norm_backward(dy, x, w)
+        gdx, gdw, gdb = normlab.group_norm_backward(dy, x, 4, w)
+        assert_close(self, dx, gdx, k=64, scale=np.abs(gdx).max(), what="dx")
+        assert_close(self, dw, gdw, k=64, scale=np.abs(gdw).max(), what="dw")
+        assert_close(self, db, gdb, k=64, scale=np.abs(gdb).max(), what="db")
+
+
+class ErrorsTest(unittest.TestCase):
+    def test_bad_input_raises_normlab_error(self):
+        x = np.ones((2, 3), np.float32)
+        self.assertTrue(issubclass(normlab.Error, ValueError))
+        with self.assertRaisesRegex(normlab.Error, "eps"):
+            normlab.layer_norm(x, eps=-1.0)
+        with self.assertRaises(normlab.Error):
+            normlab.layer_norm(x, axes=[2])
+        with self.assertRaises(normlab.Error):
+            normlab.layer_norm(np.ones((0, 3), np.float32))
+        with self.assertRaises(normlab.Error):
+            normlab.layer_norm(x, weight=np.ones(4, np.float32))
+        with self.assertRaises(normlab.Error):
+            normlab.group_norm(np.ones((2, 6, 4), np.float32), 4)
+        with self.assertRaises(normlab.Error):
+            normlab.set_isa("no-such-isa")
+        with self.assertRaisesRegex(normlab.Error, "dy must be float16"):
+            normlab.layer_norm_backward(x, x.astype(np.float16))
+
+    def test_misaligned_and_odd_strides(self):
+        buf = np.zeros(4 * 9 + 1, np.uint8)
+        x = np.frombuffer(buf.data, dtype=np.float32, count=9, offset=1)  # at a byte offset of 1
+        with self.assertRaisesRegex(normlab.Error, "not aligned"):
+            normlab.layer_norm(x)
+        odd = np.lib.stride_tricks.as_strided(np.zeros(20, np.float32), shape=(3,), strides=(6,))
+        with self.assertRaisesRegex(normlab.Error, "not a multiple of the element size"):
+            normlab.layer_norm(odd)
+
+
+class DeterminismTest(unittest.TestCase):
+    def test_same_bits_for_every_thread_count_and_isa(self):
+        rng = np.random.default_rng(12)
+        x = rng_array(rng, (300, 257), 1.0, 5.0)
+        dy = rng_array(rng, x.shape)
+        saved_threads, saved_isa = normlab.num_threads(), normlab.isa()
+        try:
+            results = []
+            for isa in normlab.supported_isas():
+                for t in (1, 2, 3):
+                    normlab.set_isa(isa)
+                    normlab.set_num_threads(t)
+                    self.assertEqual((normlab.isa(), normlab.num_threads()), (isa, t))
+                    results.append((normlab.layer_norm(x), *normlab.layer_norm_backward(dy, x)))
+            for r in results[1:]:
+                for a, b in zip(r, results[0]):
+                    np.testing.assert_array_equal(a, b)
+        finally:
+            normlab.set_isa(saved_isa)
+            normlab.set_num_threads(saved_threads)
+
+
+FIXTURES = os.environ.get("NORMLAB_FIXTURES_DIR",
+                          os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures"))
+
+
+class SpeechTest(unittest.TestCase):
+    def test_fbank_matches_torchaudio_float64_fixture(self):
+        # tests/fixtures/fbank: torchaudio.compliance.kaldi.fbank in float64 (make_fbank_fixtures.py).
+        with open(os.path.join(FIXTURES, "fbank", "manifest.json")) as f:
+            manifest = json.load(f)
+        cases = dict(manifest["cases"])
+        for name in ("bins80_16k", "bins23_8k"):
+            case = cases[name]
+            flags = case["flags"]
+            rate = float(flags.get("sample-frequency", 16000))
+            samples, got_rate = normlab.read_wav(os.path.join(FIXTURES, "fbank", case["wav"]),
+                                                 expected_sample_rate=rate)
+            self.assertEqual(got_rate, rate)
+            feats = normlab.fbank(samples, sample_rate=rate, num_mel_bins=int(flags.get("num-mel-bins", 23)),
+                                  dither=0.0)
+            ref = np.load(os.path.join(FIXTURES, "fbank", name + ".f64.npy"))
+            self.assertEqual(list(feats.shape), case["shape"])
+            self.assertLessEqual(np.abs(feats - ref).max(), 1e-4, name)
+
+    def test_read_wav_rejects_a_malformed_file(self):
+        with tempfile.NamedTemporaryFile(suffix=".wav") as f:
+            f.write(b"RIFF\x00\x00\x00\x00WAVEjunk")
+            f.flush()
+            with self.assertRaises(normlab.Error):
+                normlab.read_wav(f.name)
+
+    def test_read_wav_normalize(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "a.wav")
+            pcm = np.array([0, 16384, -32768, 32767], np.int16)
+            with wave.open(path, "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(16000)
+                w.writeframes(pcm.tobytes())
+            s, rate = normlab.read_wav(path)
+            np.testing.assert_array_equal(s, pcm.astype(np.float32))
+            s, _ = normlab.read_wav(path, normalize=True)
+            np.testing.assert_array_equal(s, pcm.astype(np.float32) / 32768)
+
+    def test_sliding_cmvn_matches_kaldi_fixture(self):
+        # tests/fixtures/cmvn: Kaldi apply-cmvn-sliding outputs (make_cmvn_fixtures.py).
+        with open(os.path.join(FIXTURES, "cmvn", "manifest.json")) as f:
+            manifest = json.load(f)
+        for case in manifest["cases"]:
+            x = np.load(os.path.join(FIXTURES, "cmvn", case["name"] + ".x.npy"))
+            for v in case["variants"]:
+                with self.subTest(case=case["name"], variant=v["variant"]):
+                    ref = np.load(os.path.join(FIXTURES, "cmvn", v["kaldi"]))
+                    y = normlab.sliding_cmvn(x, cmn_window=case["cmn_window"],
+                                             min_cmn_window=case["min_cmn_window"], center=v["center"],
+                                             norm_vars=v["norm_vars"])
+                    # the [D, T] layout gives the same result through time_axis = 1, without a copy
+                    yt = normlab.sliding_cmvn(np.asarray(x, np.float32).T, cmn_window=case["cmn_window"],
+                                              min_cmn_window=case["min_cmn_window"], center=v["center"],
+                                              norm_vars=v["norm_vars"], time_axis=1)
+                    np.testing.assert_array_equal(yt.T, y)
+                    assert_close(self, y, ref, k=256, scale=max(1.0, np.abs(ref).max()), what="y")
+
+    def test_cmvn_per_utterance(self):
+        rng = np.random.default_rng(13)
+        x = rng_array(rng, (40, 5), 3.0, 100.0)
+        y = normlab.cmvn_per_utterance(x)
+        ref = x.astype(np.float64) - x.astype(np.float64).mean(axis=0)
+        assert_close(self, y, ref, k=64, scale=100.0, what="means")
+        y = normlab.cmvn_per_utterance(x, norm_vars=True)
+        ref = ref / x.astype(np.float64).std(axis=0)
+        assert_close(self, y, ref, k=64, scale=np.abs(ref).max(), what="vars")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -142,10 +142,19 @@ void check_config(const TrainConfig& c) {
 
 }  // namespace
 
-TrainResult train(const TrainConfig& in, const std::function<void(const StepReport&)>& progress) {
+TrainResult train(const TrainConfig& in, const std::function<void(const StepReport&)>& progress,
+                  const DataParallel* dp) {
   using Clock = std::chrono::steady_clock;
   TrainConfig cfg = in;
   check_config(cfg);
+  if (dp) {
+    NL_CHECK(dp->size >= 1 && dp->rank >= 0 && dp->rank < dp->size, "data parallel: rank {} of {} is invalid",
+             dp->rank, dp->size);
+    NL_CHECK(cfg.batch >= dp->size, "data parallel: batch {} is smaller than the number of ranks {}",
+             cfg.batch, dp->size);
+    NL_CHECK(dp->broadcast && dp->average_gradients && dp->weighted_mean, "data parallel: a hook is missing");
+  }
+  const bool writer = !dp || dp->rank == 0;  // log and checkpoints
   cfg.model.max_seq = static_cast<int>(cfg.seq);
   cfg.model.seed = cfg.seed;
   const Schedule sched{cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.lr_floor};
@@ -178,11 +187,12 @@ TrainResult train(const TrainConfig& in, const std::function<void(const StepRepo
              start, cfg.steps);
     sampler.set_rng_state(meta.rng_state);
   }
+  if (dp) dp->broadcast(params);  // the same start on every rank (DistributedDataParallel does this too)
   res.first_step = start;
   res.steps_done = start;
 
   std::ofstream log;
-  if (!cfg.log_path.empty()) {
+  if (!cfg.log_path.empty() && writer) {
     log.open(cfg.log_path, start > 0 ? std::ios::app : std::ios::trunc);
     NL_CHECK(log.good(), "cannot write the log {}", cfg.log_path);
     if (start == 0)
@@ -197,7 +207,7 @@ TrainResult train(const TrainConfig& in, const std::function<void(const StepRepo
   }
   const std::string extra = train_config_json(cfg);
   auto save = [&](std::int64_t step) {
-    if (cfg.checkpoint_dir.empty()) return;
+    if (cfg.checkpoint_dir.empty() || !writer) return;
     CheckpointMeta meta;
     meta.model = cfg.model;
     meta.step = step;
@@ -226,10 +236,16 @@ TrainResult train(const TrainConfig& in, const std::function<void(const StepRepo
   for (std::int64_t s = start; s < cfg.steps; ++s) {
     const std::int64_t step = s + 1;
     sampler.sample(tokens.data(), targets.data(), B, T);
-    const double loss = model.forward(tokens.data(), targets.data(), B, T);
+    // This rank's share of the batch (all of it without data parallelism).
+    const Index lo = dp ? B * dp->rank / dp->size : 0, hi = dp ? B * (dp->rank + 1) / dp->size : B;
+    const double share_loss = model.forward(tokens.data() + lo * T, targets.data() + lo * T, hi - lo, T);
+    double predicted = 0;  // the share's weight: its predicted tokens (targets ≥ 0)
+    for (Index i = lo * T; i < hi * T; ++i) predicted += targets[static_cast<std::size_t>(i)] >= 0 ? 1 : 0;
+    const double loss = dp ? dp->weighted_mean(share_loss, predicted) : share_loss;
     res.losses.push_back(loss);
     if (!std::isfinite(loss)) return diverge(step, "loss = " + fmt_value(loss));
     model.backward();
+    if (dp) dp->average_gradients(params, predicted);
     const bool log_now = step == 1 || (cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps;
 
     json line;

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -101,9 +102,26 @@ struct TrainResult {
 // same for every arm of an experiment).
 std::uint64_t sampler_seed(std::uint64_t seed);
 
+// Data-parallel training: the loop's view of a group of processes (normlab_dist's
+// dist::data_parallel(comm) makes one over MPI; this library does not depend on MPI). Every rank runs train()
+// with the same config. Every step every rank samples the same batch (same sampler seed) and runs
+// forward/backward on its share of the B sequences, [B·r/size, B·(r+1)/size) (B ≥ size); the loss and the
+// gradients are then averaged over ranks weighted by predicted tokens, so they are the whole batch's and
+// every rank clips and steps to the same bits. Rank 0 alone writes the log and the checkpoints; every rank
+// evaluates (same parameters, same validation loss) and returns the same TrainResult. A BatchNorm model
+// normalizes with each rank's own batch statistics, as PyTorch's DistributedDataParallel does without
+// SyncBatchNorm.
+struct DataParallel {
+  int rank = 0, size = 1;
+  std::function<void(std::span<const ParamRef>)> broadcast;                         // rank 0's values to all
+  std::function<void(std::span<const ParamRef>, double weight)> average_gradients;  // Σ w_r·g_r / Σ w_r
+  std::function<double(double value, double weight)> weighted_mean;                 // Σ w_r·v_r / Σ w_r
+};
+
 // Runs the loop. Throws normlab::Error for invalid configs, unreadable data or checkpoints; divergence
-// is not an exception (see TrainResult::diverged).
-TrainResult train(const TrainConfig& cfg, const std::function<void(const StepReport&)>& progress = {});
+// is not an exception (see TrainResult::diverged). dp: null for one process.
+TrainResult train(const TrainConfig& cfg, const std::function<void(const StepReport&)>& progress = {},
+                  const DataParallel* dp = nullptr);
 
 // Mean cross-entropy over `windows` fixed validation windows of T+1 bytes, `batch` windows per forward,
 // in eval mode (BatchNorm: the running statistics); the model's mode is restored afterwards.

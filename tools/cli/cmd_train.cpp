@@ -1,14 +1,17 @@
 // `normlab train` and `normlab eval`: the Transformer lab's training loop (src/nn/train.h) and the
 // layer-removal evaluation of a trained checkpoint.
 //
-//   normlab train --placement pre [--norm layer|rms|dyt|batch] --layers 6 --d-model 64 --heads 4 --ffn 256 --seq 64 --batch 32
+//   normlab train --placement pre [--norm layer|rms|dyt|batch] --layers 6 --d-model 64 --heads 4 --ffn 256
+//   --seq 64 --batch 32
 //                 --lr 3e-3 --warmup 0 --schedule constant|linear|cosine|noam --steps 600 --seed 0
 //                 --data PATH|fortunes --log run.jsonl [--eval-every N] [--checkpoint DIR] [--resume DIR]
 //                 [--threads N] [--optimizer adamw|sgd] [--clip X] [--weight-decay W] [--lr-floor F]
 //                 [--val-windows N] [--momentum M]
 //     Progress on stderr: a progress bar on a terminal, plain lines (one per evaluation) otherwise.
-//     stdout: one JSON summary line. Divergence: "normlab: error: diverged at step N: loss = nan", exit 1
-//     (the log and the last good checkpoint are kept).
+//     stdout: one JSON summary line. Under `mpirun -np N` (N > 1): data-parallel training, every rank on
+//     its share of each batch with gradients averaged over ranks; rank 0 prints, logs and checkpoints.
+//     Divergence: "normlab: error: diverged at step N: loss = nan", exit 1 (the log and the last good
+//     checkpoint are kept).
 //   normlab eval --checkpoint DIR [--drop-last K | --skip-block I ...] [--data PATH|fortunes]
 //                [--val-windows N] [--threads N]
 //     Prints JSON: the validation loss with all blocks and with the blocks removed.
@@ -27,6 +30,14 @@
 #include "cli.h"
 #include "nn/checkpoint.h"
 #include "nn/train.h"
+#ifdef NORMLAB_HAVE_MPI
+#include <mpi.h>
+
+#include <cstdlib>
+#include <optional>
+
+#include "dist/train_hooks.h"
+#endif
 
 namespace normlab::cli {
 
@@ -54,7 +65,47 @@ std::string format_rate(double r) {
   return r >= 1e6 ? fmt::format("{:.2f}M", r / 1e6) : r >= 1e3 ? fmt::format("{:.1f}k", r / 1e3) : fmt::format("{:.0f}", r);
 }
 
+#ifdef NORMLAB_HAVE_MPI
+// Started by mpirun / mpiexec? (Open MPI, MPICH's Hydra and PMIx launchers set these.)
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+// MPI_Init for the run, MPI_Finalize after it (also when the run throws: every rank throws together).
+struct MpiSession {
+  MpiSession() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized && launched_by_mpi()) {
+      MPI_Init(nullptr, nullptr);
+      owned = true;
+    }
+  }
+  ~MpiSession() {
+    if (owned) MPI_Finalize();
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  bool owned = false;
+};
+#endif
+
 void run_train(TrainOptions& o) {
+  // Under mpirun with more than one rank: data-parallel training (src/nn/train.h, DataParallel); rank 0
+  // prints the progress and the summary and writes the log and checkpoints.
+  const nn::DataParallel* dp = nullptr;
+#ifdef NORMLAB_HAVE_MPI
+  MpiSession mpi;
+  std::optional<dist::Comm> comm;
+  std::optional<nn::DataParallel> hooks;
+  if (mpi.owned) {
+    comm.emplace(dist::Comm::world());
+    if (comm->size() > 1) dp = &hooks.emplace(dist::data_parallel(*comm));
+  }
+#endif
+  const bool rank0 = !dp || dp->rank == 0;
   TrainConfig cfg = o.cfg;
   cfg.model.placement = nn::parse_placement(o.placement);
   cfg.model.norm = nn::parse_norm_kind(o.norm);
@@ -64,6 +115,7 @@ void run_train(TrainOptions& o) {
   auto last_draw = std::chrono::steady_clock::now() - std::chrono::seconds(1);
   double last_val = NAN;
   auto progress = [&](const nn::StepReport& r) {
+    if (!rank0) return;
     if (r.val_loss) last_val = *r.val_loss;
     if (tty) {
       const auto now = std::chrono::steady_clock::now();
@@ -85,16 +137,21 @@ void run_train(TrainOptions& o) {
     }
     std::fflush(stderr);
   };
-  const nn::TrainResult res = nn::train(cfg, progress);
-  if (tty && res.diverged) std::fputc('\n', stderr);
+  if (dp && rank0)
+    std::fprintf(stderr, "data parallel: %d ranks, %lld sequences each step in all\n", dp->size,
+                 static_cast<long long>(cfg.batch));
+  const nn::TrainResult res = nn::train(cfg, progress, dp);
+  if (tty && res.diverged && rank0) std::fputc('\n', stderr);
   if (res.diverged) throw Error(res.message);
+  if (!rank0) return;
   nlohmann::json summary{{"steps", res.steps_done},
                          {"first_step", res.first_step},
                          {"final_loss", res.losses.empty() ? NAN : res.losses.back()},
                          {"final_val_loss", res.val_losses.empty() ? NAN : res.val_losses.back().second},
                          {"unigram", res.unigram},
                          {"unigram_val", res.unigram_val},
-                         {"seconds", res.seconds}};
+                         {"seconds", res.seconds},
+                         {"ranks", dp ? dp->size : 1}};
   std::printf("%s\n", summary.dump().c_str());
 }
 

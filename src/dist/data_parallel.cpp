@@ -97,6 +97,14 @@ nn::DataParallel data_parallel(const Comm& comm) {
   dp.broadcast = [comm](std::span<const nn::ParamRef> p) { broadcast_params(comm, p, 0); };
   dp.average_gradients = [comm](std::span<const nn::ParamRef> p, double w) { average_gradients(comm, p, w); };
   dp.weighted_mean = [comm](double v, double w) { return weighted_mean(comm, v, w); };
+  dp.batch_norm.forward = [comm](View y, View rm, View rv, ConstView x, ConstView w, ConstView b,
+                                 const BatchNormOptions& opt) {
+    sync_batch_norm_forward(comm, y, View(), View(), rm, rv, nullptr, x, w, b, {}, opt);
+  };
+  dp.batch_norm.backward = [comm](View dx, View dw, View db, ConstView dy, ConstView x, ConstView w,
+                                  ConstView rm, ConstView rv, const BatchNormOptions& opt, GradMode mode) {
+    sync_batch_norm_backward(comm, dx, dw, db, dy, x, w, rm, rv, {}, opt, mode);
+  };
   return dp;
 }
 

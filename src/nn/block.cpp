@@ -63,8 +63,8 @@ void Norm<Real>::forward(Real* out, const Real* inp, const std::vector<ParamEntr
       break;
     case NormKind::kBatchNorm: {
       if (T <= 0) T = N;  // no sequence given: N rows of one sequence
-      batchnorm_forward<Real>(out, running_mean, running_var, inp, ptr(p, weight),
-                              ptr(p, bias), lengths, N / T, T, C, training, momentum, eps);
+      batchnorm_forward<Real>(out, running_mean, running_var, inp, ptr(p, weight), ptr(p, bias), lengths,
+                              N / T, T, C, training, momentum, eps, bn_kernels);
       break;
     }
   }
@@ -94,7 +94,7 @@ void Norm<Real>::backward(Real* dinp, const Real* dout, const Real* inp, const s
     case NormKind::kBatchNorm: {
       if (T <= 0) T = N;
       batchnorm_backward<Real>(dinp, gptr(p, weight), gptr(p, bias), dout, inp, ptr(p, weight), running_mean,
-                               running_var, lengths, N / T, T, C, training, eps);
+                               running_var, lengths, N / T, T, C, training, eps, bn_kernels);
       break;
     }
   }

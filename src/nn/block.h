@@ -50,6 +50,7 @@ struct Norm {
   Real* running_var = nullptr;
   bool training = true;  // BatchNorm: batch statistics (and running-stat updates) or the running ones
   double momentum = 0.1;
+  const BatchNormKernels* bn_kernels = nullptr;  // BatchNorm: null = normlab's (layers.h); set by the network
   // out (N,C) =; inp (N,C); N = B·T rows with T given (BatchNorm: the lengths' padding is excluded)
   void forward(Real* out, const Real* inp, const std::vector<ParamEntry<Real>>& p, Index N, Index C,
                std::span<const Index> lengths = {}, Index T = 0) const;
@@ -131,6 +132,7 @@ class Transformer {
   std::vector<ParamEntry<Real>>& buffers() { return buffers_; }
   void set_training(bool training);
   bool training() const { return training_; }
+  void set_batch_norm_kernels(const BatchNormKernels* k);
 
   double forward(const std::int32_t* tokens, const std::int32_t* targets, Index B, Index T,
                  std::span<const Index> lengths = {});

@@ -244,6 +244,11 @@ void Transformer<Real>::set_training(bool training) {
   for_each_norm([training](Norm<Real>& n) { n.training = training; });
 }
 
+template <typename Real>
+void Transformer<Real>::set_batch_norm_kernels(const BatchNormKernels* k) {
+  for_each_norm([k](Norm<Real>& n) { n.bn_kernels = k; });
+}
+
 // Initialization: ONE std::mt19937_64 seeded with cfg.seed, consumed in params() order, each tensor
 // row-major; only kEmbedding, kPositions and kLinear tensors draw. Portable draws (no std::
 // distributions): u = (bits >> 11)·2⁻⁵³ ∈ [0,1); uniform(−a,a) = a·(2u − 1) (one draw);
@@ -636,6 +641,9 @@ std::vector<ParamRef> Model::buffers() {
   return out;
 }
 void Model::set_training(bool training) { impl_->net.set_training(training); }
+void Model::set_batch_norm_kernels(const BatchNormKernels* kernels) {
+  impl_->net.set_batch_norm_kernels(kernels);
+}
 bool Model::training() const { return impl_->net.training(); }
 
 }  // namespace normlab::nn

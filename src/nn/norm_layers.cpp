@@ -263,14 +263,17 @@ void bn_moments(std::vector<double>& mean, std::vector<double>& var, const doubl
 
 template <typename Real>
 void batchnorm_forward(Real* out, Real* running_mean, Real* running_var, const Real* inp, const Real* weight,
-                       const Real* bias, std::span<const Index> lengths, Index B, Index T, Index C, bool training,
-                       double momentum, double eps) {
+                       const Real* bias, std::span<const Index> lengths, Index B, Index T, Index C,
+                       bool training, double momentum, double eps, const BatchNormKernels* kernels) {
   // out, inp are (B,T,C); running_mean, running_var, weight, bias are (C)
   check_bn(lengths, B, T, C, training, momentum, eps, running_mean, running_var);
+  NL_CHECK((!kernels || std::is_same_v<Real, float>), "batchnorm: kernels replace the float path only");
   const Index n = count_real(lengths, B, T);
-  NL_CHECK(!training || n >= 2, "batchnorm: training needs more than 1 value per channel, got {} real positions", n);
+  // With other kernels (SyncBatchNorm) the counts that matter are over every rank, and every rank must call.
+  NL_CHECK(kernels || !training || n >= 2,
+           "batchnorm: training needs more than 1 value per channel, got {} real positions", n);
   std::fill_n(out, B * T * C, Real(0));  // padded rows stay 0
-  if (n == 0) return;
+  if (n == 0 && !kernels) return;
   if constexpr (std::is_same_v<Real, float>) {
     const bool padded = n != B * T;
     const float* x = inp;
@@ -281,9 +284,14 @@ void batchnorm_forward(Real* out, Real* running_mean, Real* running_var, const R
       x = xs;
       y = detail::scratch<float>(detail::kBnOut, n * C);
     }
-    batch_norm_forward(View(y, {n, C}), View(), View(), vec_view(running_mean, C), vec_view(running_var, C), nullptr,
-                       ConstView(x, {n, C}), vec_view(weight, C), vec_view(bias, C), {},
+    if (kernels)
+      kernels->forward(View(y, {n, C}), vec_view(running_mean, C), vec_view(running_var, C),
+                       ConstView(x, {n, C}), vec_view(weight, C), vec_view(bias, C),
                        bn_options(training, momentum, eps));
+    else
+      batch_norm_forward(View(y, {n, C}), View(), View(), vec_view(running_mean, C), vec_view(running_var, C),
+                         nullptr, ConstView(x, {n, C}), vec_view(weight, C), vec_view(bias, C), {},
+                         bn_options(training, momentum, eps));
     if (padded) for_real_rows(lengths, B, T, [&](Index r, Index i) { std::copy_n(y + i * C, C, out + r * C); });
   } else {
     std::vector<double> mean, var;
@@ -313,11 +321,13 @@ void batchnorm_forward(Real* out, Real* running_mean, Real* running_var, const R
 template <typename Real>
 void batchnorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
                         const Real* weight, const Real* running_mean, const Real* running_var,
-                        std::span<const Index> lengths, Index B, Index T, Index C, bool training, double eps) {
+                        std::span<const Index> lengths, Index B, Index T, Index C, bool training, double eps,
+                        const BatchNormKernels* kernels) {
   // dinp (nullable) (B,T,C); dweight, dbias (nullable) (C); dout, inp (B,T,C)
   check_bn(lengths, B, T, C, training, 0.0, eps, running_mean, running_var);
+  NL_CHECK((!kernels || std::is_same_v<Real, float>), "batchnorm: kernels replace the float path only");
   const Index n = count_real(lengths, B, T);
-  if (n == 0) return;
+  if (n == 0 && !kernels) return;
   if constexpr (std::is_same_v<Real, float>) {
     const bool padded = n != B * T;
     const float* x = inp;
@@ -334,9 +344,14 @@ void batchnorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
     float* dx = detail::scratch<float>(detail::kBnDx, n * C);
     const ConstView rm = running_mean ? ConstView(running_mean, {C}) : ConstView();
     const ConstView rv = running_var ? ConstView(running_var, {C}) : ConstView();
-    batch_norm_backward(View(dx, {n, C}), vec_view(dweight, C), vec_view(dbias, C), ConstView(dy, {n, C}),
-                        ConstView(x, {n, C}), vec_view(weight, C), rm, rv, {}, bn_options(training, 0.1, eps),
+    if (kernels)
+      kernels->backward(View(dx, {n, C}), vec_view(dweight, C), vec_view(dbias, C), ConstView(dy, {n, C}),
+                        ConstView(x, {n, C}), vec_view(weight, C), rm, rv, bn_options(training, 0.1, eps),
                         GradMode::kAccumulate);
+    else
+      batch_norm_backward(View(dx, {n, C}), vec_view(dweight, C), vec_view(dbias, C), ConstView(dy, {n, C}),
+                          ConstView(x, {n, C}), vec_view(weight, C), rm, rv, {},
+                          bn_options(training, 0.1, eps), GradMode::kAccumulate);
     if (dinp)
       for_real_rows(lengths, B, T, [&](Index r, Index i) { accumulate(dinp + r * C, dx + i * C, C); });
   } else {
@@ -375,21 +390,23 @@ void batchnorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout
   }
 }
 
-#define NL_INSTANTIATE(Real)                                                                                   \
-  template void dyt_forward<Real>(Real*, const Real*, const Real*, const Real*, const Real*, Index, Index);    \
-  template void dyt_backward<Real>(Real*, Real*, Real*, Real*, const Real*, const Real*, const Real*,          \
-                                   const Real*, Index, Index);                                                 \
-  template void batchnorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*,           \
-                                        std::span<const Index>, Index, Index, Index, bool, double, double);    \
-  template void batchnorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*,          \
-                                         const Real*, const Real*, std::span<const Index>, Index, Index, Index, \
-                                         bool, double);                                                        \
-  template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index,      \
-                                        Index, double);                                                        \
-  template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index,     \
-                                         Index, double);                                                       \
-  template void rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, Index, Index, double);           \
-  template void rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, Index, Index, double);
+#define NL_INSTANTIATE(Real)                                                                                \
+  template void dyt_forward<Real>(Real*, const Real*, const Real*, const Real*, const Real*, Index, Index); \
+  template void dyt_backward<Real>(Real*, Real*, Real*, Real*, const Real*, const Real*, const Real*,       \
+                                   const Real*, Index, Index);                                              \
+  template void batchnorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*,         \
+                                        std::span<const Index>, Index, Index, Index, bool, double, double,  \
+                                        const BatchNormKernels*);                                           \
+  template void batchnorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*,        \
+                                         const Real*, const Real*, std::span<const Index>, Index, Index,    \
+                                         Index, bool, double, const BatchNormKernels*);                     \
+  template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index,  \
+                                        Index, double);                                                     \
+  template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, Index, \
+                                         Index, double);                                                    \
+  template void rmsnorm_forward<Real>(Real*, Real*, const Real*, const Real*, Index, Index, double);        \
+  template void rmsnorm_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, Index, Index,   \
+                                       double);
 NL_INSTANTIATE(float)
 NL_INSTANTIATE(double)
 #undef NL_INSTANTIATE

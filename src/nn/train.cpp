@@ -153,6 +153,11 @@ TrainResult train(const TrainConfig& in, const std::function<void(const StepRepo
     NL_CHECK(cfg.batch >= dp->size, "data parallel: batch {} is smaller than the number of ranks {}",
              cfg.batch, dp->size);
     NL_CHECK(dp->broadcast && dp->average_gradients && dp->weighted_mean, "data parallel: a hook is missing");
+    // Each rank's backward is that of its own mean loss; gradient averaging weighs the ranks' results, but
+    // SyncBatchNorm's backward also sums the ranks' dy, which is exact only when every share weighs the same.
+    NL_CHECK(cfg.model.norm != NormKind::kBatchNorm || cfg.batch % dp->size == 0,
+             "data parallel: a BatchNorm model needs a batch ({}) divisible by the number of ranks ({})",
+             cfg.batch, dp->size);
   }
   const bool writer = !dp || dp->rank == 0;  // log and checkpoints
   cfg.model.max_seq = static_cast<int>(cfg.seq);
@@ -188,6 +193,7 @@ TrainResult train(const TrainConfig& in, const std::function<void(const StepRepo
     sampler.set_rng_state(meta.rng_state);
   }
   if (dp) dp->broadcast(params);  // the same start on every rank (DistributedDataParallel does this too)
+  if (dp && dp->batch_norm.forward) model.set_batch_norm_kernels(&dp->batch_norm);
   res.first_step = start;
   res.steps_done = start;
 

@@ -24,6 +24,7 @@
 // optimizer state, step and the sampler's RNG state are restored; validation does not touch the RNG).
 #pragma once
 
+#include <normlab/nn/layers.h>
 #include <normlab/nn/model.h>
 #include <normlab/nn/optim.h>
 
@@ -109,13 +110,17 @@ std::uint64_t sampler_seed(std::uint64_t seed);
 // gradients are then averaged over ranks weighted by predicted tokens, so they are the whole batch's and
 // every rank clips and steps to the same bits. Rank 0 alone writes the log and the checkpoints; every rank
 // evaluates (same parameters, same validation loss) and returns the same TrainResult. A BatchNorm model
-// normalizes with each rank's own batch statistics, as PyTorch's DistributedDataParallel does without
-// SyncBatchNorm.
+// normalizes with the `batch_norm` kernels (dist::data_parallel's are SyncBatchNorm's: the whole batch's
+// statistics, so the run stays that of one process); without them, with each rank's own batch statistics
+// (PyTorch's DistributedDataParallel without SyncBatchNorm).
 struct DataParallel {
   int rank = 0, size = 1;
   std::function<void(std::span<const ParamRef>)> broadcast;                         // rank 0's values to all
   std::function<void(std::span<const ParamRef>, double weight)> average_gradients;  // Σ w_r·g_r / Σ w_r
   std::function<double(double value, double weight)> weighted_mean;                 // Σ w_r·v_r / Σ w_r
+  // BatchNorm models: the kernels of every BatchNorm layer (SyncBatchNorm's, so that the statistics are those
+  // of the whole batch, as one process would take them); empty functions: each rank's own statistics.
+  BatchNormKernels batch_norm;
 };
 
 // Runs the loop. Throws normlab::Error for invalid configs, unreadable data or checkpoints; divergence

@@ -42,9 +42,11 @@
 // threads on its own (deterministic for a given thread count).
 #pragma once
 
+#include <normlab/norm.h>
 #include <normlab/tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 namespace normlab::nn {
@@ -274,10 +276,24 @@ void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* i
 // same formulas in plain double loops. Training needs n ≥ 2 real positions.
 // out, inp are (B,T,C); running_mean, running_var (nullable in training) are (C); weight, bias
 // (nullable) are (C)                                                              (=; running stats updated)
+// The float path's BatchNorm kernels are normlab's batch_norm_forward/backward unless `kernels` is given:
+// data-parallel training passes SyncBatchNorm's (normlab_dist, dist::data_parallel), which take the
+// statistics over every rank's batch. They are called on the real rows [n, C] without lengths; with them the
+// check for ≥ 2 real positions is theirs (over all ranks). The double path takes none.
+struct BatchNormKernels {
+  std::function<void(View y, View running_mean, View running_var, ConstView x, ConstView weight,
+                     ConstView bias, const BatchNormOptions& opt)>
+      forward;
+  std::function<void(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                     ConstView running_mean, ConstView running_var, const BatchNormOptions& opt,
+                     GradMode mode)>
+      backward;
+};
 template <typename Real>
 void batchnorm_forward(Real* out, Real* running_mean, Real* running_var, const Real* inp, const Real* weight,
-                       const Real* bias, std::span<const Index> lengths, Index B, Index T, Index C, bool training,
-                       double momentum = 0.1, double eps = 1e-5);
+                       const Real* bias, std::span<const Index> lengths, Index B, Index T, Index C,
+                       bool training, double momentum = 0.1, double eps = 1e-5,
+                       const BatchNormKernels* kernels = nullptr);
 // training: dinp += rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dout·weight, moments over the real positions
 // (recomputed from inp in double); eval: dinp += dout·weight·rstd_running.  dweight += Σ dout·x̂,
 // dbias += Σ dout over the real positions                                           (+=)
@@ -286,6 +302,6 @@ template <typename Real>
 void batchnorm_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
                         const Real* weight, const Real* running_mean, const Real* running_var,
                         std::span<const Index> lengths, Index B, Index T, Index C, bool training,
-                        double eps = 1e-5);
+                        double eps = 1e-5, const BatchNormKernels* kernels = nullptr);
 
 }  // namespace normlab::nn

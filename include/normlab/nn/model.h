@@ -68,6 +68,8 @@ struct ModelConfig {
   std::uint64_t seed = 0;
 };
 
+struct BatchNormKernels;  // normlab/nn/layers.h
+
 struct ParamRef {
   std::string name;
   Dims shape;
@@ -104,6 +106,9 @@ class Model {
   // ones. Default: training.
   void set_training(bool training);
   bool training() const;
+  // BatchNorm kernels of every BatchNorm layer (layers.h; null: normlab's). Data-parallel training sets
+  // SyncBatchNorm's; `kernels` must outlive their use.
+  void set_batch_norm_kernels(const BatchNormKernels* kernels);
 
   // Layer-removal test: blocks not run (identity) in subsequent forwards; empty = run all.
   void set_skipped_blocks(std::vector<int> skipped);

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace py = pybind11;
@@ -99,9 +100,6 @@ Axes axes_of(const std::vector<int>& axes) {
   return Axes(axes.begin(), axes.end());
 }
 
-// float16 storage for LayerNorm / RMSNorm when x (and dy) are float16; float32 otherwise.
-using NumpyF16 = py::array_t<float16>;
-
 }  // namespace
 
 // NumPy's float16 has the bits of normlab::float16.
@@ -115,68 +113,68 @@ struct npy_format_descriptor<normlab::float16> {
 
 namespace {
 
+// Runs f(views...) without the GIL.
+template <class F>
+void nogil(F&& f) {
+  py::gil_scoped_release release;
+  f();
+}
+
+// LayerNorm / RMSNorm read and write x's storage type: float16 when x is float16, float32 otherwise.
+// f(storage tag) runs the operation for that type.
+template <class F>
+auto by_storage(const py::array& x, F&& f) {
+  if (is_float16(x)) return f(std::type_identity<float16>{});
+  return f(std::type_identity<float>{});
+}
+
+// An input of a storage-typed operation: float16 as is (dy must be float16 when x is), else float32.
+template <class T>
+py::array storage_input(const py::array& a, const char* name) {
+  if constexpr (std::is_same_v<T, float16>) {
+    NL_CHECK(is_float16(a), "{} must be float16 like x, got {}", name, std::string(py::str(a.dtype())));
+    return a;
+  } else {
+    return F32Array::ensure(a);
+  }
+}
+
 py::object py_layer_norm(const py::array& x_in, const OptArray& weight, const OptArray& bias,
                          const std::vector<int>& axes_in, double eps, bool return_stats) {
   const Axes axes = axes_of(axes_in);
   const Dims xs = shape_of(x_in);
-  auto mean = new_array<float>(kept_shape(xs, axes));
-  auto rstd = new_array<float>(kept_shape(xs, axes));
-  py::array y_out;
-  if (is_float16(x_in)) {
-    auto y = new_array<float16>(xs);
-    const auto x = cview<float16>(x_in, "x");
-    auto yv = view(y);
+  auto mean = new_array<float>(kept_shape(xs, axes)), rstd = new_array<float>(kept_shape(xs, axes));
+  const py::array y = by_storage(x_in, [&](auto tag) -> py::array {
+    using T = typename decltype(tag)::type;
+    const py::array xa = storage_input<T>(x_in, "x");
+    auto out = new_array<T>(xs);
+    auto yv = view(out);
     auto mv = view(mean), rv = view(rstd);
+    const auto x = cview<T>(xa, "x");
     const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-    {
-      py::gil_scoped_release nogil;
-      layer_norm_forward(yv, mv, rv, x, w, b, axes, eps);
-    }
-    y_out = y;
-  } else {
-    const F32Array xa = F32Array::ensure(x_in);
-    auto y = new_array<float>(xs);
-    const auto x = cview<float>(xa, "x");
-    auto yv = view(y);
-    auto mv = view(mean), rv = view(rstd);
-    const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-    {
-      py::gil_scoped_release nogil;
-      layer_norm_forward(yv, mv, rv, x, w, b, axes, eps);
-    }
-    y_out = y;
-  }
-  if (return_stats) return py::make_tuple(y_out, mean, rstd);
-  return y_out;
+    nogil([&] { layer_norm_forward(yv, mv, rv, x, w, b, axes, eps); });
+    return out;
+  });
+  if (return_stats) return py::make_tuple(y, mean, rstd);
+  return y;
 }
 
 py::tuple py_layer_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
                                  const std::vector<int>& axes_in, double eps) {
   const Axes axes = axes_of(axes_in);
   const Dims xs = shape_of(x_in);
-  auto dw = new_array<float>(normalized_shape(xs, axes));
-  auto db = new_array<float>(normalized_shape(xs, axes));
-  auto dwv = view(dw), dbv = view(db);
-  const auto w = cview(weight, "weight");
-  if (is_float16(x_in)) {
-    NL_CHECK(is_float16(dy_in), "dy must be float16 like x, got {}", std::string(py::str(dy_in.dtype())));
-    auto dx = new_array<float16>(xs);
-    auto dxv = view(dx);
-    const auto x = cview<float16>(x_in, "x"), dy = cview<float16>(dy_in, "dy");
-    {
-      py::gil_scoped_release nogil;
-      layer_norm_backward(dxv, dwv, dbv, dy, x, w, axes, eps);
-    }
-    return py::make_tuple(dx, dw, db);
-  }
-  const F32Array xa = F32Array::ensure(x_in), dya = F32Array::ensure(dy_in);
-  auto dx = new_array<float>(xs);
-  auto dxv = view(dx);
-  const auto x = cview<float>(xa, "x"), dy = cview<float>(dya, "dy");
-  {
-    py::gil_scoped_release nogil;
-    layer_norm_backward(dxv, dwv, dbv, dy, x, w, axes, eps);
-  }
+  auto dw = new_array<float>(normalized_shape(xs, axes)), db = new_array<float>(normalized_shape(xs, axes));
+  const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
+    using T = typename decltype(tag)::type;
+    const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
+    auto out = new_array<T>(xs);
+    auto dxv = view(out);
+    auto dwv = view(dw), dbv = view(db);
+    const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
+    const auto w = cview(weight, "weight");
+    nogil([&] { layer_norm_backward(dxv, dwv, dbv, dy, x, w, axes, eps); });
+    return out;
+  });
   return py::make_tuple(dx, dw, db);
 }
 
@@ -185,31 +183,19 @@ py::object py_rms_norm(const py::array& x_in, const OptArray& weight, const std:
   const Axes axes = axes_of(axes_in);
   const Dims xs = shape_of(x_in);
   auto rstd = new_array<float>(kept_shape(xs, axes));
-  auto rv = view(rstd);
-  const auto w = cview(weight, "weight");
-  py::array y_out;
-  if (is_float16(x_in)) {
-    auto y = new_array<float16>(xs);
-    auto yv = view(y);
-    const auto x = cview<float16>(x_in, "x");
-    {
-      py::gil_scoped_release nogil;
-      rms_norm_forward(yv, rv, x, w, axes, eps);
-    }
-    y_out = y;
-  } else {
-    const F32Array xa = F32Array::ensure(x_in);
-    auto y = new_array<float>(xs);
-    auto yv = view(y);
-    const auto x = cview<float>(xa, "x");
-    {
-      py::gil_scoped_release nogil;
-      rms_norm_forward(yv, rv, x, w, axes, eps);
-    }
-    y_out = y;
-  }
-  if (return_stats) return py::make_tuple(y_out, rstd);
-  return y_out;
+  const py::array y = by_storage(x_in, [&](auto tag) -> py::array {
+    using T = typename decltype(tag)::type;
+    const py::array xa = storage_input<T>(x_in, "x");
+    auto out = new_array<T>(xs);
+    auto yv = view(out);
+    auto rv = view(rstd);
+    const auto x = cview<T>(xa, "x");
+    const auto w = cview(weight, "weight");
+    nogil([&] { rms_norm_forward(yv, rv, x, w, axes, eps); });
+    return out;
+  });
+  if (return_stats) return py::make_tuple(y, rstd);
+  return y;
 }
 
 py::tuple py_rms_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
@@ -217,27 +203,17 @@ py::tuple py_rms_norm_backward(const py::array& dy_in, const py::array& x_in, co
   const Axes axes = axes_of(axes_in);
   const Dims xs = shape_of(x_in);
   auto dw = new_array<float>(normalized_shape(xs, axes));
-  auto dwv = view(dw);
-  const auto w = cview(weight, "weight");
-  if (is_float16(x_in)) {
-    NL_CHECK(is_float16(dy_in), "dy must be float16 like x, got {}", std::string(py::str(dy_in.dtype())));
-    auto dx = new_array<float16>(xs);
-    auto dxv = view(dx);
-    const auto x = cview<float16>(x_in, "x"), dy = cview<float16>(dy_in, "dy");
-    {
-      py::gil_scoped_release nogil;
-      rms_norm_backward(dxv, dwv, dy, x, w, axes, eps);
-    }
-    return py::make_tuple(dx, dw);
-  }
-  const F32Array xa = F32Array::ensure(x_in), dya = F32Array::ensure(dy_in);
-  auto dx = new_array<float>(xs);
-  auto dxv = view(dx);
-  const auto x = cview<float>(xa, "x"), dy = cview<float>(dya, "dy");
-  {
-    py::gil_scoped_release nogil;
-    rms_norm_backward(dxv, dwv, dy, x, w, axes, eps);
-  }
+  const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
+    using T = typename decltype(tag)::type;
+    const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
+    auto out = new_array<T>(xs);
+    auto dxv = view(out);
+    auto dwv = view(dw);
+    const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
+    const auto w = cview(weight, "weight");
+    nogil([&] { rms_norm_backward(dxv, dwv, dy, x, w, axes, eps); });
+    return out;
+  });
   return py::make_tuple(dx, dw);
 }
 
@@ -249,11 +225,40 @@ py::tuple py_add_layer_norm(const F32Array& x, const F32Array& residual, const O
   auto sv = view(s), yv = view(y);
   const auto xv = cview<float>(x, "x"), rv = cview<float>(residual, "residual");
   const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-  {
-    py::gil_scoped_release nogil;
-    add_layer_norm_forward(sv, yv, View(), View(), xv, rv, w, b, axes, eps);
-  }
+  nogil([&] { add_layer_norm_forward(sv, yv, View(), View(), xv, rv, w, b, axes, eps); });
   return py::make_tuple(y, s);
+}
+
+// y = op(y, x) for an operation whose output has x's shape (float32).
+template <class F>
+py::array map_forward(const F32Array& x, F&& op) {
+  auto y = new_array<float>(shape_of(x));
+  auto yv = view(y);
+  const auto xv = cview<float>(x, "x");
+  nogil([&] { op(yv, xv); });
+  return y;
+}
+
+Index channels_of(const Dims& xs, int channel_axis) {
+  NL_CHECK(xs.size() >= 2, "x must have at least 2 dimensions, got shape {}", xs.str());
+  NL_CHECK(channel_axis >= -xs.size() && channel_axis < xs.size(),
+           "channel_axis {} is out of range for rank {}", channel_axis, xs.size());
+  return xs[channel_axis < 0 ? channel_axis + xs.size() : channel_axis];
+}
+
+// (dx, dweight, dbias) of a channel norm: op(dx, dweight, dbias, dy, x, weight).
+template <class F>
+py::tuple channel_backward(const F32Array& dy, const F32Array& x, const OptArray& weight, int channel_axis,
+                           F&& op) {
+  const Dims xs = shape_of(x);
+  const Index c = channels_of(xs, channel_axis);
+  auto dx = new_array<float>(xs);
+  auto dw = new_array<float>(Dims{c}), db = new_array<float>(Dims{c});
+  auto dxv = view(dx), dwv = view(dw), dbv = view(db);
+  const auto dyv = cview<float>(dy, "dy"), xv = cview<float>(x, "x");
+  const auto w = cview(weight, "weight");
+  nogil([&] { op(dxv, dwv, dbv, dyv, xv, w); });
+  return py::make_tuple(dx, dw, db);
 }
 
 std::vector<Index> lengths_of(const std::optional<std::vector<Index>>& lengths) {
@@ -276,16 +281,11 @@ py::array py_batch_norm(const F32Array& x, const std::optional<py::array>& runni
                         const std::optional<std::vector<Index>>& lengths, int channel_axis, int time_axis) {
   const BatchNormOptions opt = bn_options(training, momentum, eps, channel_axis, time_axis);
   const std::vector<Index> len = lengths_of(lengths);
-  auto y = new_array<float>(shape_of(x));
-  auto yv = view(y);
-  View rm = inout_view(running_mean, "running_mean"), rvv = inout_view(running_var, "running_var");
-  const auto xv = cview<float>(x, "x");
+  View rm = inout_view(running_mean, "running_mean"), rv = inout_view(running_var, "running_var");
   const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-  {
-    py::gil_scoped_release nogil;
-    batch_norm_forward(yv, View(), View(), rm, rvv, nullptr, xv, w, b, len, opt);
-  }
-  return y;
+  return map_forward(x, [&](View y, ConstView xv) {
+    batch_norm_forward(y, View(), View(), rm, rv, nullptr, xv, w, b, len, opt);
+  });
 }
 
 py::tuple py_batch_norm_backward(const F32Array& dy, const F32Array& x, const OptArray& weight,
@@ -294,103 +294,64 @@ py::tuple py_batch_norm_backward(const F32Array& dy, const F32Array& x, const Op
                                  int channel_axis, int time_axis) {
   const BatchNormOptions opt = bn_options(training, 0.1, eps, channel_axis, time_axis);
   const std::vector<Index> len = lengths_of(lengths);
-  const Dims xs = shape_of(x);
-  NL_CHECK(xs.size() >= 2, "x must have at least 2 dimensions, got shape {}", xs.str());
-  const Index channels = xs[channel_axis < 0 ? channel_axis + xs.size() : channel_axis];
-  auto dx = new_array<float>(xs);
-  auto dw = new_array<float>(Dims{channels}), db = new_array<float>(Dims{channels});
-  auto dxv = view(dx), dwv = view(dw), dbv = view(db);
-  const auto dyv = cview<float>(dy, "dy"), xv = cview<float>(x, "x");
-  const auto w = cview(weight, "weight"), rm = cview(running_mean, "running_mean"),
-             rv = cview(running_var, "running_var");
-  {
-    py::gil_scoped_release nogil;
-    batch_norm_backward(dxv, dwv, dbv, dyv, xv, w, rm, rv, len, opt);
-  }
-  return py::make_tuple(dx, dw, db);
+  const auto rm = cview(running_mean, "running_mean"), rv = cview(running_var, "running_var");
+  return channel_backward(dy, x, weight, channel_axis,
+                          [&](View dx, View dw, View db, ConstView dyv, ConstView xv, ConstView w) {
+                            batch_norm_backward(dx, dw, db, dyv, xv, w, rm, rv, len, opt);
+                          });
 }
 
-Index channels_of(const Dims& xs, int channel_axis) {
-  NL_CHECK(xs.size() >= 2, "x must have at least 2 dimensions, got shape {}", xs.str());
-  NL_CHECK(channel_axis >= -xs.size() && channel_axis < xs.size(),
-           "channel_axis {} is out of range for rank {}", channel_axis, xs.size());
-  return xs[channel_axis < 0 ? channel_axis + xs.size() : channel_axis];
+InstanceNormOptions in_options(double eps, int channel_axis, int time_axis) {
+  InstanceNormOptions opt;
+  opt.eps = eps;
+  opt.channel_axis = channel_axis;
+  opt.time_axis = time_axis;
+  return opt;
 }
 
 py::array py_instance_norm(const F32Array& x, const OptArray& weight, const OptArray& bias, double eps,
                            const std::optional<std::vector<Index>>& lengths, int channel_axis,
                            int time_axis) {
-  InstanceNormOptions opt;
-  opt.eps = eps;
-  opt.channel_axis = channel_axis;
-  opt.time_axis = time_axis;
+  const InstanceNormOptions opt = in_options(eps, channel_axis, time_axis);
   const std::vector<Index> len = lengths_of(lengths);
-  auto y = new_array<float>(shape_of(x));
-  auto yv = view(y);
-  const auto xv = cview<float>(x, "x");
   const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-  {
-    py::gil_scoped_release nogil;
-    instance_norm_forward(yv, View(), View(), xv, w, b, len, opt);
-  }
-  return y;
+  return map_forward(
+      x, [&](View y, ConstView xv) { instance_norm_forward(y, View(), View(), xv, w, b, len, opt); });
 }
 
 py::tuple py_instance_norm_backward(const F32Array& dy, const F32Array& x, const OptArray& weight, double eps,
                                     const std::optional<std::vector<Index>>& lengths, int channel_axis,
                                     int time_axis) {
-  InstanceNormOptions opt;
+  const InstanceNormOptions opt = in_options(eps, channel_axis, time_axis);
+  const std::vector<Index> len = lengths_of(lengths);
+  return channel_backward(dy, x, weight, channel_axis,
+                          [&](View dx, View dw, View db, ConstView dyv, ConstView xv, ConstView w) {
+                            instance_norm_backward(dx, dw, db, dyv, xv, w, len, opt);
+                          });
+}
+
+GroupNormOptions gn_options(double eps, int channel_axis) {
+  GroupNormOptions opt;
   opt.eps = eps;
   opt.channel_axis = channel_axis;
-  opt.time_axis = time_axis;
-  const std::vector<Index> len = lengths_of(lengths);
-  const Dims xs = shape_of(x);
-  const Index c = channels_of(xs, channel_axis);
-  auto dx = new_array<float>(xs);
-  auto dw = new_array<float>(Dims{c}), db = new_array<float>(Dims{c});
-  auto dxv = view(dx), dwv = view(dw), dbv = view(db);
-  const auto dyv = cview<float>(dy, "dy"), xv = cview<float>(x, "x");
-  const auto w = cview(weight, "weight");
-  {
-    py::gil_scoped_release nogil;
-    instance_norm_backward(dxv, dwv, dbv, dyv, xv, w, len, opt);
-  }
-  return py::make_tuple(dx, dw, db);
+  return opt;
 }
 
 py::array py_group_norm(const F32Array& x, int groups, const OptArray& weight, const OptArray& bias,
                         double eps, int channel_axis) {
-  GroupNormOptions opt;
-  opt.eps = eps;
-  opt.channel_axis = channel_axis;
-  auto y = new_array<float>(shape_of(x));
-  auto yv = view(y);
-  const auto xv = cview<float>(x, "x");
+  const GroupNormOptions opt = gn_options(eps, channel_axis);
   const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-  {
-    py::gil_scoped_release nogil;
-    group_norm_forward(yv, View(), View(), xv, w, b, groups, opt);
-  }
-  return y;
+  return map_forward(
+      x, [&](View y, ConstView xv) { group_norm_forward(y, View(), View(), xv, w, b, groups, opt); });
 }
 
 py::tuple py_group_norm_backward(const F32Array& dy, const F32Array& x, int groups, const OptArray& weight,
                                  double eps, int channel_axis) {
-  GroupNormOptions opt;
-  opt.eps = eps;
-  opt.channel_axis = channel_axis;
-  const Dims xs = shape_of(x);
-  const Index c = channels_of(xs, channel_axis);
-  auto dx = new_array<float>(xs);
-  auto dw = new_array<float>(Dims{c}), db = new_array<float>(Dims{c});
-  auto dxv = view(dx), dwv = view(dw), dbv = view(db);
-  const auto dyv = cview<float>(dy, "dy"), xv = cview<float>(x, "x");
-  const auto w = cview(weight, "weight");
-  {
-    py::gil_scoped_release nogil;
-    group_norm_backward(dxv, dwv, dbv, dyv, xv, w, groups, opt);
-  }
-  return py::make_tuple(dx, dw, db);
+  const GroupNormOptions opt = gn_options(eps, channel_axis);
+  return channel_backward(dy, x, weight, channel_axis,
+                          [&](View dx, View dw, View db, ConstView dyv, ConstView xv, ConstView w) {
+                            group_norm_backward(dx, dw, db, dyv, xv, w, groups, opt);
+                          });
 }
 
 py::array py_sliding_cmvn(const F32Array& x, int cmn_window, int min_cmn_window, bool center, bool norm_vars,
@@ -401,28 +362,14 @@ py::array py_sliding_cmvn(const F32Array& x, int cmn_window, int min_cmn_window,
   opt.center = center;
   opt.norm_vars = norm_vars;
   opt.time_axis = time_axis;
-  auto y = new_array<float>(shape_of(x));
-  auto yv = view(y);
-  const auto xv = cview<float>(x, "x");
-  {
-    py::gil_scoped_release nogil;
-    sliding_cmvn(yv, xv, opt);
-  }
-  return y;
+  return map_forward(x, [&](View y, ConstView xv) { sliding_cmvn(y, xv, opt); });
 }
 
 py::array py_cmvn_per_utterance(const F32Array& x, bool norm_vars, int time_axis) {
   CmvnOptions opt;
   opt.norm_vars = norm_vars;
   opt.time_axis = time_axis;
-  auto y = new_array<float>(shape_of(x));
-  auto yv = view(y);
-  const auto xv = cview<float>(x, "x");
-  {
-    py::gil_scoped_release nogil;
-    apply_cmvn_per_utterance(yv, xv, opt);
-  }
-  return y;
+  return map_forward(x, [&](View y, ConstView xv) { apply_cmvn_per_utterance(y, xv, opt); });
 }
 
 py::tuple py_read_wav(const std::string& path, float expected_sample_rate, bool normalize) {
@@ -467,10 +414,7 @@ py::array py_fbank(const F32Array& samples, float sample_rate, int num_mel_bins,
   const auto sv = cview<float>(samples, "samples");
   for (Index i = 0; i < n; ++i) buf[static_cast<std::size_t>(i)] = sv.data()[i * sv.strides()[0]];
   Tensor feats;
-  {
-    py::gil_scoped_release nogil;
-    feats = speech::ComputeFbank(o, buf, sample_rate);
-  }
+  nogil([&] { feats = speech::ComputeFbank(o, buf, sample_rate); });
   auto out = new_array<float>(feats.shape());
   std::memcpy(out.mutable_data(), feats.data(), static_cast<std::size_t>(feats.numel()) * sizeof(float));
   return out;

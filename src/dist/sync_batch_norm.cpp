@@ -148,31 +148,7 @@ void sync_batch_norm_forward(const Comm& comm, View y, View save_mean, View save
   chnorm::write_stats(save_mean, m.mean);
   chnorm::write_stats(save_rstd, rstd);
   if (!running_mean.defined()) return;
-
-  // Running statistics: batch_norm_forward's rules with the merged statistics.
-  Index k = 0;
-  if (num_batches_tracked) k = ++*num_batches_tracked;
-  const bool onnx = opt.convention == BatchNormOptions::RunningStatsConvention::kOnnx;
-  double w_old, w_new;
-  if (!opt.momentum) {
-    w_new = 1.0 / static_cast<double>(k);
-    w_old = 1.0 - w_new;
-  } else if (onnx) {
-    w_old = *opt.momentum;
-    w_new = 1.0 - *opt.momentum;
-  } else {
-    w_new = *opt.momentum;
-    w_old = 1.0 - *opt.momentum;
-  }
-  for (Index c = 0; c < p.C; ++c) {
-    const std::size_t i = static_cast<std::size_t>(c);
-    const double n = m.count[i];
-    const double var = onnx ? m.var[i] : m.var[i] * n / (n - 1);  // PyTorch stores the unbiased variance
-    float& rm = running_mean.data()[c * running_mean.stride(0)];
-    float& rv = running_var.data()[c * running_var.stride(0)];
-    rm = static_cast<float>(w_old * static_cast<double>(rm) + w_new * m.mean[i]);
-    rv = static_cast<float>(w_old * static_cast<double>(rv) + w_new * var);
-  }
+  chnorm::update_running_stats(running_mean, running_var, num_batches_tracked, m, opt);  // merged moments
 }
 
 // dy, x, dx [B_r, C, S...]; weight, dweight, dbias, running_mean, running_var [C].

@@ -149,6 +149,11 @@ void check_full_output(View out, ConstView x, ConstView other, const char* name,
 // Checks an optional output of shape `expect` (shape, writable, no overlap with x / other).
 void check_part_output(View out, const Dims& expect, ConstView x, ConstView other, const char* name,
                        const char* op);
+// BatchNorm's running statistics [C] (given) updated in place with the batch moments m: PyTorch's rule
+// (running ← (1−momentum)·running + momentum·batch, the unbiased variance n/(n−1)), ONNX's per
+// opt.convention, or the cumulative average when opt.momentum is nullopt (counting in *num_batches_tracked).
+void update_running_stats(View running_mean, View running_var, Index* num_batches_tracked, const Moments& m,
+                          const BatchNormOptions& opt);
 // Writes a per-group double vector into an optional float view of shape stats_shape.
 void write_stats(View out, const std::vector<double>& v);
 

@@ -129,11 +129,15 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
            "{}: momentum = nullopt (cumulative average) needs num_batches_tracked", op);
   const chnorm::Moments m = chnorm::moments(p, x);
   check_training_counts(p, m, x.shape());
-  const RunningStats old = tracking ? read_running(running_mean, running_var, p.C, opt.eps) : RunningStats{};
   train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m, rstd_of(m, opt.eps));
-  if (!tracking) return;
+  if (tracking) chnorm::update_running_stats(running_mean, running_var, num_batches_tracked, m, opt);
+}
 
-  // Running statistics: weights of the old value and of the batch statistic.
+namespace chnorm {
+
+void update_running_stats(View running_mean, View running_var, Index* num_batches_tracked, const Moments& m,
+                          const BatchNormOptions& opt) {
+  // Weights of the old value and of the batch statistic.
   Index k = 0;
   if (num_batches_tracked) k = ++*num_batches_tracked;
   const bool onnx = opt.convention == BatchNormOptions::RunningStatsConvention::kOnnx;
@@ -148,15 +152,18 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
     w_new = *opt.momentum;
     w_old = 1.0 - *opt.momentum;
   }
-  for (Index c = 0; c < p.C; ++c) {
-    const std::size_t i = static_cast<std::size_t>(c);
+  for (std::size_t i = 0; i < m.count.size(); ++i) {
+    const Index c = static_cast<Index>(i);
     const double n = m.count[i];
     const double var = onnx ? m.var[i] : m.var[i] * n / (n - 1);  // PyTorch stores the unbiased variance
-    running_mean.data()[c * running_mean.stride(0)] =
-        static_cast<float>(w_old * old.mean[i] + w_new * m.mean[i]);
-    running_var.data()[c * running_var.stride(0)] = static_cast<float>(w_old * old.var[i] + w_new * var);
+    float& rm = running_mean.data()[c * running_mean.stride(0)];
+    float& rv = running_var.data()[c * running_var.stride(0)];
+    rm = static_cast<float>(w_old * static_cast<double>(rm) + w_new * m.mean[i]);
+    rv = static_cast<float>(w_old * static_cast<double>(rv) + w_new * var);
   }
 }
+
+}  // namespace chnorm
 
 // dy, x, dx [B, C, S...]; weight, dweight, dbias, running_mean, running_var [C].
 void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,

@@ -40,6 +40,13 @@ template <typename T>
 ::testing::AssertionResult within_ulps(TensorView<const T> a, TensorView<const T> b, double ulps,
                                        const std::string& what, Index* exact = nullptr) {
   if (a.shape() != b.shape()) return ::testing::AssertionFailure() << what << ": shapes differ";
+  // The same bits everywhere (what the same-bits tests expect): one memcmp when both views are contiguous.
+  // Element by element, at the sanitizer build's -O0, this check took longer than the kernels under test.
+  if (a.is_contiguous() && b.is_contiguous() &&
+      std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.numel()) * sizeof(T)) == 0) {
+    if (exact) *exact = a.numel();
+    return ::testing::AssertionSuccess();
+  }
   BasicTensor<T> ca = BasicTensor<T>::copy_of(a), cb = BasicTensor<T>::copy_of(b);
   Index same = 0;
   for (Index i = 0; i < ca.numel(); ++i) {

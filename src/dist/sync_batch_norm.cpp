@@ -21,13 +21,6 @@ const float* ptr_or_null(const std::vector<float>& v) {
   return v.empty() ? nullptr : v.data();
 }
 
-void check_options(const BatchNormOptions& opt, const char* op) {
-  chnorm::check_eps(opt.eps, op);
-  if (opt.momentum)
-    NL_CHECK(std::isfinite(*opt.momentum) && *opt.momentum >= 0 && *opt.momentum <= 1,
-             "{}: momentum must be in [0, 1], got {}", op, *opt.momentum);
-}
-
 // Per channel: the merged count, mean and biased variance of every rank's real elements. Every rank sends
 // (n_r, mean_r, var_r) per channel; the merge runs in rank order on every rank (Chan et al.'s combination,
 // written around m_ref, the mean of the first rank with elements, and with weights n_r / n):
@@ -86,12 +79,6 @@ void check_training_counts(const chnorm::Moments& m, const char* op) {
         op, m.count[c], c);
 }
 
-std::vector<double> rstd_of(const chnorm::Moments& m, double eps) {
-  std::vector<double> r(m.var.size());
-  for (std::size_t c = 0; c < r.size(); ++c) r[c] = m.count[c] > 0 ? 1.0 / std::sqrt(m.var[c] + eps) : 0.0;
-  return r;
-}
-
 // Runs `local_checks` and agrees on the outcome with every rank (all go on or all throw).
 template <class F>
 auto checked(const Comm& comm, F&& local_checks) {
@@ -123,7 +110,7 @@ void sync_batch_norm_forward(const Comm& comm, View y, View save_mean, View save
     NL_CHECK(x.defined(), "{}: x is required", op);
     chnorm::Plan plan = chnorm::make_plan(x.shape(), opt.channel_axis, chnorm::Grouping::kBatch, 1, lengths,
                                           opt.time_axis, op);
-    check_options(opt, op);
+    chnorm::check_bn_options(opt, op);
     chnorm::check_full_output(y, x, {}, "y", op);
     w = chnorm::channel_vector(weight, plan.C, "weight", op);
     b = chnorm::channel_vector(bias, plan.C, "bias", op);
@@ -143,7 +130,7 @@ void sync_batch_norm_forward(const Comm& comm, View y, View save_mean, View save
 
   const chnorm::Moments m = global_moments(comm, p, x);
   check_training_counts(m, op);  // the same merged counts on every rank: all throw or none
-  const std::vector<double> rstd = rstd_of(m, opt.eps);
+  const std::vector<double> rstd = chnorm::rstd_of(m, opt.eps);
   chnorm::normalize(p, y, x, m.mean, rstd, ptr_or_null(w), ptr_or_null(b));
   chnorm::write_stats(save_mean, m.mean);
   chnorm::write_stats(save_rstd, rstd);
@@ -165,7 +152,7 @@ void sync_batch_norm_backward(const Comm& comm, View dx, View dweight, View dbia
     NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", op);
     chnorm::Plan plan = chnorm::make_plan(x.shape(), opt.channel_axis, chnorm::Grouping::kBatch, 1, lengths,
                                           opt.time_axis, op);
-    check_options(opt, op);
+    chnorm::check_bn_options(opt, op);
     NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
              x.shape().str());
     chnorm::check_full_output(dx, x, dy, "dx", op);
@@ -180,7 +167,7 @@ void sync_batch_norm_backward(const Comm& comm, View dx, View dweight, View dbia
 
   const chnorm::Moments m = global_moments(comm, p, x);
   check_training_counts(m, op);
-  const std::vector<double> rstd = rstd_of(m, opt.eps);
+  const std::vector<double> rstd = chnorm::rstd_of(m, opt.eps);
   // Per segment (b, c): Σ dy and Σ dy·x̂ with the merged statistics. Per channel, as batch_norm_backward forms
   // them (chnorm::grad_stats): Σ_b γ_c·Σdy and Σ_b γ_c·Σdy·x̂ in b order; then over ranks in rank order.
   std::vector<double> sdy, sdyxh;

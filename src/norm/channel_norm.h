@@ -149,6 +149,10 @@ void check_full_output(View out, ConstView x, ConstView other, const char* name,
 // Checks an optional output of shape `expect` (shape, writable, no overlap with x / other).
 void check_part_output(View out, const Dims& expect, ConstView x, ConstView other, const char* name,
                        const char* op);
+// rstd per group, 1/√(var + eps); empty groups (n = 0) get 0 (their elements are all padding).
+std::vector<double> rstd_of(const Moments& m, double eps);
+// BatchNorm's option checks: eps (check_eps) and momentum in [0, 1] when given.
+void check_bn_options(const BatchNormOptions& opt, const char* op);
 // BatchNorm's running statistics [C] (given) updated in place with the batch moments m: PyTorch's rule
 // (running ← (1−momentum)·running + momentum·batch, the unbiased variance n/(n−1)), ONNX's per
 // opt.convention, or the cumulative average when opt.momentum is nullopt (counting in *num_batches_tracked).

@@ -37,13 +37,6 @@ const float* ptr_or_null(const std::vector<float>& v) {
   return v.empty() ? nullptr : v.data();
 }
 
-// rstd per group; empty groups (n = 0) get 0 (their elements are all padding).
-std::vector<double> rstd_of(const chnorm::Moments& m, double eps) {
-  std::vector<double> r(m.var.size());
-  for (std::size_t g = 0; g < r.size(); ++g) r[g] = m.count[g] > 0 ? 1.0 / std::sqrt(m.var[g] + eps) : 0.0;
-  return r;
-}
-
 void check_training_counts(const Plan& p, const chnorm::Moments& m, const Dims& x_shape) {
   for (std::size_t c = 0; c < m.count.size(); ++c)
     NL_CHECK(m.count[c] > 1,
@@ -84,13 +77,6 @@ RunningStats read_running(ConstView rm, ConstView rv, Index C, double eps) {
   return r;
 }
 
-void check_bn_options(const BatchNormOptions& opt, const char* op) {
-  chnorm::check_eps(opt.eps, op);
-  if (opt.momentum)
-    NL_CHECK(std::isfinite(*opt.momentum) && *opt.momentum >= 0 && *opt.momentum <= 1,
-             "{}: momentum must be in [0, 1], got {}", op, *opt.momentum);
-}
-
 }  // namespace
 
 // ---- BatchNorm ------------------------------------------------------------------------------------
@@ -103,7 +89,7 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
   NL_CHECK(x.defined(), "{}: x is required", op);
   const Plan p =
       chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kBatch, 1, lengths, opt.time_axis, op);
-  check_bn_options(opt, op);
+  chnorm::check_bn_options(opt, op);
   chnorm::check_full_output(y, x, {}, "y", op);
   const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
   const std::vector<float> b = chnorm::channel_vector(bias, p.C, "bias", op);
@@ -129,11 +115,25 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
            "{}: momentum = nullopt (cumulative average) needs num_batches_tracked", op);
   const chnorm::Moments m = chnorm::moments(p, x);
   check_training_counts(p, m, x.shape());
-  train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m, rstd_of(m, opt.eps));
+  train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m,
+                chnorm::rstd_of(m, opt.eps));
   if (tracking) chnorm::update_running_stats(running_mean, running_var, num_batches_tracked, m, opt);
 }
 
 namespace chnorm {
+
+std::vector<double> rstd_of(const Moments& m, double eps) {
+  std::vector<double> r(m.var.size());
+  for (std::size_t g = 0; g < r.size(); ++g) r[g] = m.count[g] > 0 ? 1.0 / std::sqrt(m.var[g] + eps) : 0.0;
+  return r;
+}
+
+void check_bn_options(const BatchNormOptions& opt, const char* op) {
+  chnorm::check_eps(opt.eps, op);
+  if (opt.momentum)
+    NL_CHECK(std::isfinite(*opt.momentum) && *opt.momentum >= 0 && *opt.momentum <= 1,
+             "{}: momentum must be in [0, 1], got {}", op, *opt.momentum);
+}
 
 void update_running_stats(View running_mean, View running_var, Index* num_batches_tracked, const Moments& m,
                           const BatchNormOptions& opt) {
@@ -173,7 +173,7 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
   NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", op);
   const Plan p =
       chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kBatch, 1, lengths, opt.time_axis, op);
-  check_bn_options(opt, op);
+  chnorm::check_bn_options(opt, op);
   NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
            x.shape().str());
   chnorm::check_full_output(dx, x, dy, "dx", op);

@@ -164,9 +164,16 @@ bool part_contiguous(const PartOperand& p, const Dims& shape) {
   return true;
 }
 
+double* aligned_doubles(std::vector<double>& buf, std::size_t need) {
+  constexpr std::size_t kSlack = 64 / sizeof(double) - 1;  // at most 7 doubles before the boundary
+  if (buf.size() < need + kSlack) buf.resize(need + kSlack);
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(buf.data());
+  return reinterpret_cast<double*>((a + 63) & ~std::uintptr_t{63});
+}
+
 void write_chunk_sums(const PartOperand& p, const Dims& n_shape, const double* part, Index count, GradMode mode) {
   const Index n = n_shape.product();
-  const std::size_t nn = static_cast<std::size_t>(n);
+  const std::size_t nn = static_cast<std::size_t>(n), stride = static_cast<std::size_t>(partial_stride(n));
   std::vector<float> row(nn);
   constexpr Index kCols = 512;
   // Small sums run on the calling thread, where waking a second one costs more than the additions (64x768:
@@ -179,7 +186,7 @@ void write_chunk_sums(const PartOperand& p, const Dims& n_shape, const double* p
     const Index j0 = t * kCols, m = std::min(n, j0 + kCols) - j0;
     double acc[kCols] = {};
     for (Index c = 0; c < count; ++c) {
-      const double* pc = part + static_cast<std::size_t>(c) * nn + static_cast<std::size_t>(j0);
+      const double* pc = part + static_cast<std::size_t>(c) * stride + static_cast<std::size_t>(j0);
       // Scalar math: acc[j] += part[c][j]  (columns are independent: one chain per column)
       for (Index j = 0; j < m; ++j) acc[j] += pc[j];
     }

@@ -108,10 +108,24 @@ RowSplit split_rows(Index groups, Index n, Index max_rows, int threads);
 // Whether a γ/β-shaped operand is its elements in consecutive floats, row-major (size-1 axes ignored).
 bool part_contiguous(const PartOperand& p, const Dims& shape);
 
-// The last step of every chunked dγ/dβ reduction: `count` partial rows of n doubles (row c at part + c·n)
-// summed per column in chunk order from +0 (0 + p_0 + p_1 + ...), each column rounded once to float, and
-// written into p (γ/β-shaped, n_shape, any strides) per mode (= or +=). Parallel over blocks of columns
-// (up to 4096 partial values on the calling thread); the bits depend on the partials only.
+// The partial rows of the chunked dγ/dβ reductions: one row of n doubles per chunk, row c at
+// part + c·partial_stride(n), every row on a 64-byte boundary (the stride is n rounded up to 8 doubles).
+// The kernels add each row group's contribution to such a row with full-vector loads and stores; where the
+// rows were only 16-byte aligned (std::vector's allocation), each 64-byte access spanned two cache lines and
+// the fp32 LayerNorm backward from saved statistics took 1.04-1.17x as long in L3 on Zen 4
+// (docs/PERFORMANCE.md, fifteenth session).
+inline Index partial_stride(Index n) {
+  return (n + 7) / 8 * 8;
+}
+// The first 64-byte boundary in buf after growing it (value-initialized, so new entries are 0) to hold
+// `need` doubles from there. The pointer is valid until buf is next resized.
+double* aligned_doubles(std::vector<double>& buf, std::size_t need);
+
+// The last step of every chunked dγ/dβ reduction: `count` partial rows of n doubles (row c at
+// part + c·partial_stride(n)) summed per column in chunk order from +0 (0 + p_0 + p_1 + ...), each column
+// rounded once to float, and written into p (γ/β-shaped, n_shape, any strides) per mode (= or +=). Parallel
+// over blocks of columns (up to 4096 partial values on the calling thread); the bits depend on the partials
+// only.
 void write_chunk_sums(const PartOperand& p, const Dims& n_shape, const double* part, Index count, GradMode mode);
 
 }  // namespace normlab::plan

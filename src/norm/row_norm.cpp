@@ -290,21 +290,22 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   args.center = kind.center;
 
   // Chunks of groups: each owns one partial row of dγ and dβ (double) when they are wanted. The
-  // partials of chunk c are in part[c·n, (c+1)·n) of each buffer.
+  // partials of chunk c are in part[c·stride, c·stride + n) of each buffer (plan::partial_stride).
   plan::Chunks ch;
   const double* dw_part = nullptr;
   const double* db_part = nullptr;
   std::vector<double> dw_zeroed, db_zeroed;
+  const std::size_t stride = static_cast<std::size_t>(plan::partial_stride(s.n));
   if (rows_path) {
     ch = row_chunks(s.groups, s.n);
     args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
     // Every chunk's first row group assigns its partial rows (init), so the buffer is reused unzeroed.
     thread_local std::vector<double> partials;
-    const std::size_t per = static_cast<std::size_t>(ch.count) * nn;
+    const std::size_t per = static_cast<std::size_t>(ch.count) * stride;
     const std::size_t need = (dw.defined ? per : 0) + (db.defined ? per : 0);
-    if (partials.size() < need) partials.resize(need);
-    double* dwp = dw.defined ? partials.data() : nullptr;
-    double* dbp = db.defined ? partials.data() + (dw.defined ? per : 0) : nullptr;
+    double* const part = plan::aligned_doubles(partials, need);
+    double* dwp = dw.defined ? part : nullptr;
+    double* dbp = db.defined ? part + (dw.defined ? per : 0) : nullptr;
     dw_part = dwp;
     db_part = dbp;
     parallel::parallel_for(ch.count, [&](Index c) {
@@ -317,8 +318,8 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
       a.lddy = lddy;
       a.dx = reinterpret_cast<float*>(dxo.base) + g0 * lddx;
       a.lddx = lddx;
-      a.dw = dwp ? dwp + static_cast<std::size_t>(c) * nn : nullptr;
-      a.db = dbp ? dbp + static_cast<std::size_t>(c) * nn : nullptr;
+      a.dw = dwp ? dwp + static_cast<std::size_t>(c) * stride : nullptr;
+      a.db = dbp ? dbp + static_cast<std::size_t>(c) * stride : nullptr;
       a.init = true;
       a.smean = smean ? smean + g0 : nullptr;
       a.srstd = srstd ? srstd + g0 : nullptr;
@@ -326,16 +327,18 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
     });
   } else {
     ch = plan::param_grad_chunks(s.groups, s.n);
-    dw_zeroed.resize(dw.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
-    db_zeroed.resize(db.defined ? static_cast<std::size_t>(ch.count) * nn : 0);
-    dw_part = dw_zeroed.data();
-    db_part = db_zeroed.data();
+    double* const dwz =
+        plan::aligned_doubles(dw_zeroed, dw.defined ? static_cast<std::size_t>(ch.count) * stride : 0);
+    double* const dbz =
+        plan::aligned_doubles(db_zeroed, db.defined ? static_cast<std::size_t>(ch.count) * stride : 0);
+    dw_part = dwz;
+    db_part = dbz;
     args.rows = 1;
     parallel::parallel_for(ch.count, [&](Index c) {
       std::vector<float> xs(scratch_needed ? nn : 0), dys(scratch_needed ? nn : 0), dxs(scratch_needed ? nn : 0);
       kernels::RowsBackward a = args;
-      a.dw = dw.defined ? dw_zeroed.data() + static_cast<std::size_t>(c) * nn : nullptr;
-      a.db = db.defined ? db_zeroed.data() + static_cast<std::size_t>(c) * nn : nullptr;
+      a.dw = dw.defined ? dwz + static_cast<std::size_t>(c) * stride : nullptr;
+      a.db = db.defined ? dbz + static_cast<std::size_t>(c) * stride : nullptr;
       const Index g_end = std::min(s.groups, (c + 1) * ch.size);
       for (Index g = c * ch.size; g < g_end; ++g) {
         a.x = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());

@@ -157,12 +157,12 @@ inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int 
   // accumulators: the same sums of the same terms (lanes are columns). Both halves at once would hold 16
   // double accumulators in AVX2's 16 registers and spill.
   for (int h = 0; h < 2; ++h) {
-    auto term = [&](Index row) __attribute__((always_inline)) {
+    auto term = [&](Index row) NL_FORCE_INLINE {
       if constexpr (Full) return load_cvt(x + off[row] + 8 * h);
       const VF v = load_n(x + off[row], k);
       return h ? cvt_hi(v) : cvt_lo(v);
     };
-    auto part = [&](int l) __attribute__((always_inline)) {
+    auto part = [&](int l) NL_FORCE_INLINE {
       VD a[4] = {zerod(), zerod(), zerod(), zerod()};
       Index i0 = 0;
       // Scalar math: P[q][j] += double(x[off[i0 + 8q + l] + j]), i0 = 0, 32, 64, ...
@@ -206,7 +206,7 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
   const __m256 zf = _mm256_setzero_ps();
   for (int c = 0; c < 2; ++c) {
     const int kc = k - 8 * c;  // valid columns of this half (≤ 0: none, ≥ 8: all)
-    auto ld8 = [&](const float* p) __attribute__((always_inline)) {
+    auto ld8 = [&](const float* p) NL_FORCE_INLINE {
       if constexpr (Full) return _mm256_loadu_ps(p + 8 * c);
       return kc <= 0 ? zf : _mm256_maskload_ps(p + 8 * c, lane_mask8(kc));
     };
@@ -215,7 +215,7 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
     for (int l = 0; l < 8; ++l) {
       VD q[2] = {zerod(), zerod()}, g[2] = {zerod(), zerod()}, p[2] = {zerod(), zerod()};
       // Scalar math: as below, on 8 columns
-      auto lane = [&](Index i0, int h, bool tail) __attribute__((always_inline)) {
+      auto lane = [&](Index i0, int h, bool tail) NL_FORCE_INLINE {
         const int L = l + 8 * h;
         __m256 e[4], gv[4];
         for (int u = 0; u < 4; ++u) {
@@ -228,9 +228,8 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
             gv[u] = in ? (W ? _mm256_mul_ps(dv, _mm256_set1_ps(wt[i])) : dv) : zf;
           }
         }
-        auto tree4 = [](__m256 a, __m256 b, __m256 c2, __m256 d) __attribute__((always_inline)) {
-          return _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c2, d));
-        };
+        auto tree4 = [](__m256 a, __m256 b, __m256 c2, __m256 d)
+                         NL_FORCE_INLINE { return _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c2, d)); };
         if constexpr (WithSq)
           q[h] = add(q[h], cvt8(tree4(_mm256_mul_ps(e[0], e[0]), _mm256_mul_ps(e[1], e[1]),
                                       _mm256_mul_ps(e[2], e[2]), _mm256_mul_ps(e[3], e[3]))));
@@ -256,7 +255,7 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
       }
     }
     // tree8's tree: ((T0 + T4) + (T2 + T6)) + ((T1 + T5) + (T3 + T7))
-    auto tree = [](const VD* t) __attribute__((always_inline)) {
+    auto tree = [](const VD* t) NL_FORCE_INLINE {
       return add(add(add(t[0], t[4]), add(t[2], t[6])), add(add(t[1], t[5]), add(t[3], t[7])));
     };
     if constexpr (WithSq) stored(bk.sq + 8 * c, tree(tq));

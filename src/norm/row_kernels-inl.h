@@ -210,16 +210,13 @@ struct SecondPassVec {  // the accumulators before the hsum
 // avx2 unit's short-row forward, a call per row that returned the accumulators through memory (the bf16
 // LayerNorm forward at D = 64 took 1.47× the time; docs/PERFORMANCE.md, twelfth session).
 template <bool Center, bool WithDy, bool W, bool WithSq = true, typename T>
-__attribute__((always_inline)) inline SecondPassVec row_second_pass_vec(const T* x,
-                                                                        std::type_identity_t<const T*> dy,
-                                                                        const float* w, Index n, VF mh) {
+NL_FORCE_INLINE inline SecondPassVec row_second_pass_vec(const T* x, std::type_identity_t<const T*> dy,
+                                                         const float* w, Index n, VF mh) {
   VD q0 = zerod(), q1 = zerod(), g0 = zerod(), g1 = zerod(), p0 = zerod(), p1 = zerod();
   const VF z = zerof();
-  auto dev0 = [&](VF v) __attribute__((always_inline)) {
-    return Center ? sub(v, mh) : v;
-  };
+  auto dev0 = [&](VF v) NL_FORCE_INLINE { return Center ? sub(v, mh) : v; };
   // k[] = valid lanes of each of the four vectors (16 except in the tail).
-  auto block = [&](Index i, const int* k, bool tail, bool first) __attribute__((always_inline)) {
+  auto block = [&](Index i, const int* k, bool tail, bool first) NL_FORCE_INLINE {
     VF e[4], g[4];
     for (int u = 0; u < 4; ++u) {
       if (tail && k[u] == 0) {  // never summed (see live below)
@@ -241,7 +238,7 @@ __attribute__((always_inline)) inline SecondPassVec row_second_pass_vec(const T*
     }
     // live: the vectors with elements (4 except in a tail); tree4 sums those in the tree of four.
     const int live = !tail ? 4 : (k[1] == 0 ? 1 : k[2] == 0 ? 2 : k[3] == 0 ? 3 : 4);
-    auto tree4 = [&](auto term) __attribute__((always_inline)) {
+    auto tree4 = [&](auto term) NL_FORCE_INLINE {
       if (live == 1) return term(0);
       if (live == 2) return add(term(0), term(1));
       if (live == 3) return add(add(term(0), term(1)), term(2));
@@ -328,7 +325,7 @@ inline void finish_rstd(RowStats& st, double sq, Index n, double eps) {
 
 // out[r] = hsum(v[r]) for r = 0..7, by transpose-and-add: lanes l and l + 4, then l and l + 2, then
 // 0 and 1, exactly hsum's tree.
-__attribute__((always_inline)) inline void hsum8(double* out, const VD* v) {
+NL_FORCE_INLINE inline void hsum8(double* out, const VD* v) {
 #if NL_VEC_AVX512
   // (The all-ones maskz forms avoid GCC 12's false -Wmaybe-uninitialized on the plain intrinsics.)
   __m512d t[4], u[2];
@@ -431,12 +428,11 @@ inline void rstd8(Stats8& st, const double* sq, double n, double eps) {
 // y = ((x − mh) − ml)·r·w + b of one row, all in float. Always inlined, as row_second_pass_vec: GCC left
 // two of its bf16/fp16 instantiations (LayerNorm without β, RMSNorm with β) out of line in the avx2 unit.
 template <bool Center, bool W, bool B, typename T>
-__attribute__((always_inline)) inline void row_output(T* y, const T* x, Index n, const float* w,
-                                                      const float* b, float mhs, float mls, float rs,
-                                                      bool nt) {
+NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w, const float* b, float mhs,
+                                       float mls, float rs, bool nt) {
   const VF z = zerof();
   const VF mh = bcast(mhs), ml = bcast(mls), r = bcast(rs);
-  auto out = [&](VF xv, VF wv, VF bv) __attribute__((always_inline)) {
+  auto out = [&](VF xv, VF wv, VF bv) NL_FORCE_INLINE {
     VF v = mul(dev<Center>(xv, mh, ml), r);
     if constexpr (W) v = mul(v, wv);
     if constexpr (B) v = add(v, bv);
@@ -604,7 +600,7 @@ void rows_forward_impl(const RowsForwardOf<T>& a) {
 // (Both block helpers always inlined: GCC left mean_block64<true, float16> out of line in the avx2 unit, a
 // call per 64 elements of the fp16 pipelined forward with its accumulators in memory.)
 template <bool Center, typename T>
-__attribute__((always_inline)) inline void mean_block64(VD& a0, VD& a1, VD& a2, VD& a3, const T* x) {
+NL_FORCE_INLINE inline void mean_block64(VD& a0, VD& a1, VD& a2, VD& a3, const T* x) {
   a0 = add(a0, load_cvt(x));
   a1 = add(a1, load_cvt(x + 8));
   a2 = add(a2, load_cvt(x + 16));
@@ -616,7 +612,7 @@ __attribute__((always_inline)) inline void mean_block64(VD& a0, VD& a1, VD& a2, 
 }
 
 template <bool Center, typename T>
-__attribute__((always_inline)) inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
+NL_FORCE_INLINE inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
   VF e[4];
   for (int u = 0; u < 4; ++u) e[u] = Center ? sub(load(x + u * kF), mh) : load(x + u * kF);
   const VF q = add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
@@ -852,13 +848,13 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   // The loop over the columns, with three conditions fixed at compile time: Fast (no ds, no streaming
   // stores, dγ wanted: the common case, whose loop then tests nothing per row), FastB (with Fast: dβ wanted
   // too; LayerNorm wants it, RMSNorm has no β) and First (this group assigns the partial rows).
-  auto columns = [&](auto fast_c, auto fast_b_c, auto first_c) __attribute__((always_inline)) {
+  auto columns = [&](auto fast_c, auto fast_b_c, auto first_c) NL_FORCE_INLINE {
     constexpr bool Fast = decltype(fast_c)::value;
     constexpr bool FastB = Fast && decltype(fast_b_c)::value;
     constexpr bool First = decltype(first_c)::value;
     // Whether dγ, dβ are summed: fixed at compile time with Fast, else per call.
     const bool want_w = Fast || dwp, want_b = Fast ? FastB : dbp != nullptr;
-    auto column = [&](Index i, int k, bool tail) __attribute__((always_inline)) {
+    auto column = [&](Index i, int k, bool tail) NL_FORCE_INLINE {
       const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
       VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
       for (int j = 0; j < nr; ++j) {
@@ -880,7 +876,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
         if (want_b) tb[j] = dyv;
       }
       // The group's sum of the terms in fp32, (t0 + t1) + (t2 + t3) (fewer rows: the terms there are).
-      auto group = [&](const VF* t) __attribute__((always_inline)) {
+      auto group = [&](const VF* t) NL_FORCE_INLINE {
         if (nr == 1) return t[0];
         if (nr == 2) return add(t[0], t[1]);
         if (nr == 3) return add(add(t[0], t[1]), t[2]);
@@ -897,7 +893,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
         pb0 = cvt_lo(g);
         pb1 = cvt_hi(g);
       }
-      auto flush = [&](double* part, VD p0, VD p1) __attribute__((always_inline)) {
+      auto flush = [&](double* part, VD p0, VD p1) NL_FORCE_INLINE {
         if (!tail) {
           if (First) {
             stored(part + i, p0);
@@ -921,7 +917,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
     if (i < n) column(i, static_cast<int>(n - i), true);
   };
   const bool fast = !with_ds && !a.stream && dwp;
-  auto on_first = [&](auto fast_c, auto fast_b_c) __attribute__((always_inline)) {
+  auto on_first = [&](auto fast_c, auto fast_b_c) NL_FORCE_INLINE {
     if (first)
       columns(fast_c, fast_b_c, std::true_type{});
     else
@@ -1068,7 +1064,7 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
         stored(vg[j], v.sg);
         stored(vge[j], v.sge);
       }
-      auto hsum8_of = [&](double* out, const double(*m)[kD]) __attribute__((always_inline)) {
+      auto hsum8_of = [&](double* out, const double(*m)[kD]) NL_FORCE_INLINE {
         VD u[8];
         for (int j = 0; j < 8; ++j) u[j] = loadd(m[j]);
         hsum8(out, u);

@@ -53,6 +53,19 @@
 #define NL_VEC_SCALAR 1
 #endif
 
+// NL_FORCE_INLINE: the kernels' hot helpers and lambdas are always inlined where GCC's inlining budget would
+// leave some of their instantiations out of line (row_kernels-inl.h says where that cost speed). Without
+// optimization (-O0, the sanitizer build) nothing is gained by it, and forced inlining there only builds
+// huge functions whose register allocation took most of that build's compile time, so it expands to
+// nothing. Inlining never changes a result: the kernels are compiled with -ffp-contract=off.
+#ifndef NL_FORCE_INLINE
+#ifdef __OPTIMIZE__
+#define NL_FORCE_INLINE __attribute__((always_inline))
+#else
+#define NL_FORCE_INLINE
+#endif
+#endif
+
 namespace normlab::kernels::NL_TARGET::vec {
 
 inline constexpr int kF = 16;  // floats per VF

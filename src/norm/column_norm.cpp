@@ -178,12 +178,7 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
                      kernels::crowds_l1(dyo.at<const float>(un, 0), dyo.rows.data(), s.n);
 
   const plan::Chunks ch = plan::param_grad_chunks(un.count, s.n);
-  const std::size_t stride = static_cast<std::size_t>(plan::partial_stride(s.n));
-  std::vector<double> dw_buf, db_buf;
-  double* const dw_part =
-      plan::aligned_doubles(dw_buf, dweight.defined ? static_cast<std::size_t>(ch.count) * stride : 0);
-  double* const db_part =
-      plan::aligned_doubles(db_buf, dbias.defined ? static_cast<std::size_t>(ch.count) * stride : 0);
+  const plan::PartialRows part(ch.count, s.n, dweight.defined, dbias.defined);
   parallel::parallel_for(ch.count, [&](Index c) {
     std::vector<double> lanes(dweight.defined || dbias.defined ? 16 * n : 0);
     kernels::ColumnBackward a;
@@ -196,8 +191,8 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
     a.center = kind.center;
     a.stream = stream;
     a.stage = stage;
-    a.dw = dweight.defined ? dw_part + static_cast<std::size_t>(c) * stride : nullptr;
-    a.db = dbias.defined ? db_part + static_cast<std::size_t>(c) * stride : nullptr;
+    a.dw = part.dw_row(c);
+    a.db = part.db_row(c);
     a.lanes = lanes.data();
     const Index u_end = std::min(un.count, (c + 1) * ch.size);
     for (Index u = c * ch.size; u < u_end; ++u) {
@@ -218,8 +213,8 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
   if (!dweight.defined && !dbias.defined) return;
 
   // Sum the chunk rows in chunk order, round once, then write (or add) in the parameter's own layout.
-  if (dweight.defined) plan::write_chunk_sums(dweight, s.n_shape, dw_part, ch.count, mode);
-  if (dbias.defined) plan::write_chunk_sums(dbias, s.n_shape, db_part, ch.count, mode);
+  if (dweight.defined) plan::write_chunk_sums(dweight, s.n_shape, part.dw(), ch.count, mode);
+  if (dbias.defined) plan::write_chunk_sums(dbias, s.n_shape, part.db(), ch.count, mode);
 }
 
 }  // namespace column

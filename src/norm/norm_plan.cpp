@@ -171,6 +171,14 @@ double* aligned_doubles(std::vector<double>& buf, std::size_t need) {
   return reinterpret_cast<double*>((a + 63) & ~std::uintptr_t{63});
 }
 
+PartialRows::PartialRows(Index count, Index n, bool want_w, bool want_b)
+    : stride_(static_cast<std::size_t>(partial_stride(n))) {
+  const std::size_t per = static_cast<std::size_t>(count) * stride_;
+  double* const p = aligned_doubles(buf_, (want_w ? per : 0) + (want_b ? per : 0));
+  if (want_w) dw_ = p;
+  if (want_b) db_ = p + (want_w ? per : 0);
+}
+
 void write_chunk_sums(const PartOperand& p, const Dims& n_shape, const double* part, Index count, GradMode mode) {
   const Index n = n_shape.product();
   const std::size_t nn = static_cast<std::size_t>(n), stride = static_cast<std::size_t>(partial_stride(n));

@@ -121,6 +121,25 @@ inline Index partial_stride(Index n) {
 // `need` doubles from there. The pointer is valid until buf is next resized.
 double* aligned_doubles(std::vector<double>& buf, std::size_t need);
 
+// Zeroed partial rows of dγ (want_w) and dβ (want_b) for `count` chunks, laid out as above: dw_row(c) and
+// db_row(c) are chunk c's rows (nullptr where not wanted), dw() and db() the first for write_chunk_sums.
+class PartialRows {
+ public:
+  PartialRows(Index count, Index n, bool want_w, bool want_b);
+  PartialRows(const PartialRows&) = delete;  // the pointers are into buf_
+  PartialRows& operator=(const PartialRows&) = delete;
+  double* dw_row(Index c) const { return dw_ ? dw_ + static_cast<std::size_t>(c) * stride_ : nullptr; }
+  double* db_row(Index c) const { return db_ ? db_ + static_cast<std::size_t>(c) * stride_ : nullptr; }
+  const double* dw() const { return dw_; }
+  const double* db() const { return db_; }
+
+ private:
+  std::vector<double> buf_;
+  std::size_t stride_;
+  double* dw_ = nullptr;
+  double* db_ = nullptr;
+};
+
 // The last step of every chunked dγ/dβ reduction: `count` partial rows of n doubles (row c at
 // part + c·partial_stride(n)) summed per column in chunk order from +0 (0 + p_0 + p_1 + ...), each column
 // rounded once to float, and written into p (γ/β-shaped, n_shape, any strides) per mode (= or +=). Parallel

@@ -15,12 +15,13 @@
 // Parallelism: groups are independent (any schedule gives the same bits). dγ/dβ are reduced per fixed
 // chunk of groups (row_chunks or plan::param_grad_chunks, functions of the shape only) and the chunk
 // partials are then summed in chunk order, in parallel over columns.
+#include "norm/row_norm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <vector>
-
-#include "norm/row_norm.h"
 
 #include "norm/column_norm.h"
 #include "norm/norm_plan.h"
@@ -294,7 +295,7 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   plan::Chunks ch;
   const double* dw_part = nullptr;
   const double* db_part = nullptr;
-  std::vector<double> dw_zeroed, db_zeroed;
+  std::optional<plan::PartialRows> zeroed;  // the group-by-group route's partials
   const std::size_t stride = static_cast<std::size_t>(plan::partial_stride(s.n));
   if (rows_path) {
     ch = row_chunks(s.groups, s.n);
@@ -327,18 +328,15 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
     });
   } else {
     ch = plan::param_grad_chunks(s.groups, s.n);
-    double* const dwz =
-        plan::aligned_doubles(dw_zeroed, dw.defined ? static_cast<std::size_t>(ch.count) * stride : 0);
-    double* const dbz =
-        plan::aligned_doubles(db_zeroed, db.defined ? static_cast<std::size_t>(ch.count) * stride : 0);
-    dw_part = dwz;
-    db_part = dbz;
+    const plan::PartialRows& part = zeroed.emplace(ch.count, s.n, dw.defined, db.defined);
+    dw_part = part.dw();
+    db_part = part.db();
     args.rows = 1;
     parallel::parallel_for(ch.count, [&](Index c) {
       std::vector<float> xs(scratch_needed ? nn : 0), dys(scratch_needed ? nn : 0), dxs(scratch_needed ? nn : 0);
       kernels::RowsBackward a = args;
-      a.dw = dw.defined ? dwz + static_cast<std::size_t>(c) * stride : nullptr;
-      a.db = db.defined ? dbz + static_cast<std::size_t>(c) * stride : nullptr;
+      a.dw = part.dw_row(c);
+      a.db = part.db_row(c);
       const Index g_end = std::min(s.groups, (c + 1) * ch.size);
       for (Index g = c * ch.size; g < g_end; ++g) {
         a.x = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());

@@ -517,12 +517,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   // rows: dx, dγ, dβ the same arithmetic as the fp32 function on the widened inputs.
   const bool direct = flat && !from_output;
   const plan::Chunks ch = direct ? fused_row_chunks(s.groups, s.n) : plan::param_grad_chunks(s.groups, s.n);
-  const std::size_t stride = static_cast<std::size_t>(plan::partial_stride(s.n));
-  std::vector<double> dw_buf, db_buf;
-  double* const dw_part =
-      plan::aligned_doubles(dw_buf, dw.defined ? static_cast<std::size_t>(ch.count) * stride : 0);
-  double* const db_part =
-      plan::aligned_doubles(db_buf, db.defined ? static_cast<std::size_t>(ch.count) * stride : 0);
+  const plan::PartialRows part(ch.count, s.n, dw.defined, db.defined);
   if (direct) {
     kernels::RowsBackwardOf<T> args;
     args.n = s.n;
@@ -541,8 +536,8 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
       a.dy = dyo.base + g0 * s.n;
       a.dx = dxo.base + g0 * s.n;
       a.ds = ds.defined() ? dso.base + g0 * s.n : nullptr;
-      a.dw = dw.defined ? dw_part + static_cast<std::size_t>(c) * stride : nullptr;
-      a.db = db.defined ? db_part + static_cast<std::size_t>(c) * stride : nullptr;
+      a.dw = part.dw_row(c);
+      a.db = part.db_row(c);
       a.smean = saved.mean ? saved.mean + g0 : nullptr;
       a.srstd = saved.rstd ? saved.rstd + g0 : nullptr;
       bwd(a);
@@ -551,8 +546,8 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   if (!direct) parallel::parallel_for(ch.count, [&](Index c) {
     const Index t0 = c * ch.size, t1 = std::min(s.groups, t0 + ch.size);
     Scratch& sc = Scratch::get(flat ? std::min((t1 - t0) * s.n, std::max(kUnitElems, s.n)) : s.n);
-    double* dwc = dw.defined ? dw_part + static_cast<std::size_t>(c) * stride : nullptr;
-    double* dbc = db.defined ? db_part + static_cast<std::size_t>(c) * stride : nullptr;
+    double* dwc = part.dw_row(c);
+    double* dbc = part.db_row(c);
     for_units(t0, t1, s.n, flat, [&](Index g0, Index g1) {
       const Index len = (g1 - g0) * s.n;
       const Where wsrc = where(so, g0, flat, s.n, s.k_shape), wdy = where(dyo, g0, flat, s.n, s.k_shape);
@@ -576,8 +571,8 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   if (!dw.defined && !db.defined) return;
 
   // Sum the chunk partials in chunk order, round once, then write (or add) in the weight's own layout.
-  if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, dw_part, ch.count, mode);
-  if (db.defined) plan::write_chunk_sums(db, s.n_shape, db_part, ch.count, mode);
+  if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, part.dw(), ch.count, mode);
+  if (db.defined) plan::write_chunk_sums(db, s.n_shape, part.db(), ch.count, mode);
 }
 
 }  // namespace normlab::storage

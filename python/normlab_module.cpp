@@ -139,11 +139,25 @@ py::array storage_input(const py::array& a, const char* name) {
   }
 }
 
+// The result of a forward: y, then (mean,) rstd when asked for, then the NormStats when saved.
+py::object forward_result(const py::array& y, std::initializer_list<py::object> stats, bool return_stats,
+                          std::optional<NormStats>& saved) {
+  if (!return_stats && !saved) return y;
+  py::list out;
+  out.append(y);
+  if (return_stats)
+    for (const py::object& a : stats) out.append(a);
+  if (saved) out.append(py::cast(std::move(*saved)));
+  return py::tuple(out);
+}
+
 py::object py_layer_norm(const py::array& x_in, const OptArray& weight, const OptArray& bias,
-                         const std::vector<int>& axes_in, double eps, bool return_stats) {
+                         const std::vector<int>& axes_in, double eps, bool return_stats, bool save_stats) {
   const Axes axes = axes_of(axes_in);
   const Dims xs = shape_of(x_in);
   auto mean = new_array<float>(kept_shape(xs, axes)), rstd = new_array<float>(kept_shape(xs, axes));
+  std::optional<NormStats> saved;
+  if (save_stats) saved.emplace();
   const py::array y = by_storage(x_in, [&](auto tag) -> py::array {
     using T = typename decltype(tag)::type;
     const py::array xa = storage_input<T>(x_in, "x");
@@ -152,11 +166,16 @@ py::object py_layer_norm(const py::array& x_in, const OptArray& weight, const Op
     auto mv = view(mean), rv = view(rstd);
     const auto x = cview<T>(xa, "x");
     const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-    nogil([&] { layer_norm_forward(yv, mv, rv, x, w, b, axes, eps); });
+    NormStats* st = saved ? &*saved : nullptr;
+    nogil([&] {
+      if (st)
+        layer_norm_forward(yv, mv, rv, x, w, b, axes, eps, st);
+      else
+        layer_norm_forward(yv, mv, rv, x, w, b, axes, eps);
+    });
     return out;
   });
-  if (return_stats) return py::make_tuple(y, mean, rstd);
-  return y;
+  return forward_result(y, {mean, rstd}, return_stats, saved);
 }
 
 py::tuple py_layer_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
@@ -179,10 +198,12 @@ py::tuple py_layer_norm_backward(const py::array& dy_in, const py::array& x_in, 
 }
 
 py::object py_rms_norm(const py::array& x_in, const OptArray& weight, const std::vector<int>& axes_in,
-                       double eps, bool return_stats) {
+                       double eps, bool return_stats, bool save_stats) {
   const Axes axes = axes_of(axes_in);
   const Dims xs = shape_of(x_in);
   auto rstd = new_array<float>(kept_shape(xs, axes));
+  std::optional<NormStats> saved;
+  if (save_stats) saved.emplace();
   const py::array y = by_storage(x_in, [&](auto tag) -> py::array {
     using T = typename decltype(tag)::type;
     const py::array xa = storage_input<T>(x_in, "x");
@@ -191,11 +212,16 @@ py::object py_rms_norm(const py::array& x_in, const OptArray& weight, const std:
     auto rv = view(rstd);
     const auto x = cview<T>(xa, "x");
     const auto w = cview(weight, "weight");
-    nogil([&] { rms_norm_forward(yv, rv, x, w, axes, eps); });
+    NormStats* st = saved ? &*saved : nullptr;
+    nogil([&] {
+      if (st)
+        rms_norm_forward(yv, rv, x, w, axes, eps, st);
+      else
+        rms_norm_forward(yv, rv, x, w, axes, eps);
+    });
     return out;
   });
-  if (return_stats) return py::make_tuple(y, rstd);
-  return y;
+  return forward_result(y, {rstd}, return_stats, saved);
 }
 
 py::tuple py_rms_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
@@ -215,6 +241,57 @@ py::tuple py_rms_norm_backward(const py::array& dy_in, const py::array& x_in, co
     return out;
   });
   return py::make_tuple(dx, dw);
+}
+
+// The backward from a forward's saved statistics: axes and eps come from `stats`.
+py::tuple py_layer_norm_backward_saved(const py::array& dy_in, const py::array& x_in, const NormStats& stats,
+                                       const OptArray& weight) {
+  const Dims xs = shape_of(x_in);
+  const Axes axes(stats.axes.begin(), stats.axes.end());
+  NL_CHECK(xs == stats.x_shape, "layer_norm_backward_saved: x has shape {}, the saved statistics are of {}",
+           xs.str(), stats.x_shape.str());
+  auto dw = new_array<float>(normalized_shape(xs, axes)), db = new_array<float>(normalized_shape(xs, axes));
+  const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
+    using T = typename decltype(tag)::type;
+    const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
+    auto out = new_array<T>(xs);
+    auto dxv = view(out);
+    auto dwv = view(dw), dbv = view(db);
+    const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
+    const auto w = cview(weight, "weight");
+    nogil([&] { layer_norm_backward_saved(dxv, dwv, dbv, dy, x, w, stats); });
+    return out;
+  });
+  return py::make_tuple(dx, dw, db);
+}
+
+py::tuple py_rms_norm_backward_saved(const py::array& dy_in, const py::array& x_in, const NormStats& stats,
+                                     const OptArray& weight) {
+  const Dims xs = shape_of(x_in);
+  const Axes axes(stats.axes.begin(), stats.axes.end());
+  NL_CHECK(xs == stats.x_shape, "rms_norm_backward_saved: x has shape {}, the saved statistics are of {}",
+           xs.str(), stats.x_shape.str());
+  auto dw = new_array<float>(normalized_shape(xs, axes));
+  const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
+    using T = typename decltype(tag)::type;
+    const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
+    auto out = new_array<T>(xs);
+    auto dxv = view(out);
+    auto dwv = view(dw);
+    const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
+    const auto w = cview(weight, "weight");
+    nogil([&] { rms_norm_backward_saved(dxv, dwv, dy, x, w, stats); });
+    return out;
+  });
+  return py::make_tuple(dx, dw);
+}
+
+// A saved statistic as a float64 array of the kept axes' shape (a copy; the object keeps its own).
+py::array stats_array(const NormStats& st, const std::vector<double>& v) {
+  const Dims k = kept_shape(st.x_shape, Axes(st.axes.begin(), st.axes.end()));
+  auto a = new_array<double>(k);
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(double));
+  return a;
 }
 
 py::tuple py_add_layer_norm(const F32Array& x, const F32Array& residual, const OptArray& weight,
@@ -429,25 +506,59 @@ PYBIND11_MODULE(normlab, m) {
       "LayerNorm and RMSNorm). Errors raise normlab.Error (a ValueError).";
   py::register_exception<Error>(m, "Error", PyExc_ValueError);
 
+  py::class_<NormStats>(m, "NormStats",
+                        "The statistics of a layer_norm / rms_norm forward, kept in double for the backward "
+                        "(save_stats=True). Read-only.")
+      .def_property_readonly(
+          "center", [](const NormStats& s) { return s.center; }, "True for LayerNorm, False for RMSNorm")
+      .def_property_readonly(
+          "shape", [](const NormStats& s) { return std::vector<Index>(s.x_shape.begin(), s.x_shape.end()); },
+          "the forward's x shape")
+      .def_property_readonly(
+          "axes", [](const NormStats& s) { return std::vector<Index>(s.axes.begin(), s.axes.end()); })
+      .def_property_readonly("eps", [](const NormStats& s) { return s.eps; })
+      .def_property_readonly(
+          "mean",
+          [](const NormStats& s) -> py::object {
+            if (!s.center) return py::none();
+            return stats_array(s, s.mean);
+          },
+          "float64 array of the kept axes' shape (None for RMSNorm)")
+      .def_property_readonly(
+          "rstd", [](const NormStats& s) { return stats_array(s, s.rstd); },
+          "float64 array of the kept axes' shape");
+
   m.def(
       "layer_norm", &py_layer_norm, py::arg("x"), py::arg("weight") = py::none(),
       py::arg("bias") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = 1e-5,
-      py::arg("return_stats") = false,
+      py::arg("return_stats") = false, py::arg("save_stats") = false,
       "LayerNorm over `axes` (any set of axes, any strides). y = (x - mean) * rstd * weight + bias with the "
       "biased variance, as torch.nn.functional.layer_norm. weight/bias have the shape of the normalized "
       "axes. "
-      "return_stats=True returns (y, mean, rstd), float32 arrays of x's shape without the normalized axes.");
+      "return_stats=True returns (y, mean, rstd), float32 arrays of x's shape without the normalized axes. "
+      "save_stats=True appends a NormStats (the statistics in double) for layer_norm_backward_saved: "
+      "(y, stats) or (y, mean, rstd, stats).");
   m.def("layer_norm_backward", &py_layer_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("weight") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = 1e-5,
         "Gradients of layer_norm: (dx, dweight, dbias). The statistics are recomputed from x.");
+  m.def("layer_norm_backward_saved", &py_layer_norm_backward_saved, py::arg("dy"), py::arg("x"),
+        py::arg("stats"), py::arg("weight") = py::none(),
+        "Gradients of layer_norm from its saved statistics (layer_norm(..., save_stats=True)): (dx, dweight, "
+        "dbias), the same bits as layer_norm_backward without a statistics pass; axes and eps come from "
+        "stats. x must be the forward's x.");
   m.def(
       "rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight") = py::none(),
       py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = kRmsNormEps, py::arg("return_stats") = false,
+      py::arg("save_stats") = false,
       "RMSNorm over `axes`: y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps). return_stats=True returns "
-      "(y, rstd).");
+      "(y, rstd); save_stats=True appends a NormStats for rms_norm_backward_saved.");
   m.def("rms_norm_backward", &py_rms_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("weight") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = kRmsNormEps,
         "Gradients of rms_norm: (dx, dweight).");
+  m.def("rms_norm_backward_saved", &py_rms_norm_backward_saved, py::arg("dy"), py::arg("x"), py::arg("stats"),
+        py::arg("weight") = py::none(),
+        "Gradients of rms_norm from its saved statistics (rms_norm(..., save_stats=True)): (dx, dweight), "
+        "the same bits as rms_norm_backward.");
   m.def("add_layer_norm", &py_add_layer_norm, py::arg("x"), py::arg("residual"),
         py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("axes") = std::vector<int>{-1},
         py::arg("eps") = 1e-5,

@@ -230,6 +230,65 @@ def ref_batch_norm(x, w, b, eps, lengths=None):
     return y * mask, mean, var, cnt
 
 
+class SavedStatsTest(unittest.TestCase):
+    def test_layer_norm_backward_from_saved_stats_has_the_recomputing_bits(self):
+        rng = np.random.default_rng(30)
+        # [B, F, T] over F (a strided middle axis) and contiguous rows, float32 and float16 storage
+        for shape, axes in (((2, 33, 7), [1]), ((5, 1025), [-1]), ((3, 4, 6), [0, 2])):
+            for dtype in (np.float32, np.float16):
+                x = rng_array(rng, shape, 2.0, 3.0).astype(dtype)
+                nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
+                w, b = rng_array(rng, nshape, 0.5, 1.0), rng_array(rng, nshape)
+                dy = rng_array(rng, shape).astype(dtype)
+                y, mean, rstd, st = normlab.layer_norm(x, w, b, axes, 1e-5, return_stats=True, save_stats=True)
+                np.testing.assert_array_equal(y, normlab.layer_norm(x, w, b, axes))
+                self.assertIsInstance(st, normlab.NormStats)
+                self.assertTrue(st.center)
+                self.assertEqual(st.shape, list(shape))
+                self.assertEqual(st.eps, 1e-5)
+                self.assertEqual(st.mean.dtype, np.float64)
+                self.assertEqual(st.mean.shape, mean.shape)
+                np.testing.assert_array_equal(st.mean.astype(np.float32), mean)
+                np.testing.assert_array_equal(st.rstd.astype(np.float32), rstd)
+                saved = normlab.layer_norm_backward_saved(dy, x, st, w)
+                again = normlab.layer_norm_backward(dy, x, w, axes, 1e-5)
+                for a, r, what in zip(saved, again, ("dx", "dweight", "dbias")):
+                    self.assertEqual(a.dtype, r.dtype, what)
+                    np.testing.assert_array_equal(a, r, what)
+                if dtype == np.float32:  # and against the float64 reference
+                    rdx, rdw, _ = ref_layer_norm_backward(dy, x, w, axes, 1e-5)
+                    assert_close(self, saved[0], rdx, k=64, scale=np.abs(rdx).max(), what="dx")
+                    assert_close(self, saved[1], rdw, k=64 * x.size / rdw.size, scale=np.abs(rdw).max(),
+                                 what="dweight")
+
+    def test_rms_norm_backward_from_saved_stats(self):
+        rng = np.random.default_rng(31)
+        x = rng_array(rng, (8, 80), 1.0, 0.5)
+        w = rng_array(rng, (80,), 0.5, 1.0)
+        dy = rng_array(rng, x.shape)
+        y, st = normlab.rms_norm(x, w, save_stats=True)
+        np.testing.assert_array_equal(y, normlab.rms_norm(x, w))
+        self.assertFalse(st.center)
+        self.assertIsNone(st.mean)
+        self.assertEqual(st.rstd.shape, (8,))
+        dx, dw = normlab.rms_norm_backward_saved(dy, x, st, w)
+        rdx, rdw = normlab.rms_norm_backward(dy, x, w)
+        np.testing.assert_array_equal(dx, rdx)
+        np.testing.assert_array_equal(dw, rdw)
+
+    def test_mismatched_input_is_refused(self):
+        rng = np.random.default_rng(32)
+        x = rng_array(rng, (4, 16))
+        _, st = normlab.layer_norm(x, save_stats=True)
+        _, rst = normlab.rms_norm(x, save_stats=True)
+        with self.assertRaises(normlab.Error):
+            normlab.layer_norm_backward_saved(rng_array(rng, (4, 17)), rng_array(rng, (4, 17)), st)
+        with self.assertRaises(normlab.Error):  # RMSNorm statistics for a LayerNorm backward
+            normlab.layer_norm_backward_saved(x, x, rst)
+        with self.assertRaises(normlab.Error):  # weight of the wrong shape
+            normlab.layer_norm_backward_saved(x, x, st, rng_array(rng, (15,)))
+
+
 class BatchNormTest(unittest.TestCase):
     def test_training_updates_running_stats_in_place(self):
         rng = np.random.default_rng(7)

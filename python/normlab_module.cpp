@@ -178,23 +178,39 @@ py::object py_layer_norm(const py::array& x_in, const OptArray& weight, const Op
   return forward_result(y, {mean, rstd}, return_stats, saved);
 }
 
-py::tuple py_layer_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
-                                 const std::vector<int>& axes_in, double eps) {
-  const Axes axes = axes_of(axes_in);
+// A LayerNorm / RMSNorm backward on x's storage type: dx (new, x's type) and the float32 parameter
+// gradients (dweight, and dbias for LayerNorm), each of the normalized axes' shape. run(dx, dweight, dbias,
+// dy, x, weight) calls the library (dbias is an empty view for RMSNorm).
+template <class Run>
+py::tuple norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
+                        const Axes& axes, bool with_db, Run&& run) {
   const Dims xs = shape_of(x_in);
-  auto dw = new_array<float>(normalized_shape(xs, axes)), db = new_array<float>(normalized_shape(xs, axes));
+  auto dw = new_array<float>(normalized_shape(xs, axes));
+  std::optional<py::array_t<float>> db;
+  if (with_db) db = new_array<float>(normalized_shape(xs, axes));
   const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
     using T = typename decltype(tag)::type;
     const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
     auto out = new_array<T>(xs);
     auto dxv = view(out);
-    auto dwv = view(dw), dbv = view(db);
+    auto dwv = view(dw);
+    const View dbv = db ? view(*db) : View();
     const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
     const auto w = cview(weight, "weight");
-    nogil([&] { layer_norm_backward(dxv, dwv, dbv, dy, x, w, axes, eps); });
+    nogil([&] { run(dxv, dwv, dbv, dy, x, w); });
     return out;
   });
-  return py::make_tuple(dx, dw, db);
+  if (with_db) return py::make_tuple(dx, dw, *db);
+  return py::make_tuple(dx, dw);
+}
+
+py::tuple py_layer_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
+                                 const std::vector<int>& axes_in, double eps) {
+  const Axes axes = axes_of(axes_in);
+  return norm_backward(dy_in, x_in, weight, axes, true,
+                       [&](auto dx, View dw, View db, auto dy, auto x, ConstView w) {
+                         layer_norm_backward(dx, dw, db, dy, x, w, axes, eps);
+                       });
 }
 
 py::object py_rms_norm(const py::array& x_in, const OptArray& weight, const std::vector<int>& axes_in,
@@ -227,63 +243,36 @@ py::object py_rms_norm(const py::array& x_in, const OptArray& weight, const std:
 py::tuple py_rms_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
                                const std::vector<int>& axes_in, double eps) {
   const Axes axes = axes_of(axes_in);
-  const Dims xs = shape_of(x_in);
-  auto dw = new_array<float>(normalized_shape(xs, axes));
-  const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
-    using T = typename decltype(tag)::type;
-    const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
-    auto out = new_array<T>(xs);
-    auto dxv = view(out);
-    auto dwv = view(dw);
-    const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
-    const auto w = cview(weight, "weight");
-    nogil([&] { rms_norm_backward(dxv, dwv, dy, x, w, axes, eps); });
-    return out;
-  });
-  return py::make_tuple(dx, dw);
+  return norm_backward(dy_in, x_in, weight, axes, false,
+                       [&](auto dx, View dw, View, auto dy, auto x, ConstView w) {
+                         rms_norm_backward(dx, dw, dy, x, w, axes, eps);
+                       });
 }
 
-// The backward from a forward's saved statistics: axes and eps come from `stats`.
+// The backward from a forward's saved statistics: axes and eps come from `stats` (the library checks that x
+// has the forward's shape; checked here first because the gradients' shapes come from it).
+Axes saved_axes(const py::array& x, const NormStats& stats, const char* op) {
+  NL_CHECK(shape_of(x) == stats.x_shape, "{}: x has shape {}, the saved statistics are of {}", op,
+           shape_of(x).str(), stats.x_shape.str());
+  return Axes(stats.axes.begin(), stats.axes.end());
+}
+
 py::tuple py_layer_norm_backward_saved(const py::array& dy_in, const py::array& x_in, const NormStats& stats,
                                        const OptArray& weight) {
-  const Dims xs = shape_of(x_in);
-  const Axes axes(stats.axes.begin(), stats.axes.end());
-  NL_CHECK(xs == stats.x_shape, "layer_norm_backward_saved: x has shape {}, the saved statistics are of {}",
-           xs.str(), stats.x_shape.str());
-  auto dw = new_array<float>(normalized_shape(xs, axes)), db = new_array<float>(normalized_shape(xs, axes));
-  const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
-    using T = typename decltype(tag)::type;
-    const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
-    auto out = new_array<T>(xs);
-    auto dxv = view(out);
-    auto dwv = view(dw), dbv = view(db);
-    const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
-    const auto w = cview(weight, "weight");
-    nogil([&] { layer_norm_backward_saved(dxv, dwv, dbv, dy, x, w, stats); });
-    return out;
-  });
-  return py::make_tuple(dx, dw, db);
+  const Axes axes = saved_axes(x_in, stats, "layer_norm_backward_saved");
+  return norm_backward(dy_in, x_in, weight, axes, true,
+                       [&](auto dx, View dw, View db, auto dy, auto x, ConstView w) {
+                         layer_norm_backward_saved(dx, dw, db, dy, x, w, stats);
+                       });
 }
 
 py::tuple py_rms_norm_backward_saved(const py::array& dy_in, const py::array& x_in, const NormStats& stats,
                                      const OptArray& weight) {
-  const Dims xs = shape_of(x_in);
-  const Axes axes(stats.axes.begin(), stats.axes.end());
-  NL_CHECK(xs == stats.x_shape, "rms_norm_backward_saved: x has shape {}, the saved statistics are of {}",
-           xs.str(), stats.x_shape.str());
-  auto dw = new_array<float>(normalized_shape(xs, axes));
-  const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
-    using T = typename decltype(tag)::type;
-    const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
-    auto out = new_array<T>(xs);
-    auto dxv = view(out);
-    auto dwv = view(dw);
-    const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
-    const auto w = cview(weight, "weight");
-    nogil([&] { rms_norm_backward_saved(dxv, dwv, dy, x, w, stats); });
-    return out;
-  });
-  return py::make_tuple(dx, dw);
+  const Axes axes = saved_axes(x_in, stats, "rms_norm_backward_saved");
+  return norm_backward(dy_in, x_in, weight, axes, false,
+                       [&](auto dx, View dw, View, auto dy, auto x, ConstView w) {
+                         rms_norm_backward_saved(dx, dw, dy, x, w, stats);
+                       });
 }
 
 // A saved statistic as a float64 array of the kept axes' shape (a copy; the object keeps its own).

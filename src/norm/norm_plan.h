@@ -112,7 +112,7 @@ bool part_contiguous(const PartOperand& p, const Dims& shape);
 // part + c·partial_stride(n), every row on a 64-byte boundary (the stride is n rounded up to 8 doubles).
 // The kernels add each row group's contribution to such a row with full-vector loads and stores; where the
 // rows were only 16-byte aligned (std::vector's allocation), each 64-byte access spanned two cache lines and
-// the fp32 LayerNorm backward from saved statistics took 1.04-1.17x as long in L3 on Zen 4
+// the fp32 LayerNorm backward from saved statistics took 1.04-1.07x as long in L3 on Zen 4
 // (docs/PERFORMANCE.md, fifteenth session).
 inline Index partial_stride(Index n) {
   return (n + 7) / 8 * 8;

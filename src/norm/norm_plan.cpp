@@ -173,8 +173,17 @@ double* aligned_doubles(std::vector<double>& buf, std::size_t need) {
 
 PartialRows::PartialRows(Index count, Index n, bool want_w, bool want_b)
     : stride_(static_cast<std::size_t>(partial_stride(n))) {
+  place(buf_, count, want_w, want_b);
+}
+
+PartialRows::PartialRows(std::vector<double>& storage, Index count, Index n, bool want_w, bool want_b)
+    : stride_(static_cast<std::size_t>(partial_stride(n))) {
+  place(storage, count, want_w, want_b);
+}
+
+void PartialRows::place(std::vector<double>& storage, Index count, bool want_w, bool want_b) {
   const std::size_t per = static_cast<std::size_t>(count) * stride_;
-  double* const p = aligned_doubles(buf_, (want_w ? per : 0) + (want_b ? per : 0));
+  double* const p = aligned_doubles(storage, (want_w ? per : 0) + (want_b ? per : 0));
   if (want_w) dw_ = p;
   if (want_b) db_ = p + (want_w ? per : 0);
 }

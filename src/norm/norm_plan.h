@@ -121,12 +121,16 @@ inline Index partial_stride(Index n) {
 // `need` doubles from there. The pointer is valid until buf is next resized.
 double* aligned_doubles(std::vector<double>& buf, std::size_t need);
 
-// Zeroed partial rows of dγ (want_w) and dβ (want_b) for `count` chunks, laid out as above: dw_row(c) and
+// Partial rows of dγ (want_w) and dβ (want_b) for `count` chunks, laid out as above: dw_row(c) and
 // db_row(c) are chunk c's rows (nullptr where not wanted), dw() and db() the first for write_chunk_sums.
 class PartialRows {
  public:
+  // Zeroed rows in a buffer of their own.
   PartialRows(Index count, Index n, bool want_w, bool want_b);
-  PartialRows(const PartialRows&) = delete;  // the pointers are into buf_
+  // Rows in `storage`, grown as needed and otherwise reused as it is (old values stay): for kernels that
+  // assign each chunk's rows before adding to them. The pointers are valid until storage is next resized.
+  PartialRows(std::vector<double>& storage, Index count, Index n, bool want_w, bool want_b);
+  PartialRows(const PartialRows&) = delete;  // the pointers are into a buffer
   PartialRows& operator=(const PartialRows&) = delete;
   double* dw_row(Index c) const { return dw_ ? dw_ + static_cast<std::size_t>(c) * stride_ : nullptr; }
   double* db_row(Index c) const { return db_ ? db_ + static_cast<std::size_t>(c) * stride_ : nullptr; }
@@ -134,7 +138,9 @@ class PartialRows {
   const double* db() const { return db_; }
 
  private:
-  std::vector<double> buf_;
+  void place(std::vector<double>& storage, Index count, bool want_w, bool want_b);
+
+  std::vector<double> buf_;  // the rows of the first constructor
   std::size_t stride_;
   double* dw_ = nullptr;
   double* db_ = nullptr;

@@ -291,24 +291,15 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   args.center = kind.center;
 
   // Chunks of groups: each owns one partial row of dγ and dβ (double) when they are wanted. The
-  // partials of chunk c are in part[c·stride, c·stride + n) of each buffer (plan::partial_stride).
+  // partials of chunk c are part->dw_row(c) and db_row(c) (plan::PartialRows: 64-byte aligned rows).
   plan::Chunks ch;
-  const double* dw_part = nullptr;
-  const double* db_part = nullptr;
-  std::optional<plan::PartialRows> zeroed;  // the group-by-group route's partials
-  const std::size_t stride = static_cast<std::size_t>(plan::partial_stride(s.n));
+  std::optional<plan::PartialRows> part;
   if (rows_path) {
     ch = row_chunks(s.groups, s.n);
     args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
     // Every chunk's first row group assigns its partial rows (init), so the buffer is reused unzeroed.
     thread_local std::vector<double> partials;
-    const std::size_t per = static_cast<std::size_t>(ch.count) * stride;
-    const std::size_t need = (dw.defined ? per : 0) + (db.defined ? per : 0);
-    double* const part = plan::aligned_doubles(partials, need);
-    double* dwp = dw.defined ? part : nullptr;
-    double* dbp = db.defined ? part + (dw.defined ? per : 0) : nullptr;
-    dw_part = dwp;
-    db_part = dbp;
+    part.emplace(partials, ch.count, s.n, dw.defined, db.defined);
     parallel::parallel_for(ch.count, [&](Index c) {
       const Index g0 = c * ch.size;
       kernels::RowsBackward a = args;
@@ -319,8 +310,8 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
       a.lddy = lddy;
       a.dx = reinterpret_cast<float*>(dxo.base) + g0 * lddx;
       a.lddx = lddx;
-      a.dw = dwp ? dwp + static_cast<std::size_t>(c) * stride : nullptr;
-      a.db = dbp ? dbp + static_cast<std::size_t>(c) * stride : nullptr;
+      a.dw = part->dw_row(c);
+      a.db = part->db_row(c);
       a.init = true;
       a.smean = smean ? smean + g0 : nullptr;
       a.srstd = srstd ? srstd + g0 : nullptr;
@@ -328,15 +319,13 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
     });
   } else {
     ch = plan::param_grad_chunks(s.groups, s.n);
-    const plan::PartialRows& part = zeroed.emplace(ch.count, s.n, dw.defined, db.defined);
-    dw_part = part.dw();
-    db_part = part.db();
+    part.emplace(ch.count, s.n, dw.defined, db.defined);
     args.rows = 1;
     parallel::parallel_for(ch.count, [&](Index c) {
       std::vector<float> xs(scratch_needed ? nn : 0), dys(scratch_needed ? nn : 0), dxs(scratch_needed ? nn : 0);
       kernels::RowsBackward a = args;
-      a.dw = part.dw_row(c);
-      a.db = part.db_row(c);
+      a.dw = part->dw_row(c);
+      a.db = part->db_row(c);
       const Index g_end = std::min(s.groups, (c + 1) * ch.size);
       for (Index g = c * ch.size; g < g_end; ++g) {
         a.x = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());
@@ -356,8 +345,8 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   if (!param_grads) return;
 
   // Sum the chunk partials in chunk order (per column: 0 + p_0 + p_1 + ...), round once, write or add.
-  if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, dw_part, ch.count, mode);
-  if (db.defined) plan::write_chunk_sums(db, s.n_shape, db_part, ch.count, mode);
+  if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, part->dw(), ch.count, mode);
+  if (db.defined) plan::write_chunk_sums(db, s.n_shape, part->db(), ch.count, mode);
 }
 
 StatsOut prepare_stats(NormStats* stats, bool center, const Dims& x_shape, const plan::AxisSplit& s,

@@ -12,7 +12,8 @@
 // minimum, 10th percentile and median of each, the quartiles of the per-round ratio B/A (both calls
 // of a round see the same machine), and a hash of each version's outputs (whether the bits are the same).
 // KERNELS and SHAPES are comma-separated lists (ROWSxD); every kernel runs at every shape. A KERNEL is
-// ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β; one call over all rows) | ln-bwd-saved |
+// ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β; one call over all rows) | rms-fwd | rms-fwd-bf16
+// (RMSNorm: y, rstd from x, γ) | ln-bwd-saved |
 // ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and saved double statistics) | ln-bwd (the same, the
 // statistics recomputed from x) | rms-bwd-saved (dx, dγ). A
 // backward makes one kernel call per 1024 rows, each assigning its own dγ/dβ partial rows, as the
@@ -44,6 +45,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -68,6 +70,21 @@ std::uint64_t hash_bits(const T* p, std::size_t n, std::uint64_t h = 0) {
   return h;
 }
 
+// 64-byte aligned storage, as the library's tensors have: an output row that starts on a cache line can
+// take the non-temporal stores (stream_ok), as it does through the library.
+template <typename T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <typename U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t) { ::operator delete (p, std::align_val_t{64}); }
+  bool operator==(const Aligned64&) const { return true; }
+};
+template <typename T>
+using Buf = std::vector<T, Aligned64<T>>;
+
 struct Problem {
   Index rows = 0, n = 0;
   bool center = true;
@@ -79,9 +96,9 @@ struct Problem {
 template <typename T>
 struct Run {
   Problem& p;
-  std::vector<T>& x;
-  std::vector<T>& dy;
-  std::vector<T>& out;
+  Buf<T>& x;
+  Buf<T>& dy;
+  Buf<T>& out;
   bool backward;
   bool saved;
 
@@ -96,12 +113,14 @@ struct Run {
       a.rows = p.rows;
       a.n = p.n;
       a.w = p.w.data();
-      a.b = p.b.data();
+      a.b = p.center ? p.b.data() : nullptr;
       a.eps = 1e-5;
-      a.center = true;
-      a.mean = p.mean.data();
+      a.center = p.center;
+      a.mean = p.center ? p.mean.data() : nullptr;
       a.rstd = p.rstd.data();
       a.ld_stats = 1;
+      // Non-temporal stores from 16 MiB of output, as the library's driver (row_norm.cpp) sets them.
+      a.stream = p.rows * p.n * Index{sizeof(T)} >= (Index{16} << 20);
       if (v == 0)
         k::ab_a::rows_forward_of<T>(a);
       else
@@ -124,6 +143,7 @@ struct Run {
         a.dw = p.dw.data() + c * p.n;
         a.db = p.center ? p.db.data() + c * p.n : nullptr;
         a.init = true;
+        a.stream = p.rows * p.n * Index{sizeof(T)} >= (Index{16} << 20);  // as the forward above
         a.smean = p.center && saved ? p.smean.data() + r0 : nullptr;
         a.srstd = saved ? p.srstd.data() + r0 : nullptr;
         if (v == 0)
@@ -171,12 +191,12 @@ void paired(
 template <typename T>
 void run(const std::string& kernel, Index rows, Index n, int calls) {
   const bool backward = kernel.find("bwd") != std::string::npos;
-  const bool rms = kernel == "rms-bwd-saved";
+  const bool rms = kernel.rfind("rms-", 0) == 0;
   Problem p;
   p.rows = rows;
   p.n = n;
   p.center = !rms;
-  std::vector<T> x(static_cast<std::size_t>(rows * n)), dy(x.size()), out(x.size());
+  Buf<T> x(static_cast<std::size_t>(rows * n)), dy(x.size()), out(x.size());
   std::mt19937 gen(1);
   std::normal_distribution<float> dist(1.0f, 2.0f);
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -220,8 +240,8 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
 void run_columns(const std::string& kernel, Index B, Index F, Index T, int calls) {
   const bool backward = kernel == "col-bwd";
   const std::size_t size = static_cast<std::size_t>(B * F * T);
-  std::vector<float> x(size), dy(size), out(size), w, b, mean(static_cast<std::size_t>(B * T)),
-      rstd(mean.size());
+  Buf<float> x(size), dy(size), out(size);
+  std::vector<float> w, b, mean(static_cast<std::size_t>(B * T)), rstd(mean.size());
   std::mt19937 gen(1);
   std::normal_distribution<float> dist(1.0f, 2.0f);
   for (std::size_t i = 0; i < size; ++i) {
@@ -339,9 +359,9 @@ int main(int argc, char** argv) {
         if (columns)
           run_columns(kernel, dims[0], dims[1], dims[2], calls);
         else if (kernel == "ln-fwd" || kernel == "ln-bwd" || kernel == "ln-bwd-saved" ||
-                 kernel == "rms-bwd-saved")
+                 kernel == "rms-fwd" || kernel == "rms-bwd-saved")
           run<float>(kernel, dims[0], dims[1], calls);
-        else if (kernel == "ln-fwd-bf16" || kernel == "ln-bwd-saved-bf16")
+        else if (kernel == "ln-fwd-bf16" || kernel == "rms-fwd-bf16" || kernel == "ln-bwd-saved-bf16")
           run<bfloat16>(kernel, dims[0], dims[1], calls);
         else
           throw std::invalid_argument("unknown kernel '" + kernel + "'");

@@ -620,6 +620,21 @@ NL_FORCE_INLINE inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
   q1 = add(q1, cvt_hi(q));
 }
 
+// Out of cache (a.stream: an output of 16 MiB or more), rows of 1024 or more elements are prefetched
+// kRowPrefetchBytes ahead of the pass that first reads them (Σx, or RMSNorm's Σx²): the lines of the 64
+// elements at p + kRowPrefetchBytes, into L1. Without it the statistics passes of long rows waited on
+// memory: at 8192x4096 the forward took longer than its in-L3 time plus a streaming copy of its bytes.
+// Paired runs (scripts/ab-rows, 1 thread, 128 MiB of x; docs/PERFORMANCE.md, "sixteenth session"): the
+// fp32 LayerNorm forward 13-17 % faster at D = 1024-4096, RMSNorm 7 %, bf16 LayerNorm 13 %, the same in
+// L3; at D = 512 and 768 the gain came and went between runs, and D = 256 was 4 % slower.
+inline constexpr Index kRowPrefetchBytes = 2048;
+inline constexpr Index kRowPrefetchMinN = 1024;
+template <typename T>
+NL_FORCE_INLINE inline void prefetch_ahead64(const T* p) {
+  const char* q = reinterpret_cast<const char*>(p) + kRowPrefetchBytes;
+  for (Index b = 0; b < Index{64 * sizeof(T)}; b += 64) __builtin_prefetch(q + b, 0, 3);
+}
+
 template <bool Center, bool W, bool B, bool Save, typename T>
 void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const Index n = a.n, rows = a.rows;
@@ -627,6 +642,7 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const float* const wp = a.w;
   const float* const bp = a.b;
   RowStats st[3];  // by row index mod 3
+  const bool ahead = a.stream && n >= kRowPrefetchMinN;
   for (Index s = 0; s < rows + 2; ++s) {
     const bool do_mean = Center && s < rows;
     const bool do_second = s >= 1 && s - 1 < rows;
@@ -642,7 +658,11 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
     const bool st_c = do_out && a.stream && stream_ok(yc);
     VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod(), q0 = zerod(), q1 = zerod();
     // Scalar math: as rows_forward_impl (Σx in blocks of 32; Σe² in blocks of 64; y per element)
+    // (the row read first from memory: row s for Σx, row s − 1 for RMSNorm's Σx²)
+    const T* const first = Center ? xa : xb;
+    const bool pf = ahead && (Center ? do_mean : do_second);
     for (Index i = 0; i < n; i += 64) {
+      if (pf) prefetch_ahead64(first + i);
       if (do_mean) mean_block64<Center>(a0, a1, a2, a3, xa + i);
       if (do_second) second_block64<Center>(q0, q1, xb + i, mhb);
       if (do_out) {

@@ -35,6 +35,9 @@ struct RowsForwardOf {
   double eps = 0;
   bool center = true;
   bool stream = false;
+  // x is in cache (the fused add's s, just written): with stream, the kernel does not prefetch ahead of
+  // its rows as it does for rows that come from memory (row_kernels-inl.h, kRowPrefetchBytes).
+  bool x_cached = false;
   float* mean = nullptr;
   float* rstd = nullptr;
   Index ld_stats = 0;

@@ -88,6 +88,7 @@ using Buf = std::vector<T, Aligned64<T>>;
 struct Problem {
   Index rows = 0, n = 0;
   bool center = true;
+  bool stream = false;  // non-temporal stores, as the library's drivers set them (see run)
   std::vector<float> w, b, mean, rstd;
   std::vector<double> smean, srstd, dw, db;
 };
@@ -119,8 +120,7 @@ struct Run {
       a.mean = p.center ? p.mean.data() : nullptr;
       a.rstd = p.rstd.data();
       a.ld_stats = 1;
-      // Non-temporal stores from 16 MiB of output, as the library's driver (row_norm.cpp) sets them.
-      a.stream = p.rows * p.n * Index{sizeof(T)} >= (Index{16} << 20);
+      a.stream = p.stream;
       if (v == 0)
         k::ab_a::rows_forward_of<T>(a);
       else
@@ -143,7 +143,7 @@ struct Run {
         a.dw = p.dw.data() + c * p.n;
         a.db = p.center ? p.db.data() + c * p.n : nullptr;
         a.init = true;
-        a.stream = p.rows * p.n * Index{sizeof(T)} >= (Index{16} << 20);  // as the forward above
+        a.stream = p.stream;
         a.smean = p.center && saved ? p.smean.data() + r0 : nullptr;
         a.srstd = saved ? p.srstd.data() + r0 : nullptr;
         if (v == 0)
@@ -196,6 +196,8 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   p.rows = rows;
   p.n = n;
   p.center = !rms;
+  // From 16 MiB of output, as row_norm.cpp (float) and storage_norm.h (sizeof(T)) decide it.
+  p.stream = rows * n * Index{sizeof(T)} >= (Index{16} << 20);
   Buf<T> x(static_cast<std::size_t>(rows * n)), dy(x.size()), out(x.size());
   std::mt19937 gen(1);
   std::normal_distribution<float> dist(1.0f, 2.0f);

@@ -21,6 +21,10 @@
 // recomputed), LayerNorm of x [B, F, T] over F (the strided path, no transpose), at shapes BxFxT: one call
 // per tile of up to 64 columns of T, each told the next tile (for its prefetches), as column_norm.cpp does.
 // x, dy ~ N(1, 2), γ = 1 + 0.01·i, β = 0.1 (those of normlab_bench_loop).
+// Where the row kernels' x, dy and output (y or dx) lie relative to each other modulo 4 KiB changes their
+// speed (docs/PERFORMANCE.md, "seventeenth session"): each shape prints the three page offsets it ran
+// with, and NORMLAB_AB_PAGE_OFFSETS=X,DY,OUT (bytes, multiples of 64 below 4096) places them there.
+// Without it they are wherever the allocator put them.
 // Only the kernel sources differ between A and B: both use the working tree's row_kernels.h and
 // column_kernels.h, so a revision whose argument structs differ from them cannot be compared this way.
 #ifndef NL_AB_A
@@ -85,6 +89,56 @@ struct Aligned64 {
 template <typename T>
 using Buf = std::vector<T, Aligned64<T>>;
 
+// A buffer of n elements at a chosen offset from the start of a 4 KiB page (off < 0: where the allocator
+// puts a Buf of n elements).
+template <typename T>
+struct Placed {
+  Buf<T> storage;
+  T* p;
+  Placed(std::size_t n, int off) : storage(off < 0 ? n : n + (8192 + sizeof(T) - 1) / sizeof(T)) {
+    if (off < 0) {
+      p = storage.data();
+      return;
+    }
+    const auto base = reinterpret_cast<std::uintptr_t>(storage.data());
+    const std::uintptr_t page = (base + 4095) / 4096 * 4096;
+    p = reinterpret_cast<T*>(page + static_cast<std::uintptr_t>(off));
+  }
+};
+
+int page_offset(const void* p) {
+  return static_cast<int>(reinterpret_cast<std::uintptr_t>(p) % 4096);
+}
+
+// NORMLAB_AB_PAGE_OFFSETS=X,DY,OUT: the page offsets of the row kernels' buffers; unset: -1 (the
+// allocator's).
+struct PageOffsets {
+  int x = -1, dy = -1, out = -1;
+};
+PageOffsets page_offsets() {
+  PageOffsets po;
+  const char* env = std::getenv("NORMLAB_AB_PAGE_OFFSETS");
+  if (!env || !*env) return po;
+  int* const slot[3] = {&po.x, &po.dy, &po.out};
+  const std::string s = env;
+  std::size_t start = 0;
+  for (int k = 0; k < 3; ++k) {
+    const std::size_t comma = s.find(',', start);
+    if ((k < 2) != (comma != std::string::npos))
+      throw std::invalid_argument("NORMLAB_AB_PAGE_OFFSETS must be X,DY,OUT (three byte offsets), got '" + s +
+                                  "'");
+    const std::string part = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    const long v = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || v < 0 || v >= 4096 || v % 64 != 0)
+      throw std::invalid_argument("NORMLAB_AB_PAGE_OFFSETS: each offset a multiple of 64 below 4096, got '" +
+                                  part + "'");
+    *slot[k] = static_cast<int>(v);
+    start = comma + 1;
+  }
+  return po;
+}
+
 struct Problem {
   Index rows = 0, n = 0;
   bool center = true;
@@ -97,9 +151,9 @@ struct Problem {
 template <typename T>
 struct Run {
   Problem& p;
-  Buf<T>& x;
-  Buf<T>& dy;
-  Buf<T>& out;
+  T* x;
+  T* dy;
+  T* out;
   bool backward;
   bool saved;
 
@@ -107,9 +161,9 @@ struct Run {
     const auto t0 = std::chrono::steady_clock::now();
     if (!backward) {
       k::RowsForwardOf<T> a;
-      a.y = out.data();
+      a.y = out;
       a.ldy = p.n;
-      a.x = x.data();
+      a.x = x;
       a.ldx = p.n;
       a.rows = p.rows;
       a.n = p.n;
@@ -129,11 +183,11 @@ struct Run {
       constexpr Index kChunk = 1024;
       for (Index r0 = 0, c = 0; r0 < p.rows; r0 += kChunk, ++c) {
         k::RowsBackwardOf<T> a;
-        a.dx = out.data() + r0 * p.n;
+        a.dx = out + r0 * p.n;
         a.lddx = p.n;
-        a.dy = dy.data() + r0 * p.n;
+        a.dy = dy + r0 * p.n;
         a.lddy = p.n;
-        a.x = x.data() + r0 * p.n;
+        a.x = x + r0 * p.n;
         a.ldx = p.n;
         a.rows = std::min(kChunk, p.rows - r0);
         a.n = p.n;
@@ -198,12 +252,14 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   p.center = !rms;
   // From 16 MiB of output, as row_norm.cpp (float) and storage_norm.h (sizeof(T)) decide it.
   p.stream = rows * n * Index{sizeof(T)} >= (Index{16} << 20);
-  Buf<T> x(static_cast<std::size_t>(rows * n)), dy(x.size()), out(x.size());
+  const std::size_t size = static_cast<std::size_t>(rows * n);
+  const PageOffsets po = page_offsets();
+  Placed<T> x(size, po.x), dy(size, po.dy), out(size, po.out);
   std::mt19937 gen(1);
   std::normal_distribution<float> dist(1.0f, 2.0f);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    x[i] = T(dist(gen));
-    dy[i] = T(dist(gen));
+  for (std::size_t i = 0; i < size; ++i) {
+    x.p[i] = T(dist(gen));
+    dy.p[i] = T(dist(gen));
   }
   for (Index i = 0; i < n; ++i) {
     p.w.push_back(1.0f + 0.01f * static_cast<float>(i));
@@ -214,10 +270,10 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   // The saved statistics of the backward, in double from the stored values (eps 1e-5 as the kernels').
   for (Index r = 0; r < rows; ++r) {
     double s = 0, q = 0;
-    for (Index i = 0; i < n; ++i) s += static_cast<double>(static_cast<float>(x[r * n + i]));
+    for (Index i = 0; i < n; ++i) s += static_cast<double>(static_cast<float>(x.p[r * n + i]));
     const double m = rms ? 0.0 : s / static_cast<double>(n);
     for (Index i = 0; i < n; ++i) {
-      const double e = static_cast<double>(static_cast<float>(x[r * n + i])) - m;
+      const double e = static_cast<double>(static_cast<float>(x.p[r * n + i])) - m;
       q += e * e;
     }
     p.smean.push_back(m);
@@ -227,11 +283,13 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   p.dw.resize(parts);
   p.db.resize(parts);
 
-  Run<T> r{p, x, dy, out, backward, kernel.find("saved") != std::string::npos};
-  char label[64];
-  std::snprintf(label, sizeof label, "%lldx%lld", static_cast<long long>(rows), static_cast<long long>(n));
+  Run<T> r{p, x.p, dy.p, out.p, backward, kernel.find("saved") != std::string::npos};
+  char label[96];
+  std::snprintf(label, sizeof label, "%lldx%lld (page offsets: x %d, dy %d, out %d)",
+                static_cast<long long>(rows), static_cast<long long>(n), page_offset(x.p), page_offset(dy.p),
+                page_offset(out.p));
   paired(kernel, label, calls, r, [&] {
-    std::uint64_t h = hash_bits(out.data(), out.size());
+    std::uint64_t h = hash_bits(out.p, size);
     if (backward) h = hash_bits(p.dw.data(), p.dw.size(), hash_bits(p.db.data(), p.db.size(), h));
     return h;
   });

@@ -824,11 +824,22 @@ void rows_forward_of(const RowsForwardOf<T>& a) {
   rows_forward_plain(a);
 }
 
+// The column pass of a full group of long rows (n ≥ kSplitMinN) runs in two halves when the group's stores
+// to dx start near its loads of x and dy modulo 4 KiB (column_halves): per chunk of kSplitChunk columns,
+// rows 0 and 1, then rows 2 and 3, with the pair sums t0 + t1 of the dγ/dβ terms kept in float in an L1
+// scratch, so that the group sum (t0 + t1) + (t2 + t3) and every result keep their bits. Such layouts are
+// what separate allocations of rows of 1024·k floats get (each buffer at the same offset in its page):
+// twelve streams of loads and stores at the same offsets in their pages. There, the LayerNorm backward took
+// 1.5-1.8× the time of a layout with dx 1-2 KiB away from x and dy (paired runs at 512x1024 and 128x4096,
+// 1 thread, in L3; docs/PERFORMANCE.md, "seventeenth session"); the halves run it 1.3-1.6× faster there.
+// In layouts that do not need them they cost 3-12 %, so column_halves picks them by the addresses.
+inline constexpr Index kSplitChunk = 256;
+
 // The column pass of the backward over one group of nr ≤ kParamGradRowGroup rows starting at row r0 of
 // the call: dx of the rows and the group's dγ/dβ contributions (row_norm.cpp: groups of four rows from
 // the first row of a call; the first group of a call with init assigns the partial rows).
-// NR > 0: nr == NR, known at compile time.
-template <bool Center, bool W, int NR, typename T>
+// NR > 0: nr == NR, known at compile time. Halves (with NR == 4): the pass in two halves (above).
+template <bool Center, bool W, int NR, bool Halves = false, typename T>
 inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, const float* mhs,
                              const float* mls, const float* rs, const float* c0s, const float* c2s) {
   constexpr int R = kParamGradRowGroup;
@@ -934,6 +945,83 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
       if (want_w) flush(dwp, pw0, pw1);
       if (want_b) flush(dbp, pb0, pb1);
     };
+    // Full groups of long rows: per chunk of kSplitChunk columns, rows 0 and 1, then rows 2 and 3, the
+    // pair sums (t0 + t1) of the first half kept in float in an L1 scratch (the same bits as column()).
+    if constexpr (Halves && NR == 4) {
+      alignas(64) float sw[kSplitChunk], sb[kSplitChunk];
+      auto half = [&](Index cb, Index i, int k, bool tail, int h) NL_FORCE_INLINE {
+        const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
+        VF tw[2], tb[2];
+        VF xv[2], dyv[2];
+        for (int u = 0; u < 2; ++u) {
+          const int j = 2 * h + u;
+          xv[u] = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
+          dyv[u] = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
+        }
+        for (int u = 0; u < 2; ++u) {
+          const int j = 2 * h + u;
+          const VF d = dev<Center>(xv[u], mh[j], ml[j]);
+          const VF g = W ? mul(dyv[u], wv) : dyv[u];
+          VF gc = g;
+          if constexpr (Center) gc = sub(gc, c0[j]);
+          VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
+          if (!Fast && with_ds) dx = add(dx, tail ? load_n(dss[j] + i, k) : load(dss[j] + i));
+          if (tail)
+            store_n(dxs[j] + i, dx, k);
+          else if (!Fast && st_ok[j])
+            stream(dxs[j] + i, dx);
+          else
+            store(dxs[j] + i, dx);
+          if (want_w) tw[u] = mul(dyv[u], mul(d, r[j]));
+          if (want_b) tb[u] = dyv[u];
+        }
+        float* const pw = sw + (i - cb);
+        float* const pb = sb + (i - cb);
+        if (h == 0) {
+          if (want_w) store(pw, add(tw[0], tw[1]));
+          if (want_b) store(pb, add(tb[0], tb[1]));
+          return;
+        }
+        VD pw0{}, pw1{}, pb0{}, pb1{};
+        if (want_w) {
+          const VF g = add(load(pw), add(tw[0], tw[1]));
+          pw0 = cvt_lo(g);
+          pw1 = cvt_hi(g);
+        }
+        if (want_b) {
+          const VF g = add(load(pb), add(tb[0], tb[1]));
+          pb0 = cvt_lo(g);
+          pb1 = cvt_hi(g);
+        }
+        auto flush = [&](double* part, VD p0, VD p1) NL_FORCE_INLINE {
+          if (!tail) {
+            if (First) {
+              stored(part + i, p0);
+              stored(part + i + kD, p1);
+            } else {
+              stored(part + i, add(loadd(part + i), p0));
+              stored(part + i + kD, add(loadd(part + i + kD), p1));
+            }
+            return;
+          }
+          double t[kF];
+          stored(t, p0);
+          stored(t + kD, p1);
+          for (int l = 0; l < k; ++l) part[i + l] = First ? t[l] : part[i + l] + t[l];
+        };
+        if (want_w) flush(dwp, pw0, pw1);
+        if (want_b) flush(dbp, pb0, pb1);
+      };
+      for (Index cb = 0; cb < n; cb += kSplitChunk) {
+        const Index ce = std::min(n, cb + kSplitChunk);
+        for (int h = 0; h < 2; ++h) {
+          Index i = cb;
+          for (; i + kF <= ce; i += kF) half(cb, i, kF, false, h);
+          if (i < ce) half(cb, i, static_cast<int>(ce - i), true, h);
+        }
+      }
+      return;
+    }
     Index i = 0;
     for (; i + kF <= n; i += kF) column(i, kF, false);
     if (i < n) column(i, static_cast<int>(n - i), true);
@@ -1028,7 +1116,9 @@ void rows_backward_impl(const RowsBackwardOf<T>& a) {
       ml[j] = st[j].ml;
       r[j] = st[j].r;
     }
-    if (nr == R)
+    if (nr == R && n >= kSplitMinN && column_halves(a, r0))
+      backward_columns<Center, W, R, true>(a, r0, nr, mh, ml, r, c0, c2);
+    else if (nr == R)
       backward_columns<Center, W, R>(a, r0, nr, mh, ml, r, c0, c2);
     else
       backward_columns<Center, W, 0>(a, r0, nr, mh, ml, r, c0, c2);

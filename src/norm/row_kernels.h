@@ -13,6 +13,9 @@
 
 #include <normlab/tensor.h>
 
+#include <cstdint>
+#include <initializer_list>
+
 namespace normlab::kernels {
 
 inline constexpr int kLanes = 16;
@@ -104,6 +107,32 @@ struct RowsBackwardOf {
   const double* srstd = nullptr;
 };
 using RowsBackward = RowsBackwardOf<float>;
+
+// The backward's column pass over a full group of rows of n ≥ kSplitMinN runs in two halves (same bits;
+// row_kernels-inl.h, backward_columns) where column_halves says so.
+inline constexpr Index kSplitMinN = 1024;
+
+// Whether the column pass of the four rows from dx, x, dy takes the halves: counted over the 32 pairs (row of
+// dx, row of x or dy), whether 16 or more start, modulo 4 KiB, within one cache line of each other (either
+// way), or, in cache (no streaming stores), within two. Fitted to paired runs over layouts at D = 1024, 1536
+// and 4000 (row_kernels-inl.h, backward_columns): in L3 the halves gained wherever the rows of dx started
+// within two lines of four of the eight rows of x and dy, out of cache only where they started at the same
+// offsets; elsewhere they lost 3-12 %.
+template <typename T>
+inline bool column_halves(const RowsBackwardOf<T>& a, Index r0) {
+  auto at = [](const T* p, Index ld, Index j) { return reinterpret_cast<std::uintptr_t>(p + j * ld); };
+  int same = 0, near = 0;
+  for (Index j = r0; j < r0 + 4; ++j) {
+    const std::uintptr_t d0 = at(a.dx, a.lddx, j);
+    for (Index k = r0; k < r0 + 4; ++k)
+      for (const std::uintptr_t p : {at(a.x, a.ldx, k), at(a.dy, a.lddy, k)}) {
+        const std::uintptr_t d = (p - d0) & 4095;
+        same += d < 64 || d > 4096 - 64;
+        near += d <= 128 || d >= 4096 - 128;
+      }
+  }
+  return same >= 16 || (!a.stream && near >= 16);
+}
 
 struct RowKernels {
   // With g = dy·w and x̂ = (x − mean)·rstd: sums[0] = Σ g, sums[1] = Σ g·x̂; and, when not null,

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "norm/row_kernels.h"
 #include "support/finite_diff.h"
 #include "support/random.h"
 #include "support/tolerance.h"
@@ -457,6 +458,96 @@ TEST(LayerNormDeterminism, RowBlocksGiveTheBitsOfSingleRows) {
     }
   }
   set_isa(saved);
+}
+
+// ---- buffer layouts: the backward's column pass in halves (row_kernels.h, column_halves) --------
+
+// Rows of dx that start (modulo 4 KiB) at the offsets of the rows of x and dy, as separate allocations of
+// rows of 1024·k floats do, take the column pass in two halves; rows of dx 2 KiB away, or rows whose
+// starts drift apart from row to row, do not. Within two cache lines only in cache (no streaming stores).
+TEST(LayerNormLayouts, ColumnPassHalvesAreChosenByTheBufferOffsets) {
+  alignas(4096) static float buf[3 * 16384];                           // three regions of 64 KiB
+  auto args = [&](Index n, Index dy_off, Index dx_off, bool stream) {  // offsets in floats, within a region
+    kernels::RowsBackward a;
+    a.x = buf;
+    a.dy = buf + 16384 + dy_off;
+    a.dx = buf + 2 * 16384 + dx_off;
+    a.ldx = a.lddy = a.lddx = n;
+    a.rows = 4;
+    a.n = n;
+    a.stream = stream;
+    return a;
+  };
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streaming stores" : "in cache");
+    EXPECT_TRUE(kernels::column_halves(args(1024, 0, 0, stream), 0));       // all at one offset
+    EXPECT_TRUE(kernels::column_halves(args(1024, 256, 256, stream), 0));   // dx at dy's offset
+    EXPECT_FALSE(kernels::column_halves(args(1024, 256, 512, stream), 0));  // dx 1 KiB from dy, 2 from x
+    EXPECT_FALSE(kernels::column_halves(args(4000, 0, 0, stream), 0));      // rows 384 B apart modulo 4 KiB
+    EXPECT_FALSE(kernels::column_halves(args(1024, 0, 1024 - 48, stream), 0));  // 192 B either way
+  }
+  // dx one line behind dy and two behind x: in cache only.
+  EXPECT_TRUE(kernels::column_halves(args(1024, 16, 32, false), 0));
+  EXPECT_FALSE(kernels::column_halves(args(1024, 16, 32, true), 0));
+}
+
+// Either way the column pass gives the same bits: dx, dγ and dβ of LayerNorm (the statistics recomputed,
+// or saved) and RMSNorm with dx at the page offset of x and dy (halves) and 2 KiB away (not), on every
+// SIMD target; rows of 1024, 1030 (a tail in the last chunk) and 2048, in groups of four and a last row.
+TEST(LayerNormLayouts, SameBitsWhicheverWayTheColumnPassRuns) {
+  std::mt19937_64 rng(23);
+  const Isa saved = active_isa();
+  for (const Index d : {1024, 1030, 2048}) {
+    constexpr Index kRows = 9;
+    const Index size = kRows * d;
+    // Page-aligned regions: x, dy, and dx at page offset 0 or 2048 bytes.
+    std::vector<float> store(static_cast<std::size_t>(4 * (size + 2048) + 1024));
+    float* const base =
+        reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(store.data()) + 4095) / 4096 * 4096);
+    auto region = [&](int k) { return base + k * ((size + 2047) / 1024 * 1024); };
+    float* const x = region(0);
+    float* const dy = region(1);
+    float* const dx_same = region(2);
+    float* const dx_apart = region(3) + 512;
+    const Tensor xt = testing::random_tensor({kRows, d}, rng, 2.0, 1.0),
+                 dyt = testing::random_tensor({kRows, d}, rng, 1.0, 0.0),
+                 w = testing::random_tensor({d}, rng, 1.0, 1.0);
+    std::copy(xt.data(), xt.data() + size, x);
+    std::copy(dyt.data(), dyt.data() + size, dy);
+    kernels::RowsBackward probe;
+    probe.x = x;
+    probe.dy = dy;
+    probe.ldx = probe.lddy = probe.lddx = d;
+    probe.dx = dx_same;
+    ASSERT_TRUE(kernels::column_halves(probe, 0));
+    probe.dx = dx_apart;
+    ASSERT_FALSE(kernels::column_halves(probe, 0));
+    const ConstView xv(x, {kRows, d}), dyv(dy, {kRows, d});
+    NormStats ln_stats, rms_stats;
+    Tensor y({kRows, d}), mean({kRows}), rstd({kRows});
+    layer_norm_forward(y.view(), mean.view(), rstd.view(), xv, w.cview(), {}, {1}, 1e-5, &ln_stats);
+    rms_norm_forward(y.view(), rstd.view(), xv, w.cview(), {1}, 1e-5, &rms_stats);
+    for (const Isa isa : supported_isas()) {
+      set_isa(isa);
+      for (int kind = 0; kind < 3; ++kind) {  // LayerNorm, LayerNorm from saved statistics, RMSNorm
+        Tensor dw[2] = {Tensor({d}), Tensor({d})}, db[2] = {Tensor({d}), Tensor({d})};
+        float* const outs[2] = {dx_same, dx_apart};
+        for (int v = 0; v < 2; ++v) {
+          const View dx(outs[v], {kRows, d});
+          if (kind == 0) layer_norm_backward(dx, dw[v].view(), db[v].view(), dyv, xv, w.cview(), {1}, 1e-5);
+          if (kind == 1)
+            layer_norm_backward_saved(dx, dw[v].view(), db[v].view(), dyv, xv, w.cview(), ln_stats);
+          if (kind == 2) rms_norm_backward(dx, dw[v].view(), dyv, xv, w.cview(), {1}, 1e-5);
+        }
+        const std::string what = fmt::format("{} D={} kind {}", isa_name(isa), d, kind);
+        EXPECT_TRUE(
+            bitwise_equal(ConstView(dx_same, {kRows, d}), ConstView(dx_apart, {kRows, d}), what + " dx"));
+        EXPECT_TRUE(bitwise_equal(dw[0].cview(), dw[1].cview(), what + " dweight"));
+        if (kind < 2) EXPECT_TRUE(bitwise_equal(db[0].cview(), db[1].cview(), what + " dbias"));
+      }
+    }
+    set_isa(saved);
+  }
 }
 
 // ---- aliasing, NaN policy -----------------------------------------------------------------------

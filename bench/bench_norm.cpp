@@ -816,6 +816,15 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("selfcheck", fmt::format("ok (worst peer vs normlab: {:.2g})", check_err));
   benchmark::AddCustomContext("onednn_bf16", lowp.onednn_bf16);
   benchmark::AddCustomContext("selfcheck_lowp", lowp.selfcheck);
+  // Where the buffers start in their 4 KiB pages: the row backward's speed depends on it
+  // (docs/PERFORMANCE.md, "seventeenth session").
+  for (const auto& [label, elems] :
+       {std::pair{"page_offsets_l3", kInCacheElems}, {"page_offsets_ooc", kOutOfCacheElems}}) {
+    const Pool& pool = GetPool(elems);
+    auto off = [](const Buffer& b) { return reinterpret_cast<std::uintptr_t>(b.get()) % 4096; };
+    benchmark::AddCustomContext(
+        label, fmt::format("x {}, y {}, dy {}, dx {}", off(pool.x), off(pool.y), off(pool.dy), off(pool.dx)));
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

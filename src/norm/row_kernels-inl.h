@@ -662,23 +662,45 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
     // (the row read first from memory: row s for Σx, row s − 1 for RMSNorm's Σx²)
     const T* const first = Center ? xa : xb;
     const bool pf = ahead && (Center ? do_mean : do_second);
-    for (Index i = 0; i < n; i += 64) {
-      if (pf) prefetch_ahead64(first + i);
-      if (do_mean) mean_block64<Center>(a0, a1, a2, a3, xa + i);
-      if (do_second) second_block64<Center>(q0, q1, xb + i, mhb);
-      if (do_out) {
-        for (int u = 0; u < 4; ++u) {
-          const Index k = i + u * kF;
-          VF v = mul(dev<Center>(load(xc + k), mhc, mlc), rc);
-          if constexpr (W) v = mul(v, load(wp + k));
-          if constexpr (B) v = add(v, load(bp + k));
-          if (st_c)
-            stream(yc + k, v);
-          else
-            store(yc + k, v);
+    // With `late` (output_late), each block's outputs are stored after the next block's loads (pend).
+    const bool late = do_out && output_late(yc, xc);
+    VF pend[4] = {zerof(), zerof(), zerof(), zerof()};
+    auto put = [&](const VF* v, Index i0) NL_FORCE_INLINE {
+      for (int u = 0; u < 4; ++u) {
+        if (st_c)
+          stream(yc + i0 + u * kF, v[u]);
+        else
+          store(yc + i0 + u * kF, v[u]);
+      }
+    };
+    auto columns = [&](auto late_c) NL_FORCE_INLINE {
+      constexpr bool Late = decltype(late_c)::value;
+      for (Index i = 0; i < n; i += 64) {
+        if (pf) prefetch_ahead64(first + i);
+        if (do_mean) mean_block64<Center>(a0, a1, a2, a3, xa + i);
+        if (do_second) second_block64<Center>(q0, q1, xb + i, mhb);
+        if (do_out) {
+          VF v[4];
+          for (int u = 0; u < 4; ++u) {
+            const Index k = i + u * kF;
+            v[u] = mul(dev<Center>(load(xc + k), mhc, mlc), rc);
+            if constexpr (W) v[u] = mul(v[u], load(wp + k));
+            if constexpr (B) v[u] = add(v[u], load(bp + k));
+          }
+          if constexpr (!Late) {
+            put(v, i);
+          } else {
+            if (i > 0) put(pend, i - 64);
+            for (int u = 0; u < 4; ++u) pend[u] = v[u];
+          }
         }
       }
-    }
+      if constexpr (Late) put(pend, n - 64);
+    };
+    if (late)
+      columns(std::true_type{});
+    else
+      columns(std::false_type{});
     if (do_second) {
       finish_rstd(sb, hsum(add(q0, q1)), n, a.eps);
       if (a.mean) a.mean[(s - 1) * a.ld_stats] = sb.mh;

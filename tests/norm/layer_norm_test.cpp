@@ -543,8 +543,65 @@ TEST(LayerNormLayouts, SameBitsWhicheverWayTheColumnPassRuns) {
         EXPECT_TRUE(
             bitwise_equal(ConstView(dx_same, {kRows, d}), ConstView(dx_apart, {kRows, d}), what + " dx"));
         EXPECT_TRUE(bitwise_equal(dw[0].cview(), dw[1].cview(), what + " dweight"));
-        if (kind < 2) EXPECT_TRUE(bitwise_equal(db[0].cview(), db[1].cview(), what + " dbias"));
+        if (kind < 2) {
+          EXPECT_TRUE(bitwise_equal(db[0].cview(), db[1].cview(), what + " dbias"));
+        }
       }
+    }
+    set_isa(saved);
+  }
+}
+
+// The pipelined forward (rows of a multiple of 64 from 256 on) stores each block of outputs after the next
+// block's loads where y starts one to five cache lines after x modulo 4 KiB (row_kernels.h, output_late).
+TEST(LayerNormLayouts, LateOutputStoresAreChosenByTheBufferOffsets) {
+  alignas(4096) static float buf[2048];
+  EXPECT_FALSE(kernels::output_late(buf, buf));        // in place, or the same page offset
+  EXPECT_TRUE(kernels::output_late(buf + 16, buf));    // y one line after x
+  EXPECT_TRUE(kernels::output_late(buf + 80, buf));    // five lines
+  EXPECT_FALSE(kernels::output_late(buf + 96, buf));   // six
+  EXPECT_FALSE(kernels::output_late(buf, buf + 32));   // y before x
+  EXPECT_TRUE(kernels::output_late(buf + 1056, buf));  // one line after, modulo 4 KiB
+}
+
+// Either way the forward gives the same bits: y, mean and rstd of LayerNorm and y, rstd of RMSNorm with y
+// 128 bytes after x (late stores) and 2 KiB after (not), on every SIMD target; rows of 256, 768 and 1024.
+TEST(LayerNormLayouts, ForwardSameBitsWhereverTheOutputLies) {
+  std::mt19937_64 rng(29);
+  const Isa saved = active_isa();
+  for (const Index d : {256, 768, 1024}) {
+    constexpr Index kRows = 7;
+    const Index size = kRows * d;
+    std::vector<float> store(static_cast<std::size_t>(3 * size + 4096));
+    float* const base =
+        reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(store.data()) + 4095) / 4096 * 4096);
+    float* const x = base;
+    const Index region = (size + 1023) / 1024 * 1024;  // whole pages
+    float* const y_late = base + region + 32;
+    float* const y_apart = base + 2 * region + 512;
+    ASSERT_TRUE(kernels::output_late(y_late, x));
+    ASSERT_FALSE(kernels::output_late(y_apart, x));
+    const Tensor xt = testing::random_tensor({kRows, d}, rng, 2.0, 1.0),
+                 w = testing::random_tensor({d}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({d}, rng, 0.5, 0.0);
+    std::copy(xt.data(), xt.data() + size, x);
+    const ConstView xv(x, {kRows, d});
+    for (const Isa isa : supported_isas()) {
+      set_isa(isa);
+      Tensor mean[2] = {Tensor({kRows}), Tensor({kRows})}, rstd[2] = {Tensor({kRows}), Tensor({kRows})};
+      float* const ys[2] = {y_late, y_apart};
+      const std::string what = fmt::format("{} D={}", isa_name(isa), d);
+      for (int v = 0; v < 2; ++v)
+        layer_norm_forward(View(ys[v], {kRows, d}), mean[v].view(), rstd[v].view(), xv, w.cview(), b.cview(),
+                           {1}, 1e-5);
+      EXPECT_TRUE(bitwise_equal(ConstView(y_late, {kRows, d}), ConstView(y_apart, {kRows, d}), what + " y"));
+      EXPECT_TRUE(bitwise_equal(mean[0].cview(), mean[1].cview(), what + " mean"));
+      EXPECT_TRUE(bitwise_equal(rstd[0].cview(), rstd[1].cview(), what + " rstd"));
+      for (int v = 0; v < 2; ++v)
+        rms_norm_forward(View(ys[v], {kRows, d}), rstd[v].view(), xv, w.cview(), {1}, 1e-6);
+      EXPECT_TRUE(
+          bitwise_equal(ConstView(y_late, {kRows, d}), ConstView(y_apart, {kRows, d}), what + " RMS y"));
+      EXPECT_TRUE(bitwise_equal(rstd[0].cview(), rstd[1].cview(), what + " RMS rstd"));
     }
     set_isa(saved);
   }

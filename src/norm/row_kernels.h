@@ -138,10 +138,10 @@ inline bool column_halves(const RowsBackwardOf<T>& a, Index r0) {
 // of 64 outputs late, after the next block's loads. A store to y followed soon by a load of x at the same
 // offset modulo 4 KiB stalls the load; with y starting one to five cache lines after x (modulo 4 KiB) the
 // loads of the next block or two meet the stores of this one. Paired runs (scripts/ab-rows with
-// NORMLAB_AB_PAGE_OFFSETS, 1 thread, in L3; docs/PERFORMANCE.md, "seventeenth session"): storing late took
-// 0.71-0.98 of the time with y 64-256 bytes ahead, 0.91-1.01 at 320, about 1.0 at 384, and 1.00-1.12 from 448
-// on (the stall then moves to the next blocks' loads), and 1.00-1.02 with y at x's offset. The same bits
-// either way.
+// NORMLAB_AB_PAGE_OFFSETS, 1 thread, in L3; docs/PERFORMANCE.md, "seventeenth session"), storing late
+// against storing at once: 0.71-0.98 of the time with y 64 or 128 bytes ahead, 0.77-1.01 at 256, 0.91-1.01
+// at 320, 0.99-1.03 at 384, 1.00-1.12 from 448 on (the stall then meets the next blocks' loads), 0.98-1.02
+// with y at x's offset. The same bits either way.
 inline constexpr std::uintptr_t kLateMaxBytes = 320;
 template <typename T>
 inline bool output_late(const T* y, const T* x) {

@@ -909,45 +909,28 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
     constexpr bool First = decltype(first_c)::value;
     // Whether dγ, dβ are summed: fixed at compile time with Fast, else per call.
     const bool want_w = Fast || dwp, want_b = Fast ? FastB : dbp != nullptr;
-    auto column = [&](Index i, int k, bool tail) NL_FORCE_INLINE {
-      const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
-      VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
-      for (int j = 0; j < nr; ++j) {
-        const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
-        const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
-        const VF d = dev<Center>(xv, mh[j], ml[j]);
-        const VF g = W ? mul(dyv, wv) : dyv;
-        VF gc = g;
-        if constexpr (Center) gc = sub(gc, c0[j]);
-        VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
-        if (!Fast && with_ds) dx = add(dx, tail ? load_n(dss[j] + i, k) : load(dss[j] + i));
-        if (tail)
-          store_n(dxs[j] + i, dx, k);
-        else if (!Fast && st_ok[j])
-          stream(dxs[j] + i, dx);
-        else
-          store(dxs[j] + i, dx);
-        if (want_w) tw[j] = mul(dyv, mul(d, r[j]));
-        if (want_b) tb[j] = dyv;
-      }
-      // The group's sum of the terms in fp32, (t0 + t1) + (t2 + t3) (fewer rows: the terms there are).
-      auto group = [&](const VF* t) NL_FORCE_INLINE {
-        if (nr == 1) return t[0];
-        if (nr == 2) return add(t[0], t[1]);
-        if (nr == 3) return add(add(t[0], t[1]), t[2]);
-        return add(add(t[0], t[1]), add(t[2], t[3]));
-      };
-      VD pw0{}, pw1{}, pb0{}, pb1{};
-      if (want_w) {
-        const VF g = group(tw);
-        pw0 = cvt_lo(g);
-        pw1 = cvt_hi(g);
-      }
-      if (want_b) {
-        const VF g = group(tb);
-        pb0 = cvt_lo(g);
-        pb1 = cvt_hi(g);
-      }
+    // dx of row j at columns i .. i + k from its loaded x and dy (xv, dyv), stored; its dγ, dβ terms into
+    // tw, tb.
+    auto row_dx = [&](int j, Index i, int k, bool tail, VF xv, VF dyv, VF wv, VF& tw, VF& tb)
+                      NL_FORCE_INLINE {
+                        const VF d = dev<Center>(xv, mh[j], ml[j]);
+                        const VF g = W ? mul(dyv, wv) : dyv;
+                        VF gc = g;
+                        if constexpr (Center) gc = sub(gc, c0[j]);
+                        VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
+                        if (!Fast && with_ds) dx = add(dx, tail ? load_n(dss[j] + i, k) : load(dss[j] + i));
+                        if (tail)
+                          store_n(dxs[j] + i, dx, k);
+                        else if (!Fast && st_ok[j])
+                          stream(dxs[j] + i, dx);
+                        else
+                          store(dxs[j] + i, dx);
+                        if (want_w) tw = mul(dyv, mul(d, r[j]));
+                        if (want_b) tb = dyv;
+                      };
+    // The group's float sums of the terms at columns i .. i + k (gw, gb), converted to double and added to
+    // (First: assigned to) the partial rows dw, db.
+    auto flush_sums = [&](Index i, int k, bool tail, VF gw, VF gb) NL_FORCE_INLINE {
       auto flush = [&](double* part, VD p0, VD p1) NL_FORCE_INLINE {
         if (!tail) {
           if (First) {
@@ -964,8 +947,25 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
         stored(t + kD, p1);
         for (int l = 0; l < k; ++l) part[i + l] = First ? t[l] : part[i + l] + t[l];
       };
-      if (want_w) flush(dwp, pw0, pw1);
-      if (want_b) flush(dbp, pb0, pb1);
+      if (want_w) flush(dwp, cvt_lo(gw), cvt_hi(gw));
+      if (want_b) flush(dbp, cvt_lo(gb), cvt_hi(gb));
+    };
+    auto column = [&](Index i, int k, bool tail) NL_FORCE_INLINE {
+      const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
+      VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
+      for (int j = 0; j < nr; ++j) {
+        const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
+        const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
+        row_dx(j, i, k, tail, xv, dyv, wv, tw[j], tb[j]);
+      }
+      // The group's sum of the terms in fp32, (t0 + t1) + (t2 + t3) (fewer rows: the terms there are).
+      auto group = [&](const VF* t) NL_FORCE_INLINE {
+        if (nr == 1) return t[0];
+        if (nr == 2) return add(t[0], t[1]);
+        if (nr == 3) return add(add(t[0], t[1]), t[2]);
+        return add(add(t[0], t[1]), add(t[2], t[3]));
+      };
+      flush_sums(i, k, tail, want_w ? group(tw) : z, want_b ? group(tb) : z);
     };
     // Full groups of long rows: per chunk of kSplitChunk columns, rows 0 and 1, then rows 2 and 3, the
     // pair sums (t0 + t1) of the first half kept in float in an L1 scratch (the same bits as column()).
@@ -980,23 +980,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
           xv[u] = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
           dyv[u] = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
         }
-        for (int u = 0; u < 2; ++u) {
-          const int j = 2 * h + u;
-          const VF d = dev<Center>(xv[u], mh[j], ml[j]);
-          const VF g = W ? mul(dyv[u], wv) : dyv[u];
-          VF gc = g;
-          if constexpr (Center) gc = sub(gc, c0[j]);
-          VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
-          if (!Fast && with_ds) dx = add(dx, tail ? load_n(dss[j] + i, k) : load(dss[j] + i));
-          if (tail)
-            store_n(dxs[j] + i, dx, k);
-          else if (!Fast && st_ok[j])
-            stream(dxs[j] + i, dx);
-          else
-            store(dxs[j] + i, dx);
-          if (want_w) tw[u] = mul(dyv[u], mul(d, r[j]));
-          if (want_b) tb[u] = dyv[u];
-        }
+        for (int u = 0; u < 2; ++u) row_dx(2 * h + u, i, k, tail, xv[u], dyv[u], wv, tw[u], tb[u]);
         float* const pw = sw + (i - cb);
         float* const pb = sb + (i - cb);
         if (h == 0) {
@@ -1004,35 +988,8 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
           if (want_b) store(pb, add(tb[0], tb[1]));
           return;
         }
-        VD pw0{}, pw1{}, pb0{}, pb1{};
-        if (want_w) {
-          const VF g = add(load(pw), add(tw[0], tw[1]));
-          pw0 = cvt_lo(g);
-          pw1 = cvt_hi(g);
-        }
-        if (want_b) {
-          const VF g = add(load(pb), add(tb[0], tb[1]));
-          pb0 = cvt_lo(g);
-          pb1 = cvt_hi(g);
-        }
-        auto flush = [&](double* part, VD p0, VD p1) NL_FORCE_INLINE {
-          if (!tail) {
-            if (First) {
-              stored(part + i, p0);
-              stored(part + i + kD, p1);
-            } else {
-              stored(part + i, add(loadd(part + i), p0));
-              stored(part + i + kD, add(loadd(part + i + kD), p1));
-            }
-            return;
-          }
-          double t[kF];
-          stored(t, p0);
-          stored(t + kD, p1);
-          for (int l = 0; l < k; ++l) part[i + l] = First ? t[l] : part[i + l] + t[l];
-        };
-        if (want_w) flush(dwp, pw0, pw1);
-        if (want_b) flush(dbp, pb0, pb1);
+        flush_sums(i, k, tail, want_w ? add(load(pw), add(tw[0], tw[1])) : z,
+                   want_b ? add(load(pb), add(tb[0], tb[1])) : z);
       };
       for (Index cb = 0; cb < n; cb += kSplitChunk) {
         const Index ce = std::min(n, cb + kSplitChunk);

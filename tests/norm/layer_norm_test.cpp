@@ -460,7 +460,19 @@ TEST(LayerNormDeterminism, RowBlocksGiveTheBitsOfSingleRows) {
   set_isa(saved);
 }
 
-// ---- buffer layouts: the backward's column pass in halves (row_kernels.h, column_halves) --------
+// ---- buffer layouts: where x, dy and the output start in their pages (row_kernels.h) -------------
+
+// k regions of whole 4 KiB pages, each with room for n floats and one more page (for an offset into it).
+struct PageRegions {
+  Index stride;
+  std::vector<float> store;
+  float* base;
+  PageRegions(int k, Index n)
+      : stride((n + 1023) / 1024 * 1024 + 1024), store(static_cast<std::size_t>(k * stride + 1024)) {
+    base = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(store.data()) + 4095) / 4096 * 4096);
+  }
+  float* operator[](int i) const { return base + i * stride; }
+};
 
 // Rows of dx that start (modulo 4 KiB) at the offsets of the rows of x and dy, as separate allocations of
 // rows of 1024·k floats do, take the column pass in two halves; rows of dx 2 KiB away, or rows whose
@@ -501,14 +513,11 @@ TEST(LayerNormLayouts, SameBitsWhicheverWayTheColumnPassRuns) {
     constexpr Index kRows = 9;
     const Index size = kRows * d;
     // Page-aligned regions: x, dy, and dx at page offset 0 or 2048 bytes.
-    std::vector<float> store(static_cast<std::size_t>(4 * (size + 2048) + 1024));
-    float* const base =
-        reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(store.data()) + 4095) / 4096 * 4096);
-    auto region = [&](int k) { return base + k * ((size + 2047) / 1024 * 1024); };
-    float* const x = region(0);
-    float* const dy = region(1);
-    float* const dx_same = region(2);
-    float* const dx_apart = region(3) + 512;
+    const PageRegions reg(4, size);
+    float* const x = reg[0];
+    float* const dy = reg[1];
+    float* const dx_same = reg[2];
+    float* const dx_apart = reg[3] + 512;
     const Tensor xt = testing::random_tensor({kRows, d}, rng, 2.0, 1.0),
                  dyt = testing::random_tensor({kRows, d}, rng, 1.0, 0.0),
                  w = testing::random_tensor({d}, rng, 1.0, 1.0);
@@ -572,13 +581,10 @@ TEST(LayerNormLayouts, ForwardSameBitsWhereverTheOutputLies) {
   for (const Index d : {256, 768, 1024}) {
     constexpr Index kRows = 7;
     const Index size = kRows * d;
-    std::vector<float> store(static_cast<std::size_t>(3 * size + 4096));
-    float* const base =
-        reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(store.data()) + 4095) / 4096 * 4096);
-    float* const x = base;
-    const Index region = (size + 1023) / 1024 * 1024;  // whole pages
-    float* const y_late = base + region + 32;
-    float* const y_apart = base + 2 * region + 512;
+    const PageRegions reg(3, size);
+    float* const x = reg[0];
+    float* const y_late = reg[1] + 32;
+    float* const y_apart = reg[2] + 512;
     ASSERT_TRUE(kernels::output_late(y_late, x));
     ASSERT_FALSE(kernels::output_late(y_apart, x));
     const Tensor xt = testing::random_tensor({kRows, d}, rng, 2.0, 1.0),

@@ -61,6 +61,7 @@ namespace {
 
 using normlab::bfloat16;
 using normlab::Index;
+using normlab::bench::page_offset;
 using normlab::bench::parse_positive;
 namespace k = normlab::kernels;
 
@@ -105,10 +106,6 @@ struct Placed {
     p = reinterpret_cast<T*>(page + static_cast<std::uintptr_t>(off));
   }
 };
-
-int page_offset(const void* p) {
-  return static_cast<int>(reinterpret_cast<std::uintptr_t>(p) % 4096);
-}
 
 // NORMLAB_AB_PAGE_OFFSETS=X,DY,OUT: the page offsets of the row kernels' buffers; unset: -1 (the
 // allocator's).

@@ -821,7 +821,7 @@ int main(int argc, char** argv) {
   for (const auto& [label, elems] :
        {std::pair{"page_offsets_l3", kInCacheElems}, {"page_offsets_ooc", kOutOfCacheElems}}) {
     const Pool& pool = GetPool(elems);
-    auto off = [](const Buffer& b) { return reinterpret_cast<std::uintptr_t>(b.get()) % 4096; };
+    auto off = [](const Buffer& b) { return normlab::bench::page_offset(b.get()); };
     benchmark::AddCustomContext(
         label, fmt::format("x {}, y {}, dy {}, dx {}", off(pool.x), off(pool.y), off(pool.dy), off(pool.dx)));
   }

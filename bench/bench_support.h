@@ -30,6 +30,12 @@ BufferOf<T> Allocate(Index n) {
 }
 inline Buffer AllocateFloats(Index n) { return Allocate<float>(n); }
 
+// Where p starts in its 4 KiB page, in bytes (the row kernels' speed depends on the buffers' offsets:
+// docs/PERFORMANCE.md, "seventeenth session").
+inline int page_offset(const void* p) {
+  return static_cast<int>(reinterpret_cast<std::uintptr_t>(p) % 4096);
+}
+
 // A command-line count: a positive decimal integer, or std::invalid_argument naming `what`.
 inline long parse_positive(const char* s, const char* what) {
   char* end = nullptr;

@@ -909,6 +909,9 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
     constexpr bool First = decltype(first_c)::value;
     // Whether dγ, dβ are summed: fixed at compile time with Fast, else per call.
     const bool want_w = Fast || dwp, want_b = Fast ? FastB : dbp != nullptr;
+    // The floats at columns i .. i + k of the row at p (the tail: k < kF, the rest of the vector 0).
+    auto cols = [](const auto* p, Index i, int k, bool tail)
+                    NL_FORCE_INLINE { return tail ? load_n(p + i, k) : load(p + i); };
     // dx of row j at columns i .. i + k from its loaded x and dy (xv, dyv), stored; its dγ, dβ terms into
     // tw, tb.
     auto row_dx = [&](int j, Index i, int k, bool tail, VF xv, VF dyv, VF wv, VF& tw, VF& tb)
@@ -918,7 +921,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
                         VF gc = g;
                         if constexpr (Center) gc = sub(gc, c0[j]);
                         VF dx = mul(r[j], sub(gc, mul(d, c2[j])));
-                        if (!Fast && with_ds) dx = add(dx, tail ? load_n(dss[j] + i, k) : load(dss[j] + i));
+                        if (!Fast && with_ds) dx = add(dx, cols(dss[j], i, k, tail));
                         if (tail)
                           store_n(dxs[j] + i, dx, k);
                         else if (!Fast && st_ok[j])
@@ -951,12 +954,10 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
       if (want_b) flush(dbp, cvt_lo(gb), cvt_hi(gb));
     };
     auto column = [&](Index i, int k, bool tail) NL_FORCE_INLINE {
-      const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
+      const VF wv = W ? cols(wp, i, k, tail) : z;
       VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
       for (int j = 0; j < nr; ++j) {
-        const VF xv = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
-        const VF dyv = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
-        row_dx(j, i, k, tail, xv, dyv, wv, tw[j], tb[j]);
+        row_dx(j, i, k, tail, cols(xs[j], i, k, tail), cols(dys[j], i, k, tail), wv, tw[j], tb[j]);
       }
       // The group's sum of the terms in fp32, (t0 + t1) + (t2 + t3) (fewer rows: the terms there are).
       auto group = [&](const VF* t) NL_FORCE_INLINE {
@@ -972,13 +973,13 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
     if constexpr (Halves && NR == 4) {
       alignas(64) float sw[kSplitChunk], sb[kSplitChunk];
       auto half = [&](Index cb, Index i, int k, bool tail, int h) NL_FORCE_INLINE {
-        const VF wv = W ? (tail ? load_n(wp + i, k) : load(wp + i)) : z;
+        const VF wv = W ? cols(wp, i, k, tail) : z;
         VF tw[2], tb[2];
         VF xv[2], dyv[2];
         for (int u = 0; u < 2; ++u) {
           const int j = 2 * h + u;
-          xv[u] = tail ? load_n(xs[j] + i, k) : load(xs[j] + i);
-          dyv[u] = tail ? load_n(dys[j] + i, k) : load(dys[j] + i);
+          xv[u] = cols(xs[j], i, k, tail);
+          dyv[u] = cols(dys[j], i, k, tail);
         }
         for (int u = 0; u < 2; ++u) row_dx(2 * h + u, i, k, tail, xv[u], dyv[u], wv, tw[u], tb[u]);
         float* const pw = sw + (i - cb);

@@ -108,6 +108,11 @@ struct RowsBackwardOf {
 };
 using RowsBackward = RowsBackwardOf<float>;
 
+// (b − a) modulo 4 KiB, in bytes: how far b starts after a within a page (the layout rules below).
+inline std::uintptr_t page_delta(const void* a, const void* b) {
+  return (reinterpret_cast<std::uintptr_t>(b) - reinterpret_cast<std::uintptr_t>(a)) & 4095;
+}
+
 // The backward's column pass over a full group of rows of n ≥ kSplitMinN runs in two halves (same bits;
 // row_kernels-inl.h, backward_columns) where column_halves says so.
 inline constexpr Index kSplitMinN = 1024;
@@ -120,13 +125,12 @@ inline constexpr Index kSplitMinN = 1024;
 // offsets; elsewhere they lost 3-12 %.
 template <typename T>
 inline bool column_halves(const RowsBackwardOf<T>& a, Index r0) {
-  auto at = [](const T* p, Index ld, Index j) { return reinterpret_cast<std::uintptr_t>(p + j * ld); };
   int same = 0, near = 0;
   for (Index j = r0; j < r0 + 4; ++j) {
-    const std::uintptr_t d0 = at(a.dx, a.lddx, j);
+    const T* const dx = a.dx + j * a.lddx;
     for (Index k = r0; k < r0 + 4; ++k)
-      for (const std::uintptr_t p : {at(a.x, a.ldx, k), at(a.dy, a.lddy, k)}) {
-        const std::uintptr_t d = (p - d0) & 4095;
+      for (const T* p : {a.x + k * a.ldx, a.dy + k * a.lddy}) {
+        const std::uintptr_t d = page_delta(dx, p);
         same += d < 64 || d > 4096 - 64;
         near += d <= 128 || d >= 4096 - 128;
       }
@@ -145,7 +149,7 @@ inline bool column_halves(const RowsBackwardOf<T>& a, Index r0) {
 inline constexpr std::uintptr_t kLateMaxBytes = 320;
 template <typename T>
 inline bool output_late(const T* y, const T* x) {
-  const std::uintptr_t d = (reinterpret_cast<std::uintptr_t>(y) - reinterpret_cast<std::uintptr_t>(x)) & 4095;
+  const std::uintptr_t d = page_delta(x, y);
   return d > 0 && d <= kLateMaxBytes;
 }
 

@@ -49,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
 #include <random>
 #include <stdexcept>
@@ -75,17 +76,29 @@ std::uint64_t hash_bits(const T* p, std::size_t n, std::uint64_t h = 0) {
   return h;
 }
 
-// 64-byte aligned storage, as the library's tensors have: an output row that starts on a cache line can
-// take the non-temporal stores (stream_ok), as it does through the library.
+// Storage as the library's tensors have it (tensor.h, "storage"): 64-byte aligned, so that an output row
+// that starts on a cache line can take the non-temporal stores (stream_ok) as it does through the library,
+// and 2 MiB or more on transparent huge pages unless NORMLAB_HUGE_PAGES=0.
 template <typename T>
 struct Aligned64 {
   using value_type = T;
   Aligned64() = default;
   template <typename U>
   Aligned64(const Aligned64<U>&) {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, std::size_t) { ::operator delete (p, std::align_val_t{64}); }
+  T* allocate(std::size_t n) {
+    const normlab::detail::Storage st = normlab::detail::allocate_storage(n * sizeof(T));
+    mapped_[st.p] = st.mapped;
+    return static_cast<T*>(st.p);
+  }
+  void deallocate(T* p, std::size_t) {
+    const auto it = mapped_.find(p);
+    normlab::detail::free_storage(p, it->second);
+    mapped_.erase(it);
+  }
   bool operator==(const Aligned64&) const { return true; }
+
+ private:
+  static inline std::map<void*, std::size_t> mapped_;  // the mapping lengths of the live buffers
 };
 template <typename T>
 using Buf = std::vector<T, Aligned64<T>>;
@@ -281,10 +294,12 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   p.db.resize(parts);
 
   Run<T> r{p, x.p, dy.p, out.p, backward, kernel.find("saved") != std::string::npos};
-  char label[96];
-  std::snprintf(label, sizeof label, "%lldx%lld (page offsets: x %d, dy %d, out %d)",
-                static_cast<long long>(rows), static_cast<long long>(n), page_offset(x.p), page_offset(dy.p),
-                page_offset(out.p));
+  char label[128];
+  std::snprintf(
+      label, sizeof label, "%lldx%lld (page offsets: x %d, dy %d, out %d; huge pages: %s)",
+      static_cast<long long>(rows), static_cast<long long>(n), page_offset(x.p), page_offset(dy.p),
+      page_offset(out.p),
+      normlab::detail::huge_page_storage(static_cast<std::size_t>(size) * sizeof(T)) ? "advised" : "no");
   paired(kernel, label, calls, r, [&] {
     std::uint64_t h = hash_bits(out.p, size);
     if (backward) h = hash_bits(p.dw.data(), p.dw.size(), hash_bits(p.db.data(), p.db.size(), h));

@@ -825,6 +825,9 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext(
         label, fmt::format("x {}, y {}, dy {}, dx {}", off(pool.x), off(pool.y), off(pool.dy), off(pool.dx)));
   }
+  // Whether the pools are on transparent huge pages (tensor.h, "storage"; docs/PERFORMANCE.md, "eighteenth
+  // session"): out of cache the kernels and the copies run 1.3-1.8× faster on them on the development VM.
+  benchmark::AddCustomContext("huge_pages", normlab::bench::huge_page_report());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

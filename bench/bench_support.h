@@ -16,19 +16,50 @@
 
 namespace normlab::bench {
 
-struct AlignedFree {
-  void operator()(void* p) const { ::operator delete(p, std::align_val_t(64)); }
-};
+// Buffers come from the allocation of normlab's tensors (tensor.h, "storage": 2 MiB or more on
+// transparent huge pages unless NORMLAB_HUGE_PAGES=0), so that every implementation a benchmark compares
+// reads and writes the memory a normlab user's tensors get.
 template <typename T>
-using BufferOf = std::unique_ptr<T, AlignedFree>;
+using BufferOf = std::unique_ptr<T, detail::StorageFree>;
 using Buffer = BufferOf<float>;
 
 // n elements of T, 64-byte aligned, uninitialized.
 template <typename T>
 BufferOf<T> Allocate(Index n) {
-  return BufferOf<T>(static_cast<T*>(::operator new(static_cast<std::size_t>(n) * sizeof(T), std::align_val_t(64))));
+  const detail::Storage st = detail::allocate_storage(static_cast<std::size_t>(n) * sizeof(T));
+  return BufferOf<T>(static_cast<T*>(st.p), detail::StorageFree{st.mapped});
 }
 inline Buffer AllocateFloats(Index n) { return Allocate<float>(n); }
+
+// How the benchmark's large buffers are backed, for the run's context: whether the library advises huge
+// pages (NORMLAB_HUGE_PAGES), the system's transparent-huge-page mode, and how much of the process is on
+// anonymous huge pages now (/proc/self/smaps_rollup), e.g. "advised; THP madvise; 1536 MiB on huge pages".
+inline std::string huge_page_report() {
+  auto first_line = [](const char* path, const char* key) -> std::string {
+    std::FILE* f = std::fopen(path, "r");
+    if (!f) return "";
+    char line[256];
+    std::string found;
+    while (std::fgets(line, sizeof line, f)) {
+      const std::string l = line;
+      if (key == nullptr || l.rfind(key, 0) == 0) {
+        found = l;
+        break;
+      }
+    }
+    std::fclose(f);
+    while (!found.empty() && (found.back() == '\n' || found.back() == ' ')) found.pop_back();
+    return found;
+  };
+  std::string r = detail::huge_page_storage(kHugePageBytes) ? "advised" : "not advised";
+  const std::string mode = first_line("/sys/kernel/mm/transparent_hugepage/enabled", nullptr);
+  const std::size_t a = mode.find('['), b = mode.find(']');
+  r += "; THP " + (a != std::string::npos && b > a ? mode.substr(a + 1, b - a - 1) : std::string("unknown"));
+  const std::string anon = first_line("/proc/self/smaps_rollup", "AnonHugePages:");
+  if (!anon.empty())
+    r += "; " + std::to_string(std::strtoll(anon.c_str() + 14, nullptr, 10) / 1024) + " MiB on huge pages";
+  return r;
+}
 
 // Where p starts in its 4 KiB page, in bytes (the row kernels' speed depends on the buffers' offsets:
 // docs/PERFORMANCE.md, "seventeenth session").

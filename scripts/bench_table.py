@@ -140,7 +140,8 @@ def print_run(run, wide, best):
     reduced = " (best of them)" if best and reps > 1 else ""
     print(f"isa: {ctx.get('isa', '?')}, host: {ctx.get('host_name', '?')}, "
           f"{ctx.get('num_cpus', '?')} CPUs @ {ctx.get('mhz_per_cpu', '?')} MHz, "
-          f"date: {ctx.get('date', '?')}, load average at start: {load}, repetitions: {reps}{reduced}\n")
+          f"date: {ctx.get('date', '?')}, load average at start: {load}, repetitions: {reps}{reduced}"
+          f"{', huge pages: ' + ctx['huge_pages'] if 'huge_pages' in ctx else ''}\n")
 
     shapes = sorted({s for (_, _, s) in res}, key=shape_order)
     refs = copy_references(res)

@@ -247,13 +247,35 @@ void for_each_offset(const Dims& shape, const Dims& strides, F&& f) {
   }
 }
 
+// ---- storage ------------------------------------------------------------------------------------------
+//
+// BasicTensor's storage: 64-byte aligned. On Linux an allocation of kHugePageBytes (2 MiB) or more is its
+// own anonymous mapping, starting on a 2 MiB boundary and advised for transparent huge pages
+// (madvise(MADV_HUGEPAGE)), so that the kernel can back it with 2 MiB pages where the system allows them
+// (/sys/kernel/mm/transparent_hugepage/enabled set to "madvise" or "always"). A kernel streaming through
+// hundreds of MiB then misses the TLB once per 2 MiB instead of once per 4 KiB: on the development VM the
+// LayerNorm forward out of cache took 0.55-0.8 of the time on such memory (docs/PERFORMANCE.md,
+// "eighteenth session"). The environment variable NORMLAB_HUGE_PAGES=0 turns this off (read at each
+// allocation): every allocation then comes from the aligned operator new.
+inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 namespace detail {
-struct AlignedFree {
-  void operator()(void* p) const { ::operator delete(p, std::align_val_t(kAlignment)); }
+struct Storage {
+  void* p = nullptr;
+  std::size_t mapped = 0;  // the length of its own mapping; 0: from operator new
+};
+// Throws std::bad_alloc when the memory cannot be had.
+Storage allocate_storage(std::size_t bytes);
+void free_storage(void* p, std::size_t mapped) noexcept;
+// Whether allocate_storage(bytes) maps and advises the memory (Linux, bytes ≥ kHugePageBytes, and not
+// NORMLAB_HUGE_PAGES=0).
+bool huge_page_storage(std::size_t bytes);
+struct StorageFree {
+  std::size_t mapped = 0;
+  void operator()(void* p) const noexcept { free_storage(p, mapped); }
 };
 }  // namespace detail
 
-// An owning, contiguous, 64-byte-aligned tensor. Zero-initialized on construction.
+// An owning, contiguous, 64-byte-aligned tensor (storage: above). Zero-initialized on construction.
 template <typename T>
 class BasicTensor {
  public:
@@ -263,7 +285,8 @@ class BasicTensor {
       NL_CHECK(shape[i] >= 0, "negative size {} on axis {} of shape {}", shape[i], i, shape.str());
     const Index n = shape.product();
     const std::size_t bytes = std::max<std::size_t>(static_cast<std::size_t>(n) * sizeof(T), kAlignment);
-    data_.reset(static_cast<T*>(::operator new(bytes, std::align_val_t(kAlignment))));
+    const detail::Storage st = detail::allocate_storage(bytes);
+    data_ = std::unique_ptr<T, detail::StorageFree>(static_cast<T*>(st.p), detail::StorageFree{st.mapped});
     std::fill_n(data_.get(), n, T{});
   }
   BasicTensor(Dims shape, std::initializer_list<T> values) : BasicTensor(shape) {
@@ -298,7 +321,7 @@ class BasicTensor {
   TensorView<const T> cview() const { return view(); }
 
  private:
-  std::unique_ptr<T, detail::AlignedFree> data_;
+  std::unique_ptr<T, detail::StorageFree> data_;
   Dims shape_;
 };
 

@@ -2,6 +2,7 @@
 #include <normlab/tensor.h>
 
 namespace normlab {
+
 // Explicit instantiations catch template errors at library build time.
 template class TensorView<float>;
 template class TensorView<const float>;

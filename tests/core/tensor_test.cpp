@@ -2,6 +2,10 @@
 #include <normlab/tensor.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "support/tolerance.h"
 
@@ -23,6 +27,70 @@ TEST(Tensor, OwningTensorIsAlignedAndZeroed) {
   Tensor e({0, 4});
   EXPECT_EQ(e.numel(), 0);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(e.data()) % kAlignment, 0u);
+}
+
+// The VmFlags line of the mapping that holds p, from /proc/self/smaps ("" where there is none).
+std::string vm_flags_of(const void* p) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return "";
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  char line[512];
+  bool inside = false;
+  std::string flags;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0;
+    char dash = 0;
+    if (std::sscanf(line, "%lx%c%lx ", &lo, &dash, &hi) == 3 && dash == '-') {
+      inside = lo <= a && a < hi;
+      continue;
+    }
+    if (inside && std::string(line).rfind("VmFlags:", 0) == 0) {
+      flags = line;
+      break;
+    }
+  }
+  std::fclose(f);
+  return flags;
+}
+
+// tensor.h, "storage": 2 MiB or more in a mapping of its own, on a 2 MiB boundary, advised for transparent
+// huge pages ("hg" in the mapping's VmFlags); less than that, or with NORMLAB_HUGE_PAGES=0, or in an
+// AddressSanitizer build, from the aligned operator new. Zeroed and writable to the last element either way.
+TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
+  const Index big = static_cast<Index>(kHugePageBytes / sizeof(float)) + 1001;  // 2 MiB and a tail
+  const char* outer = std::getenv("NORMLAB_HUGE_PAGES");                        // put back at the end
+  const std::string saved = outer ? outer : "";
+  ASSERT_EQ(unsetenv("NORMLAB_HUGE_PAGES"), 0);
+  EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes - 1));
+  {
+    Tensor t({big});
+    const auto addr = reinterpret_cast<std::uintptr_t>(t.data());
+    EXPECT_EQ(addr % kAlignment, 0u);
+    EXPECT_EQ(t[0], 0.0f);
+    EXPECT_EQ(t[big - 1], 0.0f);
+    t[big - 1] = 7.0f;
+    Tensor moved = std::move(t);  // the storage (and its unmapping) goes with it
+    EXPECT_EQ(moved[big - 1], 7.0f);
+#if defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
+    EXPECT_TRUE(detail::huge_page_storage(kHugePageBytes));
+    EXPECT_EQ(addr % kHugePageBytes, 0u);
+    EXPECT_NE(vm_flags_of(moved.data()).find(" hg"), std::string::npos) << vm_flags_of(moved.data());
+#else
+    EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes));
+#endif
+  }
+  ASSERT_EQ(setenv("NORMLAB_HUGE_PAGES", "0", 1), 0);
+  EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes));
+  {
+    Tensor t({big});
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.data()) % kAlignment, 0u);
+    EXPECT_EQ(vm_flags_of(t.data()).find(" hg"), std::string::npos);
+    EXPECT_EQ(t[big - 1], 0.0f);
+  }
+  if (outer)
+    ASSERT_EQ(setenv("NORMLAB_HUGE_PAGES", saved.c_str(), 1), 0);
+  else
+    ASSERT_EQ(unsetenv("NORMLAB_HUGE_PAGES"), 0);
 }
 
 TEST(Tensor, ContiguousStridesAreRowMajor) {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 namespace normlab::kernels {
 
@@ -151,6 +152,22 @@ template <typename T>
 inline bool output_late(const T* y, const T* x) {
   const std::uintptr_t d = page_delta(x, y);
   return d > 0 && d <= kLateMaxBytes;
+}
+
+// Whether the forward runs the software-pipelined kernel (Σx of row s, the second pass of row s − 1 and the
+// output of row s − 2 in one loop; row_kernels-inl.h): rows of n a multiple of 64 from 256 on, except fp32
+// LayerNorm rows of kUnpipelinedMinN or more out of cache (stream), which take the kernel of row blocks (each
+// stage over a block of rows before the next; the same bits). Paired runs on transparent huge pages
+// (scripts/ab-rows, 1 thread, three processes; docs/PERFORMANCE.md, "eighteenth session"), blocks against
+// pipelined: 0.84-0.85 of the time at D = 2048, 0.82-0.85 at 4096, 0.76-0.77 at 8192, 0.73-0.74 at 16384,
+// but 1.04-1.06 at 1024 and 1.42-1.52 at 768; the bf16 LayerNorm took 1.02-1.23 and RMSNorm 0.97-1.26 at
+// 2048-16384, so those stay pipelined.
+inline constexpr Index kUnpipelinedMinN = 2048;
+template <typename T>
+inline bool forward_pipelined(const RowsForwardOf<T>& a) {
+  const bool long_fp32_ln_stream =
+      std::is_same_v<T, float> && a.center && a.stream && a.n >= kUnpipelinedMinN;
+  return a.n % 64 == 0 && a.n >= 256 && !long_fp32_ln_stream;
 }
 
 struct RowKernels {

@@ -7,6 +7,7 @@
 #include <normlab/simd.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "norm/row_kernels.h"
@@ -608,6 +609,62 @@ TEST(LayerNormLayouts, ForwardSameBitsWhereverTheOutputLies) {
       EXPECT_TRUE(
           bitwise_equal(ConstView(y_late, {kRows, d}), ConstView(y_apart, {kRows, d}), what + " RMS y"));
       EXPECT_TRUE(bitwise_equal(rstd[0].cview(), rstd[1].cview(), what + " RMS rstd"));
+    }
+    set_isa(saved);
+  }
+}
+
+// Long fp32 LayerNorm rows out of cache (streaming stores) take the kernel of row blocks instead of the
+// pipelined one (kernels::forward_pipelined): the same y, mean and rstd (and the saved double statistics)
+// bit for bit, on every SIMD target. RMSNorm and the 16-bit types stay pipelined.
+TEST(LayerNormLayouts, LongRowsOutOfCacheTakeTheRowBlocksWithTheSameBits) {
+  std::mt19937_64 rng(31);
+  const Isa saved = active_isa();
+  for (const Index d : {kernels::kUnpipelinedMinN, Index{4096}}) {
+    constexpr Index kRows = 5;
+    const Tensor x = testing::random_tensor({kRows, d}, rng, 2.0, 3.0),
+                 w = testing::random_tensor({d}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({d}, rng, 0.5, 0.0);
+    kernels::RowsForward a;
+    a.x = x.data();
+    a.ldx = a.ldy = d;
+    a.rows = kRows;
+    a.n = d;
+    a.w = w.data();
+    a.b = b.data();
+    a.eps = 1e-5;
+    a.ld_stats = 1;
+    a.stream = false;
+    EXPECT_TRUE(kernels::forward_pipelined(a));
+    a.stream = true;
+    EXPECT_FALSE(kernels::forward_pipelined(a));
+    kernels::RowsForwardOf<bfloat16> a16;
+    a16.n = d;
+    a16.stream = true;
+    EXPECT_TRUE(kernels::forward_pipelined(a16));
+    a.center = false;
+    EXPECT_TRUE(kernels::forward_pipelined(a));
+    a.center = true;
+    for (const Isa isa : supported_isas()) {
+      set_isa(isa);
+      const std::string what = fmt::format("{} D={}", isa_name(isa), d);
+      Tensor y[2] = {Tensor({kRows, d}), Tensor({kRows, d})}, mean[2] = {Tensor({kRows}), Tensor({kRows})},
+             rstd[2] = {Tensor({kRows}), Tensor({kRows})};
+      double smean[2][kRows], srstd[2][kRows];
+      for (int v = 0; v < 2; ++v) {
+        a.stream = v == 1;
+        a.y = y[v].data();
+        a.mean = mean[v].data();
+        a.rstd = rstd[v].data();
+        a.smean = smean[v];
+        a.srstd = srstd[v];
+        kernels::row_kernels().rows_forward(a);
+      }
+      EXPECT_TRUE(bitwise_equal(y[0].cview(), y[1].cview(), what + " y"));
+      EXPECT_TRUE(bitwise_equal(mean[0].cview(), mean[1].cview(), what + " mean"));
+      EXPECT_TRUE(bitwise_equal(rstd[0].cview(), rstd[1].cview(), what + " rstd"));
+      EXPECT_EQ(std::memcmp(smean[0], smean[1], sizeof smean[0]), 0) << what;
+      EXPECT_EQ(std::memcmp(srstd[0], srstd[1], sizeof srstd[0]), 0) << what;
     }
     set_isa(saved);
   }

@@ -159,9 +159,9 @@ inline bool output_late(const T* y, const T* x) {
 // LayerNorm rows of kUnpipelinedMinN or more out of cache (stream), which take the kernel of row blocks (each
 // stage over a block of rows before the next; the same bits). Paired runs on transparent huge pages
 // (scripts/ab-rows, 1 thread, three processes; docs/PERFORMANCE.md, "eighteenth session"), blocks against
-// pipelined: 0.84-0.85 of the time at D = 2048, 0.82-0.85 at 4096, 0.76-0.77 at 8192, 0.73-0.74 at 16384,
-// but 1.04-1.06 at 1024 and 1.42-1.52 at 768; the bf16 LayerNorm took 1.02-1.23 and RMSNorm 0.97-1.26 at
-// 2048-16384, so those stay pipelined.
+// pipelined: 0.84-0.86 of the time at D = 2048, 0.82-0.85 at 4096, 0.76-0.77 at 8192, 0.73-0.74 at 16384,
+// but 1.04-1.06 at 1024 and 1.42-1.52 at 768; the bf16 LayerNorm took 1.02-1.23 at 2048-16384 and RMSNorm
+// 0.97-1.41 at 512-4096, so those stay pipelined.
 inline constexpr Index kUnpipelinedMinN = 2048;
 template <typename T>
 inline bool forward_pipelined(const RowsForwardOf<T>& a) {

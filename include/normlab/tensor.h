@@ -254,9 +254,10 @@ void for_each_offset(const Dims& shape, const Dims& strides, F&& f) {
 // (madvise(MADV_HUGEPAGE)), so that the kernel can back it with 2 MiB pages where the system allows them
 // (/sys/kernel/mm/transparent_hugepage/enabled set to "madvise" or "always"). A kernel streaming through
 // hundreds of MiB then misses the TLB once per 2 MiB instead of once per 4 KiB: on the development VM the
-// LayerNorm forward out of cache took 0.55-0.8 of the time on such memory (docs/PERFORMANCE.md,
+// LayerNorm forward out of cache took 0.54-0.73 of the time on such memory (docs/PERFORMANCE.md,
 // "eighteenth session"). The environment variable NORMLAB_HUGE_PAGES=0 turns this off (read at each
-// allocation): every allocation then comes from the aligned operator new.
+// allocation), and an AddressSanitizer build never does it (a mapping of its own has no redzones): every
+// allocation then comes from the aligned operator new.
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 namespace detail {
 struct Storage {

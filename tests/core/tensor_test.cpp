@@ -58,6 +58,11 @@ std::string vm_flags_of(const void* p) {
 // AddressSanitizer build, from the aligned operator new. Zeroed and writable to the last element either way.
 TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
   const Index big = static_cast<Index>(kHugePageBytes / sizeof(float)) + 1001;  // 2 MiB and a tail
+  // A kernel built without transparent huge pages has no such file and refuses the advice (the memory is
+  // then in 4 KiB pages): everything but the advice flag is checked there, and the test says so.
+  std::FILE* const thp_file = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  const bool thp = thp_file != nullptr;
+  if (thp_file) std::fclose(thp_file);
   const char* outer = std::getenv("NORMLAB_HUGE_PAGES");                        // put back at the end
   const std::string saved = outer ? outer : "";
   ASSERT_EQ(unsetenv("NORMLAB_HUGE_PAGES"), 0);
@@ -74,7 +79,7 @@ TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
 #if defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
     EXPECT_TRUE(detail::huge_page_storage(kHugePageBytes));
     EXPECT_EQ(addr % kHugePageBytes, 0u);
-    EXPECT_NE(vm_flags_of(moved.data()).find(" hg"), std::string::npos) << vm_flags_of(moved.data());
+    if (thp) EXPECT_NE(vm_flags_of(moved.data()).find(" hg"), std::string::npos) << vm_flags_of(moved.data());
 #else
     EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes));
 #endif
@@ -91,6 +96,7 @@ TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
     ASSERT_EQ(setenv("NORMLAB_HUGE_PAGES", saved.c_str(), 1), 0);
   else
     ASSERT_EQ(unsetenv("NORMLAB_HUGE_PAGES"), 0);
+  if (!thp) GTEST_SKIP() << "no transparent huge pages in this kernel: the advice flag was not checked";
 }
 
 TEST(Tensor, ContiguousStridesAreRowMajor) {

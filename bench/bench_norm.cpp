@@ -826,7 +826,8 @@ int main(int argc, char** argv) {
         label, fmt::format("x {}, y {}, dy {}, dx {}", off(pool.x), off(pool.y), off(pool.dy), off(pool.dx)));
   }
   // Whether the pools are on transparent huge pages (tensor.h, "storage"; docs/PERFORMANCE.md, "eighteenth
-  // session"): out of cache the kernels and the copies run 1.3-1.8× faster on them on the development VM.
+  // session"): out of cache the fp32 kernels ran 1.1-2.2× and the copies 1.2-1.4× faster on them on the
+  // development VM, so the fractions of copy of runs with and without them are not comparable.
   benchmark::AddCustomContext("huge_pages", normlab::bench::huge_page_report());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -150,10 +150,49 @@ inline VF dev(VF x, VF mh, VF ml) {
 // block initializes the accumulators; the zero lanes of a tail are not added). An addition of +0.0
 // changes at most the sign of a zero, and the sum from +0 is never −0, so (hsum of this) + 0.0 has the
 // bits of the sum defined above: the callers (row_sum, mean8) add that +0.0.
+// bf16 rows of kPairsMinN or more on AVX-512 take the paired widening (vec.h, load_cvt_pairs; same lane sums,
+// same bits): one shift and one mask per 16 elements instead of two zero-extensions and two shifts. Paired
+// runs (scripts/ab-rows, 1 thread, in L3; docs/PERFORMANCE.md, "nineteenth session"): the bf16 LayerNorm
+// forward took 0.96 of the time at 1024x500 and 0.98 at 2048x200, and in the pipelined forward (mean_block64)
+// 0.95 at 1365x768 and 128x4096, 0.97 at 2048x256; at D = 64 and 80 it gained nothing (1.00, 1.01: the four
+// permutes per row that undo the pairing), so shorter rows keep the plain widening.
+inline constexpr Index kPairsMinN = 128;
+// row_sum_vec of a bf16 row in the paired layout (vec.h, load_cvt_pairs): a0, a1 the even and odd elements of
+// each block's first 16, a2, a3 of its last 16; from +0, with the zero-padded tail added (which the callers'
+// + 0.0 makes the same bits). (A template: only instantiated where kBf16Pairs defines the pairing.)
+template <typename T>
+inline VD row_sum_pairs(const T* x, Index n) {
+  VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
+  Index i = 0;
+  VD e, o;
+  // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i])
+  for (; i + 32 <= n; i += 32) {
+    load_cvt_pairs(x + i, e, o);
+    a0 = add(a0, e);
+    a1 = add(a1, o);
+    load_cvt_pairs(x + i + 16, e, o);
+    a2 = add(a2, e);
+    a3 = add(a3, o);
+  }
+  if (i < n) {
+    const int k = static_cast<int>(n - i);
+    load_cvt_pairs_n(x + i, std::min(k, kF), e, o);
+    a0 = add(a0, e);
+    a1 = add(a1, o);
+    if (k > kF) {
+      load_cvt_pairs_n(x + i + kF, k - kF, e, o);
+      a2 = add(a2, e);
+      a3 = add(a3, o);
+    }
+  }
+  return add(add(unpair_lo(a0, a1), unpair_hi(a0, a1)), add(unpair_lo(a2, a3), unpair_hi(a2, a3)));
+}
 template <typename T>
 inline VD row_sum_vec(const T* x, Index n) {
   VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
   Index i = 0;
+  if constexpr (kIsBf16<T> && kBf16Pairs)
+    if (n >= kPairsMinN) return row_sum_pairs(x, n);
   if (n >= 32) {
     a0 = load_cvt(x);
     a1 = load_cvt(x + 8);
@@ -601,6 +640,22 @@ void rows_forward_impl(const RowsForwardOf<T>& a) {
 // call per 64 elements of the fp16 pipelined forward with its accumulators in memory.)
 template <bool Center, typename T>
 NL_FORCE_INLINE inline void mean_block64(VD& a0, VD& a1, VD& a2, VD& a3, const T* x) {
+  if constexpr (kIsBf16<T> && kBf16Pairs) {
+    // In the paired layout (vec.h, load_cvt_pairs; see kPairsMinN): a0, a1 hold the even and odd elements of
+    // each block's first 16, a2, a3 of its last 16; rows_forward_pipelined unpairs them before the hsum.
+    for (int h = 0; h < 64; h += 16) {
+      VD e, o;
+      load_cvt_pairs(x + h, e, o);
+      if (h % 32 == 0) {
+        a0 = add(a0, e);
+        a1 = add(a1, o);
+      } else {
+        a2 = add(a2, e);
+        a3 = add(a3, o);
+      }
+    }
+    return;
+  }
   a0 = add(a0, load_cvt(x));
   a1 = add(a1, load_cvt(x + 8));
   a2 = add(a2, load_cvt(x + 16));
@@ -714,6 +769,11 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
       RowStats& sa = st[s % 3];
       sa = RowStats{};
       if (Center) {
+        if constexpr (kIsBf16<T> && kBf16Pairs) {
+          const VD p0 = unpair_lo(a0, a1), p1 = unpair_hi(a0, a1), p2 = unpair_lo(a2, a3),
+                   p3 = unpair_hi(a2, a3);
+          a0 = p0, a1 = p1, a2 = p2, a3 = p3;
+        }
         sa.mean = hsum(add(add(a0, a1), add(a2, a3))) / static_cast<double>(n);
         sa.mh = static_cast<float>(sa.mean);
         sa.ml = static_cast<float>(sa.mean - static_cast<double>(sa.mh));

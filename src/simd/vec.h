@@ -203,6 +203,30 @@ inline VD load_cvt(const T* p) {
     return cvt8(_mm256_cvtph_ps(h));
 }
 
+// Σx of bf16 in pairs: the 16 halves at p, as doubles of the even elements (0, 2, .., 14: lanes 0..7 of even)
+// and of the odd ones (odd), each exact. One shift and one mask of the 32-bit pairs instead of two
+// zero-extensions and two shifts: a sum kept in this layout (lane j of even holds what lane 2j mod 8 of the
+// VD of elements 0..7 (j < 4) or 8..15 (j ≥ 4) would) is taken back by unpair_lo / unpair_hi.
+inline constexpr bool kBf16Pairs = true;
+inline void cvt_pairs(__m256i d, VD& even, VD& odd) {
+  even = cvt8(_mm256_castsi256_ps(_mm256_slli_epi32(d, 16)));
+  odd = cvt8(_mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))));
+}
+inline void load_cvt_pairs(const bfloat16* p, VD& even, VD& odd) {
+  cvt_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), even, odd);
+}
+// The same of the first k halves at p (0 ≤ k ≤ 16; the others taken as +0, nothing beyond p + k read).
+inline void load_cvt_pairs_n(const bfloat16* p, int k, VD& even, VD& odd) {
+  cvt_pairs(hload_n(p, k), even, odd);
+}
+// The VD of elements 0..7 (unpair_lo) and 8..15 (unpair_hi) from the paired layout.
+inline VD unpair_lo(VD even, VD odd) {
+  return {_mm512_permutex2var_pd(even.v, _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), odd.v)};
+}
+inline VD unpair_hi(VD even, VD odd) {
+  return {_mm512_permutex2var_pd(even.v, _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15), odd.v)};
+}
+
 #elif NL_VEC_AVX2
 
 struct VF { __m256 lo, hi; };
@@ -534,6 +558,16 @@ inline VD load_cvt(const T* p) {
   return cvt_lo(widen<T>(hload_n(p, kD)));
 }
 
+#endif
+
+#if !NL_VEC_AVX512
+// The paired Σx of bf16 (load_cvt_pairs) is AVX-512's only: declared, never defined, for the kernels'
+// branches under kBf16Pairs, which are discarded here.
+inline constexpr bool kBf16Pairs = false;
+void load_cvt_pairs(const bfloat16* p, VD& even, VD& odd);
+void load_cvt_pairs_n(const bfloat16* p, int k, VD& even, VD& odd);
+VD unpair_lo(VD even, VD odd);
+VD unpair_hi(VD even, VD odd);
 #endif
 
 // ---- 16-bit storage, every target: the float operations on bfloat16 / float16 pointers.

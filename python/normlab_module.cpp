@@ -20,8 +20,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -72,11 +74,24 @@ ConstView cview(const OptArray& a, const char* name) {
   return a ? cview<float>(*a, name) : ConstView();
 }
 
-// A new C-contiguous array of `shape` and a view of it.
+// A new C-contiguous array of `shape`, in the storage of a BasicTensor (normlab/tensor.h): 2 MiB or more on
+// transparent huge pages, which NumPy's own allocation is not (out of cache the kernels ran 1.3-1.9× faster
+// on such memory; docs/PERFORMANCE.md, "eighteenth session"). A capsule frees it with the array.
 template <class T>
 py::array_t<T> new_array(const Dims& shape) {
   std::vector<py::ssize_t> s(shape.begin(), shape.end());
-  return py::array_t<T>(s);
+  const std::size_t bytes =
+      std::max<std::size_t>(static_cast<std::size_t>(shape.product()) * sizeof(T), kAlignment);
+  constexpr auto release = [](void* p) {
+    auto* st = static_cast<detail::Storage*>(p);
+    detail::free_storage(st->p, st->mapped);
+    delete st;
+  };
+  std::unique_ptr<detail::Storage, void (*)(void*)> owned(new detail::Storage{}, release);
+  *owned = detail::allocate_storage(bytes);
+  const py::capsule base(owned.get(), release);
+  detail::Storage* const st = owned.release();  // the capsule frees it from here on
+  return py::array_t<T>(s, static_cast<T*>(st->p), base);
 }
 template <class T>
 TensorView<T> view(py::array_t<T>& a) {

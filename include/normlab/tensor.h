@@ -258,7 +258,14 @@ void for_each_offset(const Dims& shape, const Dims& strides, F&& f) {
 // "eighteenth session"). The environment variable NORMLAB_HUGE_PAGES=0 turns this off (read at each
 // allocation), and an AddressSanitizer build never does it (a mapping of its own has no redzones): every
 // allocation then comes from the aligned operator new.
+// A freed mapping is kept (up to kStorageCacheMappings of them and kStorageCacheBytes in all, the oldest
+// given back first) for the next allocation of its length or up to 1/8 shorter: a tensor made and freed
+// at each call would otherwise pay for a new mapping, its page faults and the kernel's zeroing every time
+// (a 4 MiB result of the Python module took 1.5-3× as long as from NumPy's allocator before the kept
+// mappings; docs/PERFORMANCE.md, "nineteenth session").
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+inline constexpr std::size_t kStorageCacheBytes = std::size_t{256} << 20;
+inline constexpr std::size_t kStorageCacheMappings = 16;
 namespace detail {
 struct Storage {
   void* p = nullptr;
@@ -270,6 +277,8 @@ void free_storage(void* p, std::size_t mapped) noexcept;
 // Whether allocate_storage(bytes) maps and advises the memory (Linux, bytes ≥ kHugePageBytes, and not
 // NORMLAB_HUGE_PAGES=0).
 bool huge_page_storage(std::size_t bytes);
+// The bytes of the freed mappings kept for reuse (above).
+std::size_t storage_cache_bytes();
 struct StorageFree {
   std::size_t mapped = 0;
   void operator()(void* p) const noexcept { free_storage(p, mapped); }

@@ -436,6 +436,28 @@ class DeterminismTest(unittest.TestCase):
             normlab.set_num_threads(saved_threads)
 
 
+class OutputStorageTest(unittest.TestCase):
+    """The arrays the module returns live in the library's tensor storage (normlab/tensor.h): 2 MiB or more
+    on a 2 MiB boundary (advised for transparent huge pages) unless NORMLAB_HUGE_PAGES=0; owned by the array."""
+
+    def test_large_outputs_start_on_a_2_mib_boundary_and_own_their_memory(self):
+        x = np.ones((1024, 1024), np.float32)  # 4 MiB
+        x[:, ::2] = 3.0
+        y, mean, rstd = normlab.layer_norm(x, eps=0.0, return_stats=True)
+        self.assertTrue(y.flags.c_contiguous and y.flags.writeable)
+        self.assertEqual(y.shape, x.shape)
+        if os.environ.get("NORMLAB_HUGE_PAGES", "1") != "0":
+            self.assertEqual(y.ctypes.data % (2 << 20), 0)
+        del x, mean, rstd
+        # (every element of a row of alternating 3, 1 is ±1: the values survive the other arrays' release)
+        np.testing.assert_array_equal(np.abs(y), np.ones((1024, 1024), np.float32))
+        y[0, 0] = 7.0  # writable, and its own memory
+        self.assertEqual(float(y[0, 0]), 7.0)
+        small = normlab.layer_norm(np.array([[1, 2, 3]], np.float32))
+        self.assertEqual(small.ctypes.data % 64, 0)
+        self.assertTrue(small.flags.writeable)
+
+
 FIXTURES = os.environ.get("NORMLAB_FIXTURES_DIR",
                           os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures"))
 

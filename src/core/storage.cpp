@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -31,16 +33,51 @@ namespace {
 std::size_t round_up(std::size_t n, std::size_t to) {
   return (n + to - 1) / to * to;
 }
+
+// Freed mappings kept for the next allocation of about their length (see allocate_storage), oldest first.
+// Never destroyed: a tensor freed by another static's destructor at exit still finds it.
+struct MappingCache {
+  MappingCache() { kept.reserve(kStorageCacheMappings); }
+  std::mutex mu;
+  std::vector<Storage> kept;
+  std::size_t bytes = 0;
+};
+MappingCache& mapping_cache() {
+  static MappingCache* const cache = new MappingCache;
+  return *cache;
+}
 }  // namespace
 
-// The huge-page path maps bytes rounded up to 4 KiB plus 2 MiB of slack, unmaps the slack before the first
-// 2 MiB boundary and after the end, and advises what is left. Only the whole 2 MiB pieces can become huge
-// pages; the kernel leaves a shorter tail in 4 KiB pages. A refused madvise (a kernel without THP) is not
-// an error: the memory is still there, in 4 KiB pages.
+std::size_t storage_cache_bytes() {
+  MappingCache& c = mapping_cache();
+  const std::lock_guard<std::mutex> lock(c.mu);
+  return c.bytes;
+}
+
+// The huge-page path first takes a kept mapping (free_storage) of len to len + len/8 bytes, the shortest
+// such, where len is bytes rounded up to 4 KiB. Otherwise it maps len plus 2 MiB of slack, unmaps the slack
+// before the first 2 MiB boundary and after the end, and advises what is left. Only the whole 2 MiB pieces
+// can become huge pages; the kernel leaves a shorter tail in 4 KiB pages. A refused madvise (a kernel
+// without THP) is not an error: the memory is still there, in 4 KiB pages.
 Storage allocate_storage(std::size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (huge_page_storage(bytes)) {
     const std::size_t len = round_up(bytes, 4096);
+    {
+      MappingCache& c = mapping_cache();
+      const std::lock_guard<std::mutex> lock(c.mu);
+      auto best = c.kept.end();
+      for (auto it = c.kept.begin(); it != c.kept.end(); ++it)
+        if (it->mapped >= len && it->mapped - len <= len / 8 &&
+            (best == c.kept.end() || it->mapped < best->mapped))
+          best = it;
+      if (best != c.kept.end()) {
+        const Storage st = *best;
+        c.kept.erase(best);
+        c.bytes -= st.mapped;
+        return st;
+      }
+    }
     const std::size_t span = len + kHugePageBytes;
     void* m = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) throw std::bad_alloc();
@@ -60,6 +97,21 @@ void free_storage(void* p, std::size_t mapped) noexcept {
   if (!p) return;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (mapped > 0) {
+    // Kept for reuse while the kept mappings stay within kStorageCacheBytes and kStorageCacheMappings (the
+    // oldest unmapped to make room); a longer one is unmapped at once.
+    if (mapped <= kStorageCacheBytes) {
+      MappingCache& c = mapping_cache();
+      const std::lock_guard<std::mutex> lock(c.mu);
+      while (!c.kept.empty() &&
+             (c.bytes + mapped > kStorageCacheBytes || c.kept.size() >= kStorageCacheMappings)) {
+        munmap(c.kept.front().p, c.kept.front().mapped);
+        c.bytes -= c.kept.front().mapped;
+        c.kept.erase(c.kept.begin());
+      }
+      c.kept.push_back({p, mapped});  // within the capacity reserved: never allocates
+      c.bytes += mapped;
+      return;
+    }
     munmap(p, mapped);
     return;
   }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "support/tolerance.h"
 
@@ -53,6 +54,26 @@ std::string vm_flags_of(const void* p) {
   return flags;
 }
 
+// Sets (or, with nullptr, unsets) an environment variable for a scope and puts the outer value back.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* outer = std::getenv(name);
+    had_ = outer != nullptr;
+    if (outer) outer_ = outer;
+    set(value);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, outer_.c_str(), 1) : unsetenv(name_); }
+  void set(const char* value) { value ? setenv(name_, value, 1) : unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string outer_;
+};
+
 // tensor.h, "storage": 2 MiB or more in a mapping of its own, on a 2 MiB boundary, advised for transparent
 // huge pages ("hg" in the mapping's VmFlags); less than that, or with NORMLAB_HUGE_PAGES=0, or in an
 // AddressSanitizer build, from the aligned operator new. Zeroed and writable to the last element either way.
@@ -63,9 +84,7 @@ TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
   std::FILE* const thp_file = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
   const bool thp = thp_file != nullptr;
   if (thp_file) std::fclose(thp_file);
-  const char* outer = std::getenv("NORMLAB_HUGE_PAGES");                        // put back at the end
-  const std::string saved = outer ? outer : "";
-  ASSERT_EQ(unsetenv("NORMLAB_HUGE_PAGES"), 0);
+  ScopedEnv env("NORMLAB_HUGE_PAGES", nullptr);
   EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes - 1));
   {
     Tensor t({big});
@@ -84,7 +103,7 @@ TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
     EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes));
 #endif
   }
-  ASSERT_EQ(setenv("NORMLAB_HUGE_PAGES", "0", 1), 0);
+  env.set("0");
   EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes));
   {
     Tensor t({big});
@@ -92,11 +111,54 @@ TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
     EXPECT_EQ(vm_flags_of(t.data()).find(" hg"), std::string::npos);
     EXPECT_EQ(t[big - 1], 0.0f);
   }
-  if (outer)
-    ASSERT_EQ(setenv("NORMLAB_HUGE_PAGES", saved.c_str(), 1), 0);
-  else
-    ASSERT_EQ(unsetenv("NORMLAB_HUGE_PAGES"), 0);
   if (!thp) GTEST_SKIP() << "no transparent huge pages in this kernel: the advice flag was not checked";
+}
+
+// tensor.h, "storage": a freed mapping is kept and taken by the next allocation of its length or up to 1/8
+// shorter (zeroed again by BasicTensor), within kStorageCacheBytes and kStorageCacheMappings. Where no
+// allocation is a mapping of its own (an AddressSanitizer build, not Linux), nothing is kept.
+TEST(Tensor, FreedMappingsAreKeptForReuseWithinTheirBounds) {
+  ScopedEnv env("NORMLAB_HUGE_PAGES", nullptr);
+  const Index big = static_cast<Index>(3 * kHugePageBytes / sizeof(float));  // 6 MiB
+  if (!detail::huge_page_storage(kHugePageBytes)) {
+    { Tensor t({big}); }
+    EXPECT_EQ(detail::storage_cache_bytes(), 0u);
+    return;
+  }
+  const float* first = nullptr;
+  {
+    Tensor t({big});
+    first = t.data();
+    t[5] = 3.0f;
+  }
+  EXPECT_GE(detail::storage_cache_bytes(), 3 * kHugePageBytes);
+  {
+    Tensor t({big});
+    EXPECT_EQ(t.data(), first);
+    EXPECT_EQ(t[5], 0.0f);
+  }
+  {
+    Tensor t({big - big / 9});  // within 1/8 shorter: the same mapping
+    EXPECT_EQ(t.data(), first);
+    EXPECT_EQ(t[5], 0.0f);
+  }
+  {
+    Tensor t({big / 2 + 4096});  // much shorter: a mapping of its own, while the 6 MiB one stays kept
+    EXPECT_NE(t.data(), first);
+    Tensor u({big});
+    EXPECT_EQ(u.data(), first);
+  }
+  // The bounds: four mappings of 100 MiB (never touched) freed keep at most kStorageCacheBytes; twenty of
+  // 2 MiB after them leave at most kStorageCacheMappings of those.
+  std::vector<detail::Storage> kept;
+  for (int i = 0; i < 4; ++i) kept.push_back(detail::allocate_storage(std::size_t{100} << 20));
+  for (const detail::Storage& st : kept) detail::free_storage(st.p, st.mapped);
+  EXPECT_LE(detail::storage_cache_bytes(), kStorageCacheBytes);
+  EXPECT_GE(detail::storage_cache_bytes(), std::size_t{200} << 20);
+  kept.clear();
+  for (int i = 0; i < 20; ++i) kept.push_back(detail::allocate_storage(kHugePageBytes));
+  for (const detail::Storage& st : kept) detail::free_storage(st.p, st.mapped);
+  EXPECT_LE(detail::storage_cache_bytes(), kStorageCacheMappings * kHugePageBytes);
 }
 
 TEST(Tensor, ContiguousStridesAreRowMajor) {

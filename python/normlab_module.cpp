@@ -74,14 +74,18 @@ ConstView cview(const OptArray& a, const char* name) {
   return a ? cview<float>(*a, name) : ConstView();
 }
 
-// A new C-contiguous array of `shape`, in the storage of a BasicTensor (normlab/tensor.h): 2 MiB or more on
-// transparent huge pages, which NumPy's own allocation is not (out of cache the kernels ran 1.3-1.9× faster
-// on such memory; docs/PERFORMANCE.md, "eighteenth session"). A capsule frees it with the array.
-template <class T>
-py::array_t<T> new_array(const Dims& shape) {
-  std::vector<py::ssize_t> s(shape.begin(), shape.end());
-  const std::size_t bytes =
-      std::max<std::size_t>(static_cast<std::size_t>(shape.product()) * sizeof(T), kAlignment);
+// A new C-contiguous array of `shape` and dtype `dt`, uninitialized, in the storage of a BasicTensor
+// (normlab/tensor.h): 2 MiB or more on transparent huge pages, freed mappings kept for reuse. NumPy's own
+// allocation is neither: out of cache the kernels ran 1.3-1.9× faster on huge pages, and a result of
+// 128 MiB from NumPy paid its page faults at every call (docs/PERFORMANCE.md, "eighteenth" and "nineteenth
+// session"). A capsule frees it with the array.
+py::array storage_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape) {
+  std::size_t n = 1;
+  for (py::ssize_t d : shape) {
+    NL_CHECK(d >= 0, "negative size {} in the shape", d);
+    n *= static_cast<std::size_t>(d);
+  }
+  const std::size_t bytes = std::max<std::size_t>(n * static_cast<std::size_t>(dt.itemsize()), kAlignment);
   constexpr auto release = [](void* p) {
     auto* st = static_cast<detail::Storage*>(p);
     detail::free_storage(st->p, st->mapped);
@@ -91,7 +95,12 @@ py::array_t<T> new_array(const Dims& shape) {
   *owned = detail::allocate_storage(bytes);
   const py::capsule base(owned.get(), release);
   detail::Storage* const st = owned.release();  // the capsule frees it from here on
-  return py::array_t<T>(s, static_cast<T*>(st->p), base);
+  return py::array(dt, shape, st->p, base);
+}
+template <class T>
+py::array_t<T> new_array(const Dims& shape) {
+  return py::array_t<T>(
+      storage_array(py::dtype::of<T>(), std::vector<py::ssize_t>(shape.begin(), shape.end())));
 }
 template <class T>
 TensorView<T> view(py::array_t<T>& a) {
@@ -619,6 +628,16 @@ PYBIND11_MODULE(normlab, m) {
       "Kaldi compute-fbank-feats on mono samples (int16 scale): [frames, num_mel_bins (+1 with use_energy)]. "
       "Option names and defaults follow Kaldi's flags; seed seeds the dither.");
 
+  m.def(
+      "empty",
+      [](const std::vector<py::ssize_t>& shape, const py::object& dtype) {
+        return storage_array(py::dtype::from_args(dtype), shape);
+      },
+      py::arg("shape"), py::arg("dtype") = py::dtype::of<float>(),
+      "A new uninitialized C-contiguous array (as numpy.empty) in the storage the module's results use: 2 "
+      "MiB "
+      "or more on transparent huge pages, freed memory kept for reuse (NORMLAB_HUGE_PAGES=0 turns both off). "
+      "Inputs filled in place there (np.copyto, out=) are read faster out of cache than NumPy's own arrays.");
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Threads the kernels use. Results are the same bits for every count.");
   m.def("num_threads", &num_threads);

@@ -457,6 +457,22 @@ class OutputStorageTest(unittest.TestCase):
         self.assertEqual(small.ctypes.data % 64, 0)
         self.assertTrue(small.flags.writeable)
 
+    def test_empty_makes_arrays_in_that_storage(self):
+        a = normlab.empty((1024, 1024))
+        self.assertEqual((a.shape, a.dtype), ((1024, 1024), np.float32))
+        self.assertTrue(a.flags.c_contiguous and a.flags.writeable)
+        if os.environ.get("NORMLAB_HUGE_PAGES", "1") != "0":
+            self.assertEqual(a.ctypes.data % (2 << 20), 0)
+        a[:] = 2.0
+        a[:, ::2] = 4.0
+        np.testing.assert_array_equal(normlab.layer_norm(a, eps=0.0)[0, :4], [1, -1, 1, -1])
+        for dtype in (np.float16, np.float64, "int32"):
+            b = normlab.empty([3, 0, 2], dtype)
+            self.assertEqual((b.shape, b.dtype), ((3, 0, 2), np.dtype(dtype)))
+        self.assertEqual(normlab.empty([]).shape, ())
+        with self.assertRaises(normlab.Error):
+            normlab.empty([2, -1])
+
 
 FIXTURES = os.environ.get("NORMLAB_FIXTURES_DIR",
                           os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures"))

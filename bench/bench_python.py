@@ -1,0 +1,55 @@
+#!/usr/bin/python3
+"""Per-call time of the Python module's LayerNorm forward and backward, allocation of the results included.
+
+What a NumPy user sees per call: the module allocates every result, so a result of 2 MiB or more costs
+a mapping, its page faults and the kernel's zeroing unless the storage keeps freed mappings
+(include/normlab/tensor.h, "storage"); and the inputs are read from NumPy's 4 KiB pages or, when made by
+normlab.empty, from huge pages. Compare with NORMLAB_HUGE_PAGES=0 (every array in 4 KiB pages, results from
+the aligned operator new) in the environment; docs/PERFORMANCE.md, "nineteenth session", has a run.
+
+    PYTHONPATH=build/release/python /usr/bin/python3 bench/bench_python.py --threads 1
+    NORMLAB_HUGE_PAGES=0 PYTHONPATH=build/release/python /usr/bin/python3 bench/bench_python.py --threads 1
+"""
+import argparse
+import os
+import time
+
+import numpy as np
+
+import normlab
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--calls", type=int, default=15)
+    ap.add_argument("--shapes", default="43690x768,8192x4096,1365x768",
+                    help="comma-separated ROWSxD (default: the benchmark's out-of-cache shapes and one in L3)")
+    args = ap.parse_args()
+    normlab.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    pages = "huge pages off" if os.environ.get("NORMLAB_HUGE_PAGES") == "0" else "huge pages on"
+    for spec in args.shapes.split(","):
+        rows, d = (int(v) for v in spec.split("x"))
+        x_np = rng.standard_normal((rows, d)).astype(np.float32)
+        dy_np = rng.standard_normal((rows, d)).astype(np.float32)
+        # The same values in arrays from normlab.empty (the module's storage).
+        x_nl, dy_nl = normlab.empty(x_np.shape), normlab.empty(dy_np.shape)
+        np.copyto(x_nl, x_np)
+        np.copyto(dy_nl, dy_np)
+        for inputs, x, dy in (("NumPy inputs", x_np, dy_np), ("normlab.empty inputs", x_nl, dy_nl)):
+            for name, call in (("layer_norm", lambda: normlab.layer_norm(x)),
+                               ("layer_norm_backward", lambda: normlab.layer_norm_backward(dy, x))):
+                times = []
+                for _ in range(args.calls):
+                    t0 = time.perf_counter()
+                    result = call()
+                    times.append(time.perf_counter() - t0)
+                    del result
+                times.sort()
+                print(f"{pages}, {args.threads} thread(s), {inputs}, {name} {rows}x{d}: "
+                      f"median {times[len(times) // 2] * 1e3:.2f} ms, min {times[0] * 1e3:.2f} ms over {args.calls} calls")
+
+
+if __name__ == "__main__":
+    main()

@@ -634,10 +634,10 @@ PYBIND11_MODULE(normlab, m) {
         return storage_array(py::dtype::from_args(dtype), shape);
       },
       py::arg("shape"), py::arg("dtype") = py::dtype::of<float>(),
-      "A new uninitialized C-contiguous array (as numpy.empty) in the storage the module's results use: 2 "
-      "MiB "
-      "or more on transparent huge pages, freed memory kept for reuse (NORMLAB_HUGE_PAGES=0 turns both off). "
-      "Inputs filled in place there (np.copyto, out=) are read faster out of cache than NumPy's own arrays.");
+      "A new uninitialized C-contiguous array (as numpy.empty) in the storage the module's results use: "
+      "2 MiB or more on transparent huge pages, freed memory kept for reuse (NORMLAB_HUGE_PAGES=0 turns both "
+      "off). Inputs filled in place there (np.copyto, out=) are read faster out of cache than NumPy's own "
+      "arrays.");
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Threads the kernels use. Results are the same bits for every count.");
   m.def("num_threads", &num_threads);

@@ -261,7 +261,7 @@ void for_each_offset(const Dims& shape, const Dims& strides, F&& f) {
 // A freed mapping is kept (up to kStorageCacheMappings of them and kStorageCacheBytes in all, the oldest
 // given back first) for the next allocation of its length or up to 1/8 shorter: a tensor made and freed
 // at each call would otherwise pay for a new mapping, its page faults and the kernel's zeroing every time
-// (a 4 MiB result of the Python module took 1.5-3× as long as from NumPy's allocator before the kept
+// (a 4 MiB result of the Python module took 1.3-4.7× as long as from NumPy's allocator before the kept
 // mappings; docs/PERFORMANCE.md, "nineteenth session").
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 inline constexpr std::size_t kStorageCacheBytes = std::size_t{256} << 20;

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -80,15 +81,19 @@ ConstView cview(const OptArray& a, const char* name) {
 // 128 MiB from NumPy paid its page faults at every call (docs/PERFORMANCE.md, "eighteenth" and "nineteenth
 // session"). A capsule frees it with the array.
 py::array storage_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape) {
-  std::size_t n = 1;
+  const auto item = static_cast<std::size_t>(dt.itemsize());
+  std::size_t bytes = item;
   for (py::ssize_t d : shape) {
     NL_CHECK(d >= 0, "negative size {} in the shape", d);
-    n *= static_cast<std::size_t>(d);
+    const auto u = static_cast<std::size_t>(d);
+    NL_CHECK(u == 0 || bytes <= std::numeric_limits<std::size_t>::max() / u,
+             "an array of this shape has more bytes than a size_t can count");
+    bytes *= u;
   }
-  const std::size_t bytes = std::max<std::size_t>(n * static_cast<std::size_t>(dt.itemsize()), kAlignment);
+  bytes = std::max(bytes, kAlignment);
   constexpr auto release = [](void* p) {
     auto* st = static_cast<detail::Storage*>(p);
-    detail::free_storage(st->p, st->mapped);
+    detail::StorageFree{st->mapped}(st->p);
     delete st;
   };
   std::unique_ptr<detail::Storage, void (*)(void*)> owned(new detail::Storage{}, release);

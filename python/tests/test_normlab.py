@@ -472,6 +472,8 @@ class OutputStorageTest(unittest.TestCase):
         self.assertEqual(normlab.empty([]).shape, ())
         with self.assertRaises(normlab.Error):
             normlab.empty([2, -1])
+        with self.assertRaises(normlab.Error):  # more bytes than a size_t counts
+            normlab.empty([2 ** 62, 8])
 
 
 FIXTURES = os.environ.get("NORMLAB_FIXTURES_DIR",

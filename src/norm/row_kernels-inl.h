@@ -157,6 +157,12 @@ inline VF dev(VF x, VF mh, VF ml) {
 // 0.95 at 1365x768 and 128x4096, 0.97 at 2048x256; at D = 64 and 80 it gained nothing (1.00, 1.01: the four
 // permutes per row that undo the pairing), so shorter rows keep the plain widening.
 inline constexpr Index kPairsMinN = 128;
+// (acc0 + acc1) + (acc2 + acc3) of row_sum_vec from its accumulators in the paired layout: a0, a1 the even
+// and odd lanes of acc0 and acc1, a2, a3 those of acc2 and acc3. (A template, as row_sum_pairs below.)
+template <typename V = VD>
+inline V pairs_total(V a0, V a1, V a2, V a3) {
+  return add(add(unpair_lo(a0, a1), unpair_hi(a0, a1)), add(unpair_lo(a2, a3), unpair_hi(a2, a3)));
+}
 // row_sum_vec of a bf16 row in the paired layout (vec.h, load_cvt_pairs): a0, a1 the even and odd elements of
 // each block's first 16, a2, a3 of its last 16; from +0, with the zero-padded tail added (which the callers'
 // + 0.0 makes the same bits). (A template: only instantiated where kBf16Pairs defines the pairing.)
@@ -185,7 +191,7 @@ inline VD row_sum_pairs(const T* x, Index n) {
       a3 = add(a3, o);
     }
   }
-  return add(add(unpair_lo(a0, a1), unpair_hi(a0, a1)), add(unpair_lo(a2, a3), unpair_hi(a2, a3)));
+  return pairs_total(a0, a1, a2, a3);
 }
 template <typename T>
 inline VD row_sum_vec(const T* x, Index n) {
@@ -769,12 +775,12 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
       RowStats& sa = st[s % 3];
       sa = RowStats{};
       if (Center) {
-        if constexpr (kIsBf16<T> && kBf16Pairs) {
-          const VD p0 = unpair_lo(a0, a1), p1 = unpair_hi(a0, a1), p2 = unpair_lo(a2, a3),
-                   p3 = unpair_hi(a2, a3);
-          a0 = p0, a1 = p1, a2 = p2, a3 = p3;
-        }
-        sa.mean = hsum(add(add(a0, a1), add(a2, a3))) / static_cast<double>(n);
+        VD sum;
+        if constexpr (kIsBf16<T> && kBf16Pairs)
+          sum = pairs_total(a0, a1, a2, a3);
+        else
+          sum = add(add(a0, a1), add(a2, a3));
+        sa.mean = hsum(sum) / static_cast<double>(n);
         sa.mh = static_cast<float>(sa.mean);
         sa.ml = static_cast<float>(sa.mean - static_cast<double>(sa.mh));
       }

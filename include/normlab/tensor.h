@@ -263,14 +263,29 @@ void for_each_offset(const Dims& shape, const Dims& strides, F&& f) {
 // at each call would otherwise pay for a new mapping, its page faults and the kernel's zeroing every time
 // (a 4 MiB result of the Python module took 1.3-4.7× as long as from NumPy's allocator before the kept
 // mappings; docs/PERFORMANCE.md, "nineteenth session").
+// Such a tensor's data do not start at the mapping's start but detail::storage_offset(k) bytes into it, k
+// counting these allocations: 0, 2560, 1024, 3584, 2048, 512, 3072, 1536, again and again. Otherwise every
+// large tensor would start at the same offset in its 4 KiB pages, and a kernel's loads of one tensor would
+// wait on its stores to another at the same address bits 0-11 (4 KiB aliasing): the LayerNorm backward in L3
+// at D = 1024 and 4096 took 1.06-1.17× the time of staggered buffers (docs/PERFORMANCE.md, "twentieth
+// session"). Consecutive allocations (such as x, then y or dy, then dx) lie 1024 or 1536 bytes apart.
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 inline constexpr std::size_t kStorageCacheBytes = std::size_t{256} << 20;
 inline constexpr std::size_t kStorageCacheMappings = 16;
 namespace detail {
 struct Storage {
   void* p = nullptr;
-  std::size_t mapped = 0;  // the length of its own mapping; 0: from operator new
+  std::size_t mapped = 0;  // the length of its own mapping (from p's page on); 0: from operator new
 };
+// The offset of the k-th mapped allocation's data in its first page (above): multiples of 512 below 4096,
+// five steps of 512 apart (modulo 4096) from one allocation to the next.
+constexpr std::size_t storage_offset(unsigned k) {
+  return (k * 5u % 8u) * 512u;
+}
+// The start of the mapping of a mapped allocation's data p (the start of p's 4 KiB page).
+inline void* mapping_start(void* p) {
+  return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) / 4096 * 4096);
+}
 // Throws std::bad_alloc when the memory cannot be had.
 Storage allocate_storage(std::size_t bytes);
 void free_storage(void* p, std::size_t mapped) noexcept;

@@ -2,6 +2,7 @@
 // huge pages. Kept apart from tensor.cpp so that scripts/ab-rows can compile it into its standalone program.
 #include <normlab/tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -55,14 +56,17 @@ std::size_t storage_cache_bytes() {
 }
 
 // The huge-page path first takes a kept mapping (free_storage) of len to len + len/8 bytes, the shortest
-// such, where len is bytes rounded up to 4 KiB. Otherwise it maps len plus 2 MiB of slack, unmaps the slack
-// before the first 2 MiB boundary and after the end, and advises what is left. Only the whole 2 MiB pieces
-// can become huge pages; the kernel leaves a shorter tail in 4 KiB pages. A refused madvise (a kernel
-// without THP) is not an error: the memory is still there, in 4 KiB pages.
+// such, where len is bytes rounded up to 4 KiB plus one page for the offset below. Otherwise it maps len
+// plus 2 MiB of slack, unmaps the slack before the first 2 MiB boundary and after the end, and advises what
+// is left. Only the whole 2 MiB pieces can become huge pages; the kernel leaves a shorter tail in 4 KiB
+// pages. A refused madvise (a kernel without THP) is not an error: the memory is still there, in 4 KiB pages.
+// The data start kStorageOffsets apart in their pages, one allocation after another (tensor.h, "storage").
 Storage allocate_storage(std::size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (huge_page_storage(bytes)) {
-    const std::size_t len = round_up(bytes, 4096);
+    static std::atomic<unsigned> next{0};
+    const std::size_t offset = storage_offset(next.fetch_add(1, std::memory_order_relaxed));
+    const std::size_t len = round_up(bytes, 4096) + 4096;
     {
       MappingCache& c = mapping_cache();
       const std::lock_guard<std::mutex> lock(c.mu);
@@ -75,7 +79,7 @@ Storage allocate_storage(std::size_t bytes) {
         const Storage st = *best;
         c.kept.erase(best);
         c.bytes -= st.mapped;
-        return st;
+        return {static_cast<char*>(st.p) + offset, st.mapped};
       }
     }
     const std::size_t span = len + kHugePageBytes;
@@ -87,7 +91,7 @@ Storage allocate_storage(std::size_t bytes) {
     if (head > 0) munmap(base, head);
     if (span - head > len) munmap(p + len, span - head - len);
     madvise(p, len, MADV_HUGEPAGE);
-    return {p, len};
+    return {p + offset, len};
   }
 #endif
   return {::operator new(bytes, std::align_val_t(kAlignment)), 0};
@@ -97,6 +101,7 @@ void free_storage(void* p, std::size_t mapped) noexcept {
   if (!p) return;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (mapped > 0) {
+    p = mapping_start(p);
     // Kept for reuse while the kept mappings stay within kStorageCacheBytes and kStorageCacheMappings (the
     // oldest unmapped to make room); a longer one is unmapped at once.
     if (mapped <= kStorageCacheBytes) {

@@ -74,9 +74,10 @@ class ScopedEnv {
   std::string outer_;
 };
 
-// tensor.h, "storage": 2 MiB or more in a mapping of its own, on a 2 MiB boundary, advised for transparent
-// huge pages ("hg" in the mapping's VmFlags); less than that, or with NORMLAB_HUGE_PAGES=0, or in an
-// AddressSanitizer build, from the aligned operator new. Zeroed and writable to the last element either way.
+// tensor.h, "storage": 2 MiB or more in a mapping of its own, starting on a 2 MiB boundary, advised for
+// transparent huge pages ("hg" in the mapping's VmFlags); less than that, or with NORMLAB_HUGE_PAGES=0, or in
+// an AddressSanitizer build, from the aligned operator new. Zeroed and writable to the last element either
+// way.
 TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
   const Index big = static_cast<Index>(kHugePageBytes / sizeof(float)) + 1001;  // 2 MiB and a tail
   // A kernel built without transparent huge pages has no such file and refuses the advice (the memory is
@@ -97,7 +98,7 @@ TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
     EXPECT_EQ(moved[big - 1], 7.0f);
 #if defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
     EXPECT_TRUE(detail::huge_page_storage(kHugePageBytes));
-    EXPECT_EQ(addr % kHugePageBytes, 0u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(detail::mapping_start(moved.data())) % kHugePageBytes, 0u);
     if (thp) EXPECT_NE(vm_flags_of(moved.data()).find(" hg"), std::string::npos) << vm_flags_of(moved.data());
 #else
     EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes));
@@ -125,28 +126,31 @@ TEST(Tensor, FreedMappingsAreKeptForReuseWithinTheirBounds) {
     EXPECT_EQ(detail::storage_cache_bytes(), 0u);
     return;
   }
-  const float* first = nullptr;
+  // The same mapping again: the same start, the data at another offset in it (detail::storage_offset).
+  auto start = [](Tensor& t) { return detail::mapping_start(t.data()); };
+  const void* first = nullptr;
   {
     Tensor t({big});
-    first = t.data();
+    first = start(t);
     t[5] = 3.0f;
   }
   EXPECT_GE(detail::storage_cache_bytes(), 3 * kHugePageBytes);
   {
     Tensor t({big});
-    EXPECT_EQ(t.data(), first);
+    EXPECT_EQ(start(t), first);
     EXPECT_EQ(t[5], 0.0f);
+    t[big - 1] = 1.0f;  // the last element, whatever the offset, lies in the mapping
   }
   {
     Tensor t({big - big / 10});  // within 1/8 shorter: the same mapping
-    EXPECT_EQ(t.data(), first);
+    EXPECT_EQ(start(t), first);
     EXPECT_EQ(t[5], 0.0f);
   }
   {
     Tensor t({big / 2 + 4096});  // much shorter: a mapping of its own, while the 6 MiB one stays kept
-    EXPECT_NE(t.data(), first);
+    EXPECT_NE(start(t), first);
     Tensor u({big});
-    EXPECT_EQ(u.data(), first);
+    EXPECT_EQ(start(u), first);
   }
   // The bounds: four mappings of 100 MiB (never touched) freed keep at most kStorageCacheBytes; twenty of
   // 2 MiB after them leave at most kStorageCacheMappings of those.
@@ -158,7 +162,37 @@ TEST(Tensor, FreedMappingsAreKeptForReuseWithinTheirBounds) {
   kept.clear();
   for (int i = 0; i < 20; ++i) kept.push_back(detail::allocate_storage(kHugePageBytes));
   for (const detail::Storage& st : kept) detail::free_storage(st.p, st.mapped);
-  EXPECT_LE(detail::storage_cache_bytes(), kStorageCacheMappings * kHugePageBytes);
+  EXPECT_LE(detail::storage_cache_bytes(), kStorageCacheMappings * (kHugePageBytes + 4096));
+}
+
+// tensor.h, "storage": the data of consecutive mapped allocations start 512·((5k) mod 8) bytes into their
+// mappings, so that two tensors made one after the other are 1024 or 1536 bytes apart in their pages (four
+// at a time, no two at one offset); the mapping still starts on a 2 MiB boundary and holds every element.
+TEST(Tensor, MappedStorageIsStaggeredWithinItsPages) {
+  EXPECT_EQ(detail::storage_offset(0), 0u);
+  EXPECT_EQ(detail::storage_offset(1), 2560u);
+  EXPECT_EQ(detail::storage_offset(2), 1024u);
+  EXPECT_EQ(detail::storage_offset(8), 0u);
+  for (unsigned k = 0; k < 8; ++k) {
+    const std::size_t a = detail::storage_offset(k), b = detail::storage_offset(k + 1);
+    const std::size_t apart = (b + 4096 - a) % 4096;
+    EXPECT_EQ(std::min(apart, 4096 - apart), 1536u) << k;
+    EXPECT_EQ(a % kAlignment, 0u);
+  }
+  ScopedEnv env("NORMLAB_HUGE_PAGES", nullptr);
+  if (!detail::huge_page_storage(kHugePageBytes)) GTEST_SKIP() << "no mapped storage in this build";
+  const Index big = static_cast<Index>(kHugePageBytes / sizeof(float));  // exactly 2 MiB
+  std::vector<Tensor> ts;
+  std::vector<std::size_t> offsets;
+  for (int i = 0; i < 4; ++i) {
+    ts.emplace_back(Dims{big});
+    const auto addr = reinterpret_cast<std::uintptr_t>(ts.back().data());
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(detail::mapping_start(ts.back().data())) % kHugePageBytes, 0u);
+    offsets.push_back(addr % 4096);
+    ts.back()[big - 1] = 1.0f;
+  }
+  std::sort(offsets.begin(), offsets.end());
+  EXPECT_EQ(std::unique(offsets.begin(), offsets.end()), offsets.end());
 }
 
 TEST(Tensor, ContiguousStridesAreRowMajor) {

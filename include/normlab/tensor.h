@@ -305,25 +305,25 @@ template <typename T>
 class BasicTensor {
  public:
   BasicTensor() = default;
-  explicit BasicTensor(Dims shape) : shape_(shape) {
-    for (int i = 0; i < shape.size(); ++i)
-      NL_CHECK(shape[i] >= 0, "negative size {} on axis {} of shape {}", shape[i], i, shape.str());
-    const Index n = shape.product();
-    const std::size_t bytes = std::max<std::size_t>(static_cast<std::size_t>(n) * sizeof(T), kAlignment);
-    const detail::Storage st = detail::allocate_storage(bytes);
-    data_ = std::unique_ptr<T, detail::StorageFree>(static_cast<T*>(st.p), detail::StorageFree{st.mapped});
-    std::fill_n(data_.get(), n, T{});
+  explicit BasicTensor(Dims shape) : BasicTensor(shape, Uninitialized{}) {
+    std::fill_n(data_.get(), numel(), T{});
   }
   BasicTensor(Dims shape, std::initializer_list<T> values) : BasicTensor(shape) {
     NL_CHECK(static_cast<Index>(values.size()) == numel(), "{} values for shape {} ({} elements)",
              values.size(), shape.str(), numel());
     std::copy(values.begin(), values.end(), data_.get());
   }
-  // A contiguous copy of any view.
+  // A contiguous copy of any view (converted element by element to T; a contiguous view of T: one memcpy).
   template <typename U>
   static BasicTensor copy_of(const TensorView<U>& v) {
-    BasicTensor t(v.shape());
+    BasicTensor t(v.shape(), Uninitialized{});
     T* out = t.data();
+    if constexpr (std::is_same_v<std::remove_const_t<U>, T>) {
+      if (v.is_contiguous()) {
+        if (t.numel() > 0) std::memcpy(out, v.data(), static_cast<std::size_t>(t.numel()) * sizeof(T));
+        return t;
+      }
+    }
     for_each_offset(v.shape(), v.strides(), [&](Index off) { *out++ = static_cast<T>(v.data()[off]); });
     return t;
   }
@@ -346,6 +346,19 @@ class BasicTensor {
   TensorView<const T> cview() const { return view(); }
 
  private:
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>,
+                "BasicTensor holds plain values (its storage is raw memory)");
+  // The storage, each element written before it is read: for copy_of, which writes them all.
+  struct Uninitialized {};
+  BasicTensor(Dims shape, Uninitialized) : shape_(shape) {
+    for (int i = 0; i < shape.size(); ++i)
+      NL_CHECK(shape[i] >= 0, "negative size {} on axis {} of shape {}", shape[i], i, shape.str());
+    const Index n = shape.product();
+    const std::size_t bytes = std::max<std::size_t>(static_cast<std::size_t>(n) * sizeof(T), kAlignment);
+    const detail::Storage st = detail::allocate_storage(bytes);
+    data_ = std::unique_ptr<T, detail::StorageFree>(static_cast<T*>(st.p), detail::StorageFree{st.mapped});
+  }
+
   std::unique_ptr<T, detail::StorageFree> data_;
   Dims shape_;
 };

@@ -242,6 +242,24 @@ TEST(Tensor, CopyOfMakesContiguousCopies) {
   EXPECT_EQ(c[3], 1.0f);
   BasicTensor<double> d = BasicTensor<double>::copy_of(t.cview());
   EXPECT_EQ(d[11], 11.0);
+  // A contiguous view of the same type (copied at once): every element, in storage of its own.
+  Tensor same = Tensor::copy_of(t.cview());
+  EXPECT_NE(same.data(), t.data());
+  for (Index i = 0; i < 12; ++i) EXPECT_EQ(same[i], t[i]) << i;
+  Tensor row = Tensor::copy_of(t.cview().select(0, 2));  // contiguous, not at the start
+  EXPECT_EQ(row.shape(), (Dims{4}));
+  EXPECT_EQ(row[0], 8.0f);
+  EXPECT_EQ(row[3], 11.0f);
+  Tensor column = Tensor::copy_of(t.cview().select(1, 1));  // strided
+  EXPECT_EQ(column.shape(), (Dims{3}));
+  EXPECT_EQ(column[2], 9.0f);
+  EXPECT_EQ(Tensor::copy_of(Tensor({0, 5}).cview()).shape(), (Dims{0, 5}));
+  Tensor scalar({}, {2.5f});
+  EXPECT_EQ(Tensor::copy_of(scalar.cview())[0], 2.5f);
+  // Large enough for a mapping of its own: the last element too.
+  Tensor big({static_cast<Index>(kHugePageBytes / sizeof(float)) + 7});
+  big[big.numel() - 1] = 4.0f;
+  EXPECT_EQ(Tensor::copy_of(big.cview())[big.numel() - 1], 4.0f);
 }
 
 TEST(Tensor, ConstViewConversionAndRankZero) {

@@ -35,6 +35,14 @@ std::size_t round_up(std::size_t n, std::size_t to) {
   return (n + to - 1) / to * to;
 }
 
+// The page each mapping has beyond its data's length, for the data's offset (storage_offset). The bounds of
+// the kept mappings count their data's pages only (held), so that two freed tensors of 128 MiB each stay
+// kept within kStorageCacheBytes, as they did before the offsets.
+constexpr std::size_t kOffsetPage = 4096;
+std::size_t held(std::size_t mapped) {
+  return mapped - kOffsetPage;
+}
+
 // Freed mappings kept for the next allocation of about their length (see allocate_storage), oldest first.
 // Never destroyed: a tensor freed by another static's destructor at exit still finds it.
 struct MappingCache {
@@ -49,6 +57,7 @@ MappingCache& mapping_cache() {
 }
 }  // namespace
 
+// (The data pages of the kept mappings, without their offset pages.)
 std::size_t storage_cache_bytes() {
   MappingCache& c = mapping_cache();
   const std::lock_guard<std::mutex> lock(c.mu);
@@ -66,7 +75,7 @@ Storage allocate_storage(std::size_t bytes) {
   if (huge_page_storage(bytes)) {
     static std::atomic<unsigned> next{0};
     const std::size_t offset = storage_offset(next.fetch_add(1, std::memory_order_relaxed));
-    const std::size_t len = round_up(bytes, 4096) + 4096;
+    const std::size_t len = round_up(bytes, 4096) + kOffsetPage;
     {
       MappingCache& c = mapping_cache();
       const std::lock_guard<std::mutex> lock(c.mu);
@@ -78,7 +87,7 @@ Storage allocate_storage(std::size_t bytes) {
       if (best != c.kept.end()) {
         const Storage st = *best;
         c.kept.erase(best);
-        c.bytes -= st.mapped;
+        c.bytes -= held(st.mapped);
         return {static_cast<char*>(st.p) + offset, st.mapped};
       }
     }
@@ -104,17 +113,17 @@ void free_storage(void* p, std::size_t mapped) noexcept {
     p = mapping_start(p);
     // Kept for reuse while the kept mappings stay within kStorageCacheBytes and kStorageCacheMappings (the
     // oldest unmapped to make room); a longer one is unmapped at once.
-    if (mapped <= kStorageCacheBytes) {
+    if (held(mapped) <= kStorageCacheBytes) {
       MappingCache& c = mapping_cache();
       const std::lock_guard<std::mutex> lock(c.mu);
       while (!c.kept.empty() &&
-             (c.bytes + mapped > kStorageCacheBytes || c.kept.size() >= kStorageCacheMappings)) {
+             (c.bytes + held(mapped) > kStorageCacheBytes || c.kept.size() >= kStorageCacheMappings)) {
         munmap(c.kept.front().p, c.kept.front().mapped);
-        c.bytes -= c.kept.front().mapped;
+        c.bytes -= held(c.kept.front().mapped);
         c.kept.erase(c.kept.begin());
       }
       c.kept.push_back({p, mapped});  // within the capacity reserved: never allocates
-      c.bytes += mapped;
+      c.bytes += held(mapped);
       return;
     }
     munmap(p, mapped);

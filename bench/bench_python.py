@@ -4,7 +4,7 @@
 What a NumPy user sees per call: the module allocates every result, so a result of 2 MiB or more costs
 a mapping, its page faults and the kernel's zeroing unless the storage keeps freed mappings
 (include/normlab/tensor.h, "storage"); and the inputs are read from NumPy's 4 KiB pages or, when made by
-normlab.empty, from huge pages. Compare with NORMLAB_HUGE_PAGES=0 (every array in 4 KiB pages, results from
+normlab.empty, from huge pages; float64 inputs are converted to float32 first. Compare with NORMLAB_HUGE_PAGES=0 (every array in 4 KiB pages, results from
 the aligned operator new) in the environment; docs/PERFORMANCE.md, "nineteenth session", has a run.
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/bench_python.py --threads 1
@@ -37,7 +37,11 @@ def main():
         x_nl, dy_nl = normlab.empty(x_np.shape), normlab.empty(dy_np.shape)
         np.copyto(x_nl, x_np)
         np.copyto(dy_nl, dy_np)
-        for inputs, x, dy in (("NumPy inputs", x_np, dy_np), ("normlab.empty inputs", x_nl, dy_nl)):
+        # float64 inputs, which the module converts to float32 first (in its storage since the twentieth
+        # session; in NumPy's allocation before).
+        x64, dy64 = x_np.astype(np.float64), dy_np.astype(np.float64)
+        for inputs, x, dy in (("NumPy inputs", x_np, dy_np), ("normlab.empty inputs", x_nl, dy_nl),
+                              ("float64 NumPy inputs", x64, dy64)):
             for name, call in (("layer_norm", lambda: normlab.layer_norm(x)),
                                ("layer_norm_backward", lambda: normlab.layer_norm_backward(dy, x))):
                 times = []

@@ -2,9 +2,9 @@
 //
 // Arrays go to the kernels without a copy when they are float32 (float16 for the LayerNorm / RMSNorm
 // storage kernels), whatever their strides: a transposed or sliced array is read in place, as the C++ API
-// reads a strided view. Other dtypes are converted to float32 first (one copy), as np.asarray(x, np.float32)
-// would. Outputs are new C-contiguous arrays. Running statistics of BatchNorm are updated in place and must
-// therefore be writable float32 arrays.
+// reads a strided view. Other dtypes are converted to float32 first (one copy, in the library's storage), as
+// np.asarray(x, np.float32) would. Outputs are new C-contiguous arrays in that storage. Running statistics of
+// BatchNorm are updated in place and must therefore be writable float32 arrays.
 //
 // Errors: every normlab::Error (bad shape, axis, eps, file ...) becomes normlab.Error, a subclass of
 // ValueError, with the library's message. The kernels run without the GIL.
@@ -35,7 +35,13 @@ using namespace normlab;
 
 namespace {
 
-using F32Array = py::array_t<float, py::array::forcecast>;  // converts other dtypes, keeps float32 strides
+// A float32 argument: the array itself when it is float32 (whatever its strides); any other array or
+// array-like becomes a C-contiguous float32 copy in the library's storage (f32 below, through the type
+// caster at the end of this file).
+struct F32Array : py::array {
+  F32Array() = default;
+  explicit F32Array(py::array a) : py::array(std::move(a)) {}
+};
 using OptArray = std::optional<F32Array>;
 
 bool is_float16(const py::array& a) {
@@ -102,6 +108,17 @@ py::array storage_array(const py::dtype& dt, const std::vector<py::ssize_t>& sha
   detail::Storage* const st = owned.release();  // the capsule frees it from here on
   return py::array(dt, shape, st->p, base);
 }
+// a as float32: a itself when it is float32; otherwise converted as np.asarray(a, np.float32) would (unsafe
+// casting: float64 rounded, integers converted), into a new C-contiguous array in the storage above. (From
+// NumPy's own allocation, a large converted input paid its page faults at every call, as the results did.)
+py::array f32(const py::array& a) {
+  if (a.dtype().is(py::dtype::of<float>())) return a;
+  py::array out =
+      storage_array(py::dtype::of<float>(), std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+  py::module_::import("numpy").attr("copyto")(out, a, py::arg("casting") = "unsafe");
+  return out;
+}
+
 template <class T>
 py::array_t<T> new_array(const Dims& shape) {
   return py::array_t<T>(
@@ -164,7 +181,7 @@ py::array storage_input(const py::array& a, const char* name) {
     NL_CHECK(is_float16(a), "{} must be float16 like x, got {}", name, std::string(py::str(a.dtype())));
     return a;
   } else {
-    return F32Array::ensure(a);
+    return f32(a);
   }
 }
 
@@ -516,6 +533,23 @@ py::array py_fbank(const F32Array& samples, float sample_rate, int num_mel_bins,
 }
 
 }  // namespace
+
+// F32Array's conversion: a float32 ndarray as it is; in the converting pass of overload resolution anything
+// NumPy makes an array of, through f32. (pybind11's array_t<float, forcecast> converts in NumPy's memory.)
+namespace pybind11::detail {
+template <>
+struct type_caster<F32Array> {
+  PYBIND11_TYPE_CASTER(F32Array, const_name("numpy.ndarray[numpy.float32]"));
+  bool load(handle src, bool convert) {
+    if (!convert && !array_t<float>::check_(src)) return false;
+    array a = array::ensure(src);
+    if (!a) return false;
+    value = F32Array(f32(a));
+    return true;
+  }
+  static handle cast(const F32Array& src, return_value_policy, handle) { return src.inc_ref(); }
+};
+}  // namespace pybind11::detail
 
 PYBIND11_MODULE(normlab, m) {
   m.doc() =

@@ -132,6 +132,25 @@ class LayerNormTest(unittest.TestCase):
         y = normlab.layer_norm(x, eps=0.0)
         self.assertEqual(y.dtype, np.float32)
         assert_close(self, y, ref_layer_norm(x, None, None, [-1], 0.0))
+        # Converted as np.asarray(a, np.float32) would: the same bits as from that array, for a strided
+        # float64 view, integers, and the float32-only operations' inputs (there a nested list too).
+        rng = np.random.default_rng(11)
+        x64 = rng.standard_normal((6, 66)) * 3 + 1
+        strided = x64[:, ::2]
+        w64 = rng.standard_normal(33)
+        np.testing.assert_array_equal(normlab.layer_norm(strided, w64),
+                                      normlab.layer_norm(strided.astype(np.float32), w64.astype(np.float32)))
+        ints = np.arange(12, dtype=np.int64).reshape(3, 4) ** 2
+        np.testing.assert_array_equal(normlab.rms_norm(ints), normlab.rms_norm(ints.astype(np.float32)))
+        nested = [[[1, 2, 4], [3, 5, 9]]]  # a list, for the float32-only operations
+        np.testing.assert_array_equal(normlab.group_norm(nested, 1),
+                                      normlab.group_norm(np.array(nested, np.float32), 1))
+        dy64 = rng.standard_normal((6, 33))
+        for a, b in zip(normlab.group_norm_backward(dy64, strided, 3),
+                        normlab.group_norm_backward(dy64.astype(np.float32), strided.astype(np.float32), 3)):
+            np.testing.assert_array_equal(a, b)
+        with self.assertRaises((TypeError, ValueError)):
+            normlab.layer_norm(np.array([["a", "b"]]))
 
     def test_float16_storage(self):
         rng = np.random.default_rng(3)

@@ -258,10 +258,10 @@ void for_each_offset(const Dims& shape, const Dims& strides, F&& f) {
 // "eighteenth session"). The environment variable NORMLAB_HUGE_PAGES=0 turns this off (read at each
 // allocation), and an AddressSanitizer build never does it (a mapping of its own has no redzones): every
 // allocation then comes from the aligned operator new.
-// A freed mapping is kept (up to kStorageCacheMappings of them and kStorageCacheBytes in all, the oldest
-// given back first) for the next allocation of its length or up to 1/8 shorter: a tensor made and freed
-// at each call would otherwise pay for a new mapping, its page faults and the kernel's zeroing every time
-// (a 4 MiB result of the Python module took 1.3-4.7× as long as from NumPy's allocator before the kept
+// A freed mapping is kept (up to kStorageCacheMappings of them and kStorageCacheBytes of data in all, the
+// oldest given back first) for the next allocation of its length or up to 1/8 shorter: a tensor made and
+// freed at each call would otherwise pay for a new mapping, its page faults and the kernel's zeroing every
+// time (a 4 MiB result of the Python module took 1.3-4.7× as long as from NumPy's allocator before the kept
 // mappings; docs/PERFORMANCE.md, "nineteenth session").
 // Such a tensor's data do not start at the mapping's start but detail::storage_offset(k) bytes into it, k
 // counting these allocations: 0, 2560, 1024, 3584, 2048, 512, 3072, 1536, again and again. Otherwise every
@@ -292,7 +292,7 @@ void free_storage(void* p, std::size_t mapped) noexcept;
 // Whether allocate_storage(bytes) maps and advises the memory (Linux, bytes ≥ kHugePageBytes, and not
 // NORMLAB_HUGE_PAGES=0).
 bool huge_page_storage(std::size_t bytes);
-// The bytes of the freed mappings kept for reuse (above).
+// The bytes of data the freed mappings kept for reuse can hold (above; without their offset pages).
 std::size_t storage_cache_bytes();
 struct StorageFree {
   std::size_t mapped = 0;

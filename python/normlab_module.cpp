@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,16 +86,8 @@ ConstView cview(const OptArray& a, const char* name) {
 // 128 MiB from NumPy paid its page faults at every call (docs/PERFORMANCE.md, "eighteenth" and "nineteenth
 // session"). A capsule frees it with the array.
 py::array storage_array(const py::dtype& dt, const std::vector<py::ssize_t>& shape) {
-  const auto item = static_cast<std::size_t>(dt.itemsize());
-  std::size_t bytes = item;
-  for (py::ssize_t d : shape) {
-    NL_CHECK(d >= 0, "negative size {} in the shape", d);
-    const auto u = static_cast<std::size_t>(d);
-    NL_CHECK(u == 0 || bytes <= std::numeric_limits<std::size_t>::max() / u,
-             "an array of this shape has more bytes than a size_t can count");
-    bytes *= u;
-  }
-  bytes = std::max(bytes, kAlignment);
+  const std::size_t bytes =
+      detail::storage_bytes(std::span<const py::ssize_t>(shape), static_cast<std::size_t>(dt.itemsize()));
   constexpr auto release = [](void* p) {
     auto* st = static_cast<detail::Storage*>(p);
     detail::StorageFree{st->mapped}(st->p);

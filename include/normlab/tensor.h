@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <new>
 #include <numeric>
@@ -269,6 +270,8 @@ void for_each_offset(const Dims& shape, const Dims& strides, F&& f) {
 // wait on its stores to another at the same address bits 0-11 (4 KiB aliasing): the LayerNorm backward in L3
 // at D = 1024 and 4096 took 1.06-1.17× the time of staggered buffers (docs/PERFORMANCE.md, "twentieth
 // session"). Consecutive allocations (such as x, then y or dy, then dx) lie 1024 or 1536 bytes apart.
+// The base page of x86-64 Linux, within which the offsets above stagger the data.
+inline constexpr std::size_t kPageBytes = 4096;
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 inline constexpr std::size_t kStorageCacheBytes = std::size_t{256} << 20;
 inline constexpr std::size_t kStorageCacheMappings = 16;
@@ -277,14 +280,35 @@ struct Storage {
   void* p = nullptr;
   std::size_t mapped = 0;  // the length of its own mapping (from p's page on); 0: from operator new
 };
-// The offset of the k-th mapped allocation's data in its first page (above): multiples of 512 below 4096,
-// five steps of 512 apart (modulo 4096) from one allocation to the next.
+// The offset of the k-th mapped allocation's data in its first page (above): multiples of kPageBytes / 8
+// (512) below kPageBytes, five such steps apart (modulo kPageBytes) from one allocation to the next.
 constexpr std::size_t storage_offset(unsigned k) {
-  return (k * 5u % 8u) * 512u;
+  return (k * 5u % 8u) * (kPageBytes / 8);
 }
-// The start of the mapping of a mapped allocation's data p (the start of p's 4 KiB page).
+// The start of the mapping of a mapped allocation's data p (the start of p's page).
 inline void* mapping_start(void* p) {
-  return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) / 4096 * 4096);
+  return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) / kPageBytes * kPageBytes);
+}
+// The bytes of storage for a tensor of `shape` with elements of `item` bytes (at least kAlignment), for
+// BasicTensor and the Python module's arrays. A negative size, or more bytes than a pointer difference can
+// count (the element count then fits an Index too), is an Error: the product is checked before it is formed.
+// A size 0 on any axis makes an empty tensor, whatever the other sizes.
+template <typename Int>
+std::size_t storage_bytes(std::span<const Int> shape, std::size_t item) {
+  constexpr auto kMax = static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max());
+  bool empty = false;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    NL_CHECK(shape[i] >= 0, "negative size {} on axis {}", shape[i], i);
+    empty = empty || shape[i] == 0;
+  }
+  std::size_t bytes = empty ? 0 : item;
+  for (std::size_t i = 0; i < shape.size() && !empty; ++i) {
+    const auto u = static_cast<std::size_t>(shape[i]);
+    NL_CHECK(bytes <= kMax / u,
+             "a tensor of this shape ({} bytes per element) has more bytes than fit in memory", item);
+    bytes *= u;
+  }
+  return std::max(bytes, kAlignment);
 }
 // Throws std::bad_alloc when the memory cannot be had.
 Storage allocate_storage(std::size_t bytes);
@@ -351,11 +375,7 @@ class BasicTensor {
   // The storage, each element written before it is read: for copy_of, which writes them all.
   struct Uninitialized {};
   BasicTensor(Dims shape, Uninitialized) : shape_(shape) {
-    for (int i = 0; i < shape.size(); ++i)
-      NL_CHECK(shape[i] >= 0, "negative size {} on axis {} of shape {}", shape[i], i, shape.str());
-    const Index n = shape.product();
-    const std::size_t bytes = std::max<std::size_t>(static_cast<std::size_t>(n) * sizeof(T), kAlignment);
-    const detail::Storage st = detail::allocate_storage(bytes);
+    const detail::Storage st = detail::allocate_storage(detail::storage_bytes(shape.span(), sizeof(T)));
     data_ = std::unique_ptr<T, detail::StorageFree>(static_cast<T*>(st.p), detail::StorageFree{st.mapped});
   }
 

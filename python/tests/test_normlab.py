@@ -499,7 +499,7 @@ class OutputStorageTest(unittest.TestCase):
         self.assertEqual(normlab.empty([]).shape, ())
         with self.assertRaises(normlab.Error):
             normlab.empty([2, -1])
-        with self.assertRaises(normlab.Error):  # more bytes than a size_t counts
+        with self.assertRaises(normlab.Error):  # more bytes than fit in memory
             normlab.empty([2 ** 62, 8])
 
 

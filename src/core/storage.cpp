@@ -38,7 +38,7 @@ std::size_t round_up(std::size_t n, std::size_t to) {
 // The page each mapping has beyond its data's length, for the data's offset (storage_offset). The bounds of
 // the kept mappings count their data's pages only (held), so that two freed tensors of 128 MiB each stay
 // kept within kStorageCacheBytes, as they did before the offsets.
-constexpr std::size_t kOffsetPage = 4096;
+constexpr std::size_t kOffsetPage = kPageBytes;
 std::size_t held(std::size_t mapped) {
   return mapped - kOffsetPage;
 }
@@ -65,18 +65,18 @@ std::size_t storage_cache_bytes() {
 }
 
 // The huge-page path first takes a kept mapping (free_storage) of len to len + len/8 bytes, the shortest
-// such, where len is bytes rounded up to 4 KiB plus one page for the offset below. Otherwise it maps len
-// plus 2 MiB of slack, unmaps the slack before the first 2 MiB boundary and after the end, and advises what
-// is left. Only the whole 2 MiB pieces can become huge pages; the kernel leaves a shorter tail in 4 KiB
-// pages. A refused madvise (a kernel without THP) is not an error: the memory is still there, in 4 KiB pages.
-// The data start detail::storage_offset(k) bytes into the mapping, k counting these allocations (tensor.h,
-// "storage").
+// such, where len is bytes rounded up to a page (kPageBytes) plus one page for the offset below. Otherwise it
+// maps len plus 2 MiB of slack, unmaps the slack before the first 2 MiB boundary and after the end, and
+// advises what is left. Only the whole 2 MiB pieces can become huge pages; the kernel leaves a shorter tail
+// in 4 KiB pages. A refused madvise (a kernel without THP) is not an error: the memory is still there, in 4
+// KiB pages. The data start detail::storage_offset(k) bytes into the mapping, k counting these allocations
+// (tensor.h, "storage").
 Storage allocate_storage(std::size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (huge_page_storage(bytes)) {
     static std::atomic<unsigned> next{0};
     const std::size_t offset = storage_offset(next.fetch_add(1, std::memory_order_relaxed));
-    const std::size_t len = round_up(bytes, 4096) + kOffsetPage;
+    const std::size_t len = round_up(bytes, kPageBytes) + kOffsetPage;
     {
       MappingCache& c = mapping_cache();
       const std::lock_guard<std::mutex> lock(c.mu);

@@ -99,7 +99,9 @@ TEST(Tensor, LargeStorageIsAdvisedForHugePagesUnlessTurnedOff) {
 #if defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
     EXPECT_TRUE(detail::huge_page_storage(kHugePageBytes));
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(detail::mapping_start(moved.data())) % kHugePageBytes, 0u);
-    if (thp) EXPECT_NE(vm_flags_of(moved.data()).find(" hg"), std::string::npos) << vm_flags_of(moved.data());
+    if (thp) {
+      EXPECT_NE(vm_flags_of(moved.data()).find(" hg"), std::string::npos) << vm_flags_of(moved.data());
+    }
 #else
     EXPECT_FALSE(detail::huge_page_storage(kHugePageBytes));
 #endif
@@ -300,7 +302,12 @@ TEST(Tensor, BadInputGetsClearMessages) {
   EXPECT_NL_ERROR(t.view().at({0, 3}), "index 3 out of range");
   EXPECT_NL_ERROR(t.view().transpose(0, 1).reshape({6}), "contiguous");
   EXPECT_NL_ERROR(t.view().reshape({4}), "cannot reshape 6 elements");
-  EXPECT_NL_ERROR(Tensor({2, -1}), "negative size");
+  EXPECT_NL_ERROR(Tensor({2, -1}), "negative size -1 on axis 1");
+  // A shape whose element count overflows (2^62 · 4 elements; 2^31 · 2^31 · 4 bytes) is refused before its
+  // product is formed, and a zero size anywhere makes any shape fit.
+  EXPECT_NL_ERROR(Tensor({Index{1} << 62, 4}), "more bytes than fit in memory");
+  EXPECT_NL_ERROR(Tensor({Index{1} << 31, Index{1} << 31}), "more bytes than fit in memory");
+  EXPECT_EQ(Tensor({Index{1} << 62, 0, Index{1} << 62}).numel(), 0);
   EXPECT_NL_ERROR((Dims{1, 2, 3, 4, 5, 6, 7, 8, 9}), "exceeds the maximum rank 8");
   EXPECT_NL_ERROR(Tensor({2}, {1.0f, 2.0f, 3.0f}), "3 values for shape [2]");
 }

@@ -1,9 +1,10 @@
 // normlab/dist.h — data parallelism over MPI: a communicator with deterministic reductions, SyncBatchNorm,
 // and gradient averaging for the Transformer engine (library normlab_dist; the core library has no MPI).
 //
-// Determinism: every reduction here gathers the ranks' values (MPI_Allgather) and sums them in rank order
-// (0, 1, ..., size−1) in double on every rank. MPI_Allreduce may combine in any order (and differently on
-// different ranks), which would break "the same bits on every rank and in every run".
+// Determinism: every reduction here sums the ranks' values in rank order (0, 1, ..., size−1) in double, each
+// element on one rank (a reduce-scatter by MPI_Alltoallv, then MPI_Allgatherv), or on every rank after an
+// MPI_Allgather. MPI_Allreduce may combine in any order (and differently on different ranks), which would
+// break "the same bits on every rank and in every run".
 //
 // Errors: a check that fails on one rank only must not leave the others waiting inside a collective call.
 // Every collective function below validates its arguments locally first, then all ranks exchange a status
@@ -32,8 +33,13 @@ class Comm {
 
   // Every rank's `local` (the same length on every rank), rank-major: size()·local.size() values.
   std::vector<double> allgather(std::span<const double> local) const;
-  // v ← Σ_r v_r elementwise, summed in rank order (the same bits on every rank).
+  // v ← Σ_r v_r elementwise, summed in rank order (the same bits on every rank). Each rank sums 1/size() of
+  // the elements and receives the others' sums: about 2·v.size() values in and out per rank, whatever
+  // size() is (an allgather would bring size()·v.size()).
   void allreduce_sum(std::span<double> v) const;
+  // v ← Σ_r weights[r]·v_r elementwise, summed in rank order from 0 (0 + w_0·v_0 + w_1·v_1 + ...), as
+  // allreduce_sum. `weights` has size() entries, the same on every rank.
+  void weighted_sum(std::span<double> v, std::span<const double> weights) const;
   // Collective status check: throws normlab::Error on every rank when `local_error` is non-empty on any
   // rank (this rank's message, or one naming the first failing rank). Returns normally otherwise.
   void agree(const std::string& local_error) const;
@@ -41,6 +47,10 @@ class Comm {
   void check_same(std::span<const double> v, const std::string& what) const;
 
  private:
+  // The same n on every rank, and size() weights on every rank when `weighted`: an Error on every rank
+  // otherwise.
+  void check_lengths(std::size_t n, std::size_t weights, bool weighted) const;
+  void sum_in_rank_order(std::span<double> v, std::span<const double> weights, bool weighted) const;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };
@@ -72,8 +82,8 @@ void sync_batch_norm_backward(const Comm& comm, View dx, View dweight, View dbia
 // each gradient becomes Σ_r w_r·g_r / Σ_r w_r (double, rank order, rounded once), the same bits on every
 // rank (w_r ≥ 0, Σ w_r > 0). With w_r = the number of predicted tokens in rank r's shard and a loss that is
 // the mean over them (Model::forward), the result is the gradient of the mean loss over the whole batch. The
-// parameter lists must have the same names and shapes on every rank (checked). Cost: every rank receives
-// every rank's gradients (Allgather), size()·numel floats: meant for the engine's small models.
+// parameter lists must have the same names and shapes on every rank (checked). Cost: one
+// Comm::weighted_sum of all gradients in double, about 2·numel values in and out per rank.
 void average_gradients(const Comm& comm, std::span<const nn::ParamRef> params, double weight = 1.0);
 // Copies the parameters (or buffers) of rank `root` to every rank (PyTorch DDP does this at construction).
 void broadcast_params(const Comm& comm, std::span<const nn::ParamRef> params, int root = 0);

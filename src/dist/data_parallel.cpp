@@ -48,22 +48,17 @@ void average_gradients(const Comm& comm, std::span<const nn::ParamRef> params, d
   double total = 0;
   for (double w : all_w) total += w;                                   // rank order
   NL_CHECK(total > 0, "{}: the weights sum to 0 over all ranks", op);  // the same on every rank
-  // Each rank's gradients, scaled by its weight in double; summed over ranks in rank order.
+  // Each rank's gradients in double, scaled by its weight and summed over ranks in rank order.
   Index n = 0;
   for (const nn::ParamRef& p : params) n += p.numel();
-  std::vector<double> local(static_cast<std::size_t>(n));
+  std::vector<double> sum(static_cast<std::size_t>(n));
   std::size_t k = 0;
   for (const nn::ParamRef& p : params)
-    for (Index i = 0; i < p.numel(); ++i) local[k++] = static_cast<double>(p.grad[i]);
-  const std::vector<double> all = comm.allgather(local);
+    for (Index i = 0; i < p.numel(); ++i) sum[k++] = static_cast<double>(p.grad[i]);
+  comm.weighted_sum(sum, all_w);
   k = 0;
   for (const nn::ParamRef& p : params)
-    for (Index i = 0; i < p.numel(); ++i, ++k) {
-      double s = 0;
-      for (int r = 0; r < comm.size(); ++r)
-        s += all_w[static_cast<std::size_t>(r)] * all[static_cast<std::size_t>(r) * local.size() + k];
-      p.grad[i] = static_cast<float>(s / total);
-    }
+    for (Index i = 0; i < p.numel(); ++i) p.grad[i] = static_cast<float>(sum[k++] / total);
 }
 
 void broadcast_params(const Comm& comm, std::span<const nn::ParamRef> params, int root) {

@@ -7,6 +7,9 @@
 #include <normlab/error.h>
 #include <normlab/norm.h>
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -46,6 +49,38 @@ TEST(DistComm, AllreduceSumsInRankOrderWithTheSameBitsEverywhere) {
   const std::vector<double> all = comm.allgather(std::vector<double>{static_cast<double>(comm.rank())});
   ASSERT_EQ(all.size(), static_cast<std::size_t>(comm.size()));
   for (int r = 0; r < comm.size(); ++r) EXPECT_EQ(all[static_cast<std::size_t>(r)], r);
+}
+
+// allreduce_sum and weighted_sum (each rank sums a slice) give the bits of sums of allgather's values in rank
+// order, at lengths that leave some ranks no slice (0, 1, 2) and at odd lengths.
+TEST(DistComm, SlicedSumsHaveTheBitsOfGatheredSums) {
+  const Comm comm = Comm::world();
+  const auto P = static_cast<std::size_t>(comm.size());
+  std::vector<double> w(P);
+  for (std::size_t r = 0; r < P; ++r) w[r] = 0.5 + 0.25 * static_cast<double>(r);  // exact
+  for (std::size_t n : {0, 1, 2, 7, 33, 1025}) {
+    std::mt19937_64 rng(1000 * n + static_cast<std::size_t>(comm.rank()));
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    std::vector<double> v(n);
+    for (double& x : v) x = u(rng) * std::ldexp(1.0, static_cast<int>(rng() % 40) - 20);  // sums round
+    const std::vector<double> all = comm.allgather(v);
+    std::vector<double> sum = v, wsum = v;
+    comm.allreduce_sum(sum);
+    comm.weighted_sum(wsum, w);
+    for (std::size_t i = 0; i < n; ++i) {
+      double s = all[i], t = 0;
+      for (std::size_t r = 1; r < P; ++r) s += all[r * n + i];
+      for (std::size_t r = 0; r < P; ++r) t += w[r] * all[r * n + i];
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(sum[i]), std::bit_cast<std::uint64_t>(s))
+          << "n " << n << " i " << i;
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(wsum[i]), std::bit_cast<std::uint64_t>(t))
+          << "n " << n << " i " << i;
+    }
+  }
+  // A wrong number of weights, on one rank only, stops every rank.
+  std::vector<double> v(5, 1.0);
+  std::vector<double> bad(comm.rank() == 0 ? P + 1 : P, 1.0);
+  EXPECT_THROW(comm.weighted_sum(v, bad), Error);
 }
 
 TEST(DistComm, ALocalErrorStopsEveryRank) {

@@ -504,8 +504,7 @@ NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w
 // row is that of rows_forward_impl (same bits); only the horizontal sums, divisions and square roots of eight
 // rows share instructions. A last block of fewer than eight rows repeats its last row in the unused slots
 // (computed, never written). NC > 0: n == NC, known at compile time. y may equal x: a block's outputs are
-// written after its statistics are complete.
-inline constexpr Index kBatchMaxN = 512;
+// written after its statistics are complete. (kBatchMaxN: row_kernels.h.)
 
 // Save (here and in rows_forward_impl / rows_forward_pipelined): the kernel writes NormStats' smean and
 // srstd. A separate instantiation, so that a plain forward runs the loop it had before NormStats: with the
@@ -1278,7 +1277,7 @@ void rows_backward_batched_n(const RowsBackwardOf<T>& a) {
 template <bool Saved, typename T>
 void rows_backward_saved(const RowsBackwardOf<T>& a) {
   const bool w = a.w != nullptr;
-  if (a.n <= kBatchMaxN && a.rows > 1) {
+  if (backward_batched(a)) {
     if (a.center)
       return w ? rows_backward_batched_n<true, true, Saved>(a)
                : rows_backward_batched_n<true, false, Saved>(a);

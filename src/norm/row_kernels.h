@@ -111,7 +111,7 @@ using RowsBackward = RowsBackwardOf<float>;
 
 // (b − a) modulo 4 KiB, in bytes: how far b starts after a within a page (the layout rules below).
 inline std::uintptr_t page_delta(const void* a, const void* b) {
-  return (reinterpret_cast<std::uintptr_t>(b) - reinterpret_cast<std::uintptr_t>(a)) & 4095;
+  return (reinterpret_cast<std::uintptr_t>(b) - reinterpret_cast<std::uintptr_t>(a)) & (kPageBytes - 1);
 }
 
 // The backward's column pass over a full group of rows of n ≥ kSplitMinN runs in two halves (same bits;
@@ -132,8 +132,8 @@ inline bool column_halves(const RowsBackwardOf<T>& a, Index r0) {
     for (Index k = r0; k < r0 + 4; ++k)
       for (const T* p : {a.x + k * a.ldx, a.dy + k * a.lddy}) {
         const std::uintptr_t d = page_delta(dx, p);
-        same += d < 64 || d > 4096 - 64;
-        near += d <= 128 || d >= 4096 - 128;
+        same += d < 64 || d > kPageBytes - 64;
+        near += d <= 128 || d >= kPageBytes - 128;
       }
   }
   return same >= 16 || (!a.stream && near >= 16);
@@ -168,6 +168,24 @@ inline bool forward_pipelined(const RowsForwardOf<T>& a) {
   const bool long_fp32_ln_stream =
       std::is_same_v<T, float> && a.center && a.stream && a.n >= kUnpipelinedMinN;
   return a.n % 64 == 0 && a.n >= 256 && !long_fp32_ln_stream;
+}
+
+// Rows of up to kBatchMaxN elements go through the kernels of eight-row blocks (rows_forward_batched and
+// rows_backward_batched in row_kernels-inl.h), where the forward does not take the pipelined kernel and the
+// backward_batched says so.
+inline constexpr Index kBatchMaxN = 512;
+
+// Whether the backward runs the eight-row blocks (rows_backward_batched, software-pipelined over three
+// blocks) rather than the groups of four rows (rows_backward_impl): rows of n ≤ kBatchMaxN, more than one,
+// and out of cache (stream) only those shorter than kBatchStreamMaxN. Paired runs (scripts/ab-rows, 1
+// thread; docs/PERFORMANCE.md, "twenty-first session"), the groups against the blocks: in L3 1.15-1.28 of the
+// time at D = 64 and 80, 1.04-1.09 at 96 and 112, 0.96-1.03 from 128 to 512; out of cache 0.63 at D = 256
+// (LayerNorm from saved statistics), 0.76-0.94 from 96 to 384, 0.98-1.10 at 64 and 80, and at 448 and 512
+// 0.90-1.09 by kernel. The same bits either way.
+inline constexpr Index kBatchStreamMaxN = 96;
+template <typename T>
+inline bool backward_batched(const RowsBackwardOf<T>& a) {
+  return a.n <= kBatchMaxN && a.rows > 1 && (!a.stream || a.n < kBatchStreamMaxN);
 }
 
 struct RowKernels {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "norm/row_kernels.h"
 #include "support/finite_diff.h"
@@ -667,6 +668,91 @@ TEST(LayerNormLayouts, LongRowsOutOfCacheTakeTheRowBlocksWithTheSameBits) {
       EXPECT_EQ(std::memcmp(srstd[0], srstd[1], sizeof srstd[0]), 0) << what;
     }
     set_isa(saved);
+  }
+}
+
+// Out of cache (streaming stores) the backward of rows from kBatchStreamMaxN to kBatchMaxN takes the groups
+// of four rows instead of the eight-row blocks (kernels::backward_batched): the same dx and dγ/dβ partials
+// bit for bit, from saved statistics and recomputing them, LayerNorm and RMSNorm, on every SIMD target.
+TEST(LayerNormLayouts, ShortRowsOutOfCacheTakeTheRowGroupsWithTheSameBits) {
+  std::mt19937_64 rng(37);
+  const Isa saved = active_isa();
+  kernels::RowsBackward c;
+  c.rows = 2;
+  for (const Index d : {Index{1}, Index{64}, Index{80}, kernels::kBatchStreamMaxN, Index{256},
+                        kernels::kBatchMaxN, kernels::kBatchMaxN + 1}) {
+    c.n = d;
+    c.stream = false;
+    EXPECT_EQ(kernels::backward_batched(c), d <= kernels::kBatchMaxN) << d;
+    c.stream = true;
+    EXPECT_EQ(kernels::backward_batched(c), d < kernels::kBatchStreamMaxN) << d;
+  }
+  c.rows = 1;
+  c.stream = false;
+  c.n = 64;
+  EXPECT_FALSE(kernels::backward_batched(c));  // one row: the group kernel
+  for (const Index d : {Index{96}, Index{256}, Index{333}}) {
+    constexpr Index kRows = 13;  // three blocks of eight rows and groups of four, each with a short last one
+    const Tensor x = testing::random_tensor({kRows, d}, rng, 2.0, 3.0),
+                 dy = testing::random_tensor({kRows, d}, rng, 1.0, 0.0),
+                 w = testing::random_tensor({d}, rng, 1.0, 1.0);
+    for (const bool center : {true, false}) {
+      // The forward's saved double statistics.
+      kernels::RowsForward f;
+      Tensor y({kRows, d});
+      double smean[kRows], srstd[kRows];
+      f.y = y.data();
+      f.x = x.data();
+      f.ldx = f.ldy = d;
+      f.rows = kRows;
+      f.n = d;
+      f.w = w.data();
+      f.eps = 1e-5;
+      f.center = center;
+      f.smean = center ? smean : nullptr;
+      f.srstd = srstd;
+      kernels::row_kernels().rows_forward(f);
+      for (const bool with_saved : {false, true}) {
+        for (const Isa isa : supported_isas()) {
+          set_isa(isa);
+          const std::string what =
+              fmt::format("{} D={} {} {}", isa_name(isa), d, center ? "LayerNorm" : "RMSNorm",
+                          with_saved ? "saved" : "recomputing");
+          Tensor dx[2] = {Tensor({kRows, d}), Tensor({kRows, d})};
+          std::vector<double> dw[2], db[2];
+          for (int v = 0; v < 2; ++v) {
+            kernels::RowsBackward a;
+            a.dx = dx[v].data();
+            a.dy = dy.data();
+            a.x = x.data();
+            a.lddx = a.lddy = a.ldx = d;
+            a.rows = kRows;
+            a.n = d;
+            a.w = w.data();
+            a.eps = 1e-5;
+            a.center = center;
+            a.stream = v == 1;
+            dw[v].assign(static_cast<std::size_t>(d), 0.0);
+            db[v].assign(static_cast<std::size_t>(d), 0.0);
+            a.dw = dw[v].data();
+            a.db = db[v].data();
+            a.init = true;
+            if (with_saved) {
+              a.smean = center ? smean : nullptr;
+              a.srstd = srstd;
+            }
+            ASSERT_EQ(kernels::backward_batched(a), v == 0) << what;
+            kernels::row_kernels().rows_backward(a);
+          }
+          EXPECT_TRUE(bitwise_equal(dx[0].cview(), dx[1].cview(), what + " dx"));
+          EXPECT_EQ(std::memcmp(dw[0].data(), dw[1].data(), dw[0].size() * sizeof(double)), 0)
+              << what << " dγ";
+          EXPECT_EQ(std::memcmp(db[0].data(), db[1].data(), db[0].size() * sizeof(double)), 0)
+              << what << " dβ";
+        }
+        set_isa(saved);
+      }
+    }
   }
 }
 

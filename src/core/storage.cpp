@@ -68,9 +68,9 @@ std::size_t storage_cache_bytes() {
 // such, where len is bytes rounded up to a page (kPageBytes) plus one page for the offset below. Otherwise it
 // maps len plus 2 MiB of slack, unmaps the slack before the first 2 MiB boundary and after the end, and
 // advises what is left. Only the whole 2 MiB pieces can become huge pages; the kernel leaves a shorter tail
-// in 4 KiB pages. A refused madvise (a kernel without THP) is not an error: the memory is still there, in 4
-// KiB pages. The data start detail::storage_offset(k) bytes into the mapping, k counting these allocations
-// (tensor.h, "storage").
+// in 4 KiB pages. A refused madvise (a kernel without THP) is not an error: the memory is still there, in
+// 4 KiB pages. The data start detail::storage_offset(k) bytes into the mapping, k counting these
+// allocations (tensor.h, "storage").
 Storage allocate_storage(std::size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (huge_page_storage(bytes)) {

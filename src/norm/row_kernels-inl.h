@@ -1172,11 +1172,11 @@ void rows_backward_impl(const RowsBackwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
-// The backward for short rows (n ≤ kBatchMaxN) in blocks of eight rows (two groups of the dγ/dβ
-// order), software-pipelined like rows_forward_batched: step s runs the column passes of block s − 2,
-// the second passes of block s − 1 with their rstd and constants together, and Σx of block s with the
-// means together. Same arithmetic and bits as rows_backward_impl. dx may equal dy or x: a row's dx is
-// written by the column pass after both statistics passes have read the row.
+// The backward for short rows (n ≤ kBatchMaxN, where backward_batched says so) in blocks of eight rows (two
+// groups of the dγ/dβ order), software-pipelined like rows_forward_batched: step s runs the column passes of
+// block s − 2, the second passes of block s − 1 with their rstd and constants together, and Σx of block s
+// with the means together. Same arithmetic and bits as rows_backward_impl. dx may equal dy or x: a row's dx
+// is written by the column pass after both statistics passes have read the row.
 template <bool Center, bool W, int NC, bool Saved, typename T>
 void rows_backward_batched(const RowsBackwardOf<T>& a) {
   const Index n = NC > 0 ? NC : a.n;

@@ -171,8 +171,8 @@ inline bool forward_pipelined(const RowsForwardOf<T>& a) {
 }
 
 // Rows of up to kBatchMaxN elements go through the kernels of eight-row blocks (rows_forward_batched and
-// rows_backward_batched in row_kernels-inl.h), where the forward does not take the pipelined kernel and the
-// backward_batched says so.
+// rows_backward_batched in row_kernels-inl.h): in the forward where it does not take the pipelined kernel,
+// in the backward where backward_batched says so.
 inline constexpr Index kBatchMaxN = 512;
 
 // Whether the backward runs the eight-row blocks (rows_backward_batched, software-pipelined over three

@@ -4,8 +4,9 @@
 What a NumPy user sees per call: the module allocates every result, so a result of 2 MiB or more costs
 a mapping, its page faults and the kernel's zeroing unless the storage keeps freed mappings
 (include/normlab/tensor.h, "storage"); and the inputs are read from NumPy's 4 KiB pages or, when made by
-normlab.empty, from huge pages; float64 inputs are converted to float32 first. Compare with NORMLAB_HUGE_PAGES=0 (every array in 4 KiB pages, results from
-the aligned operator new) in the environment; docs/PERFORMANCE.md, "nineteenth session", has a run.
+normlab.empty, from huge pages; float64 inputs are converted to float32 first. Compare with
+NORMLAB_HUGE_PAGES=0 (every array in 4 KiB pages, results from the aligned operator new) in the
+environment; docs/PERFORMANCE.md, "nineteenth session", has a run.
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/bench_python.py --threads 1
     NORMLAB_HUGE_PAGES=0 PYTHONPATH=build/release/python /usr/bin/python3 bench/bench_python.py --threads 1

@@ -823,13 +823,13 @@ void with_flags(bool center, bool w, bool b, F&& f) {
     on_w(std::false_type{});
 }
 
-// The forward kernel for the row length: eight-row blocks for short rows, the pipelined kernel where
-// forward_pipelined says so (row_kernels.h: multiples of 64 from 256 on, but long fp32 LayerNorm rows out of
-// cache), rows_forward_impl otherwise.
+// The forward kernel for the row length: eight-row blocks for short rows (forward_batched), the pipelined
+// kernel where forward_pipelined says so (row_kernels.h: multiples of 64 from 256 on, but long fp32 LayerNorm
+// rows out of cache), rows_forward_impl otherwise.
 template <typename T>
 void rows_forward_plain(const RowsForwardOf<T>& a) {
   const bool pipelined = forward_pipelined(a);
-  const bool batched = a.n <= kBatchMaxN && !pipelined && a.rows > 1;
+  const bool batched = forward_batched(a);
   const bool save = a.smean || a.srstd;
   with_flags(a.center, a.w != nullptr, a.b != nullptr, [&](auto c, auto w, auto b) {
     constexpr bool C = decltype(c)::value, W = decltype(w)::value, B = decltype(b)::value;

@@ -171,9 +171,15 @@ inline bool forward_pipelined(const RowsForwardOf<T>& a) {
 }
 
 // Rows of up to kBatchMaxN elements go through the kernels of eight-row blocks (rows_forward_batched and
-// rows_backward_batched in row_kernels-inl.h): in the forward where it does not take the pipelined kernel,
-// in the backward where backward_batched says so.
+// rows_backward_batched in row_kernels-inl.h) where forward_batched and backward_batched say so.
 inline constexpr Index kBatchMaxN = 512;
+
+// Whether the forward runs the eight-row blocks: rows of n ≤ kBatchMaxN, more than one, that do not take the
+// pipelined kernel (forward_pipelined).
+template <typename T>
+inline bool forward_batched(const RowsForwardOf<T>& a) {
+  return a.n <= kBatchMaxN && a.rows > 1 && !forward_pipelined(a);
+}
 
 // Whether the backward runs the eight-row blocks (rows_backward_batched, software-pipelined over three
 // blocks) rather than the groups of four rows (rows_backward_impl): rows of n ≤ kBatchMaxN, more than one,

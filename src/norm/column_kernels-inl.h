@@ -149,6 +149,21 @@ inline VD2 acc2_at(VD2 a, const float* p, int k) {
   return acc2(a, load_n(p, k));
 }
 
+#if !NL_VEC_AVX2
+// S_l = (P_l + P_{8+l}) + (P_{16+l} + P_{24+l}) of the block at x: the partials of rows l + 8q (mod 32).
+template <bool Full>
+inline VD2 sum_part(const float* x, const Index* off, Index n, int k, int l) {
+  VD2 a[4] = {zero2(), zero2(), zero2(), zero2()};
+  Index i0 = 0;
+  // Scalar math: P[q][j] += double(x[off[i0 + 8q + l] + j]), i0 = 0, 32, 64, ...
+  for (; i0 + 32 <= n; i0 += 32)
+    for (int q = 0; q < 4; ++q) a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
+  for (int q = 0; q < 4; ++q)
+    if (i0 + 8 * q + l < n) a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
+  return add2(add2(a[0], a[1]), add2(a[2], a[3]));
+}
+#endif
+
 // Σx per column in the order of the row kernels' row_sum (see column_kernels.h).
 template <bool Full>
 inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int k) {
@@ -179,17 +194,7 @@ inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int 
     stored(bk.sum + 8 * h, add(a, add(s15, add(part(3), part(7)))));
   }
 #else
-  auto part = [&](int l) {
-    VD2 a[4] = {zero2(), zero2(), zero2(), zero2()};
-    Index i0 = 0;
-    // Scalar math: P[q][j] += double(x[off[i0 + 8q + l] + j]), i0 = 0, 32, 64, ...
-    for (; i0 + 32 <= n; i0 += 32)
-      for (int q = 0; q < 4; ++q) a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
-    for (int q = 0; q < 4; ++q)
-      if (i0 + 8 * q + l < n) a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
-    return add2(add2(a[0], a[1]), add2(a[2], a[3]));
-  };
-  const VD2 s = tree8(part);
+  const VD2 s = tree8([&](int l) { return sum_part<Full>(x, off, n, k, l); });
   stored(bk.sum, s.lo);
   stored(bk.sum + 8, s.hi);
 #endif
@@ -448,11 +453,69 @@ inline void stage(float* buf, const float* p, const Index* off, Index n, int k) 
   for (Index i = 0; i < n; ++i) store(buf + kF * i, ld<Full>(p + off[i], k));
 }
 
+// The forward's statistics of the block at column c0 (its first k columns) into the caller's arrays.
+inline void write_stats(const ColumnForward& a, const Block& bk, Index c0, int k) {
+  if (a.mean)
+    for (int j = 0; j < k; ++j) a.mean[c0 + j] = bk.mh[j];
+  if (a.rstd)
+    for (int j = 0; j < k; ++j) a.rstd[c0 + j] = bk.r[j];
+  if (a.smean)
+    for (int j = 0; j < k; ++j) a.smean[c0 + j] = bk.mean[j];
+  if (a.srstd)
+    for (int j = 0; j < k; ++j) a.srstd[c0 + j] = bk.rstd[j];
+}
+
+// The output pass of the block at column c0, rows [i0, i1) at a time. Members rather than the argument
+// block's fields: the stores to y could alias those (reloaded every row otherwise).
+template <bool Center, bool W, bool B, bool Full>
+struct OutputPass {
+  const float* x;
+  const Index* xoff;   // x's rows (the staged copy's, see stage)
+  const Index* pxoff;  // the rows of the tile's own x (the prefetches)
+  float* y;
+  const Index* yoff;
+  const float* wt;
+  const float* bt;
+  const float* pf;  // the rows kColumnPrefetch blocks ahead, or null
+  const float* pfy;
+  VF mh, ml, r;
+  int k;
+  bool st;
+
+  OutputPass(const ColumnForward& a, const Block& bk, Index c0, int k_, const float* x_, const Index* xoff_)
+      : x(x_),
+        xoff(xoff_),
+        pxoff(a.xoff),
+        y(a.y + c0),
+        yoff(a.yoff),
+        wt(a.wt),
+        bt(a.b),
+        pf(ahead(a.x, a.next_x, c0, a.w)),
+        pfy(ahead(a.y, a.next_y, c0, a.w)),
+        mh(load(bk.mh)),
+        ml(load(bk.ml)),
+        r(load(bk.r)),
+        k(k_),
+        st(a.stream) {}
+
+  NL_FORCE_INLINE void rows(Index i0, Index i1) const {
+    // Scalar math: y = ((x − m_hi) − m_lo)·r·γ_i + β_i in float, left to right (RMSNorm: x·r·γ_i)
+    for (Index i = i0; i < i1; ++i) {
+      const Index yo = yoff[i];
+      if (pf) prefetch16(pf + pxoff[i]);
+      if (pfy) prefetch16(pfy + yo);
+      VF v = mul(dev<Center>(ld<Full>(x + xoff[i], k), mh, ml), r);
+      if constexpr (W) v = mul(v, bcast(wt[i]));
+      if constexpr (B) v = add(v, bcast(bt[i]));
+      put<Full>(y + yo, v, k, st);
+    }
+  }
+};
+
 template <bool Center, bool W, bool B, bool Full, bool Staged>
 [[gnu::flatten]] void forward_block(const ColumnForward& a, Index c0, int k, float* buf) {
   Block bk;
   const float* x = a.x + c0;
-  float* y = a.y + c0;
   const Index n = a.n;
   // The rows are read at x + xoff[i], or (Staged) from buf (a crowded tile, see stage).
   const Index* xoff = a.xoff;
@@ -465,38 +528,63 @@ template <bool Center, bool W, bool B, bool Full, bool Staged>
   block_mean<Center>(bk, n);
   block_second<Center, false, false, Full>(bk, x, xoff, nullptr, nullptr, nullptr, n, k);
   block_rstd<Center, false>(bk, n, a.eps);
-  if (a.mean)
-    for (int j = 0; j < k; ++j) a.mean[c0 + j] = bk.mh[j];
-  if (a.rstd)
-    for (int j = 0; j < k; ++j) a.rstd[c0 + j] = bk.r[j];
-  if (a.smean)
-    for (int j = 0; j < k; ++j) a.smean[c0 + j] = bk.mean[j];
-  if (a.srstd)
-    for (int j = 0; j < k; ++j) a.srstd[c0 + j] = bk.rstd[j];
-  const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r);
-  const float* pf = ahead(a.x, a.next_x, c0, a.w);
-  const float* pfy = ahead(a.y, a.next_y, c0, a.w);
-  // Locals: the stores to y could alias the argument block otherwise (reloaded every row).
-  const Index* const pxoff = Staged ? a.xoff : xoff;  // (the prefetches: x's own rows)
-  const Index* const yoff = a.yoff;
-  const float* const wt = a.wt;
-  const float* const bt = a.b;
-  const bool st = a.stream;
-  // Scalar math: y = ((x − m_hi) − m_lo)·r·γ_i + β_i in float, left to right (RMSNorm: x·r·γ_i)
-  for (Index i = 0; i < n; ++i) {
-    const Index yo = yoff[i];
-    if (pf) prefetch16(pf + pxoff[i]);
-    if (pfy) prefetch16(pfy + yo);
-    VF v = mul(dev<Center>(ld<Full>(x + xoff[i], k), mh, ml), r);
-    if constexpr (W) v = mul(v, bcast(wt[i]));
-    if constexpr (B) v = add(v, bcast(bt[i]));
-    put<Full>(y + yo, v, k, st);
+  write_stats(a, bk, c0, k);
+  const OutputPass<Center, W, B, Full> out(a, bk, c0, k, x, xoff);
+  out.rows(0, n);
+}
+
+#if !NL_VEC_AVX2
+// LayerNorm's forward of the first nb (full) blocks of a tile, software-pipelined: the output pass of block v
+// runs in eight runs of rows, each after one part of block v + 1's Σx (sum_part), which does not depend on
+// block v's statistics. The out-of-order core finds that work while the output waits for rstd, and block
+// v + 1's rows come into L1 while block v's are still there. Each column gets forward_block's operations in
+// their order (only independent columns' work is reordered): the same bits. Paired (scripts/ab-rows
+// col-fwd, docs/PERFORMANCE.md, twenty-second session): 0.94-0.96 of the time of the blocks one after the
+// other, from [1, 80, 1000] to [32, 80, 1000]. Not on AVX2, whose block_sum takes a block's two halves one
+// after the other (its registers do not hold both).
+template <bool W, bool B>
+[[gnu::flatten]] void forward_pipelined(const ColumnForward& a, Index nb) {
+  constexpr bool Center = true;
+  const Index n = a.n, run = (n + 7) / 8;
+  Block bk[2];
+  VD2 S[8];
+  auto finish_sum = [&](Block& b) NL_FORCE_INLINE {
+    const VD2 s = tree8([&](int l) { return S[l]; });
+    stored(b.sum, s.lo);
+    stored(b.sum + 8, s.hi);
+    block_mean<Center>(b, n);
+  };
+  for (int l = 0; l < 8; ++l) S[l] = sum_part<true>(a.x, a.xoff, n, kF, l);
+  finish_sum(bk[0]);
+  for (Index v = 0; v < nb; ++v) {
+    Block& b = bk[v & 1];
+    const Index c0 = kF * v;
+    const float* x = a.x + c0;
+    block_second<Center, false, false, true>(b, x, a.xoff, nullptr, nullptr, nullptr, n, kF);
+    block_rstd<Center, false>(b, n, a.eps);
+    write_stats(a, b, c0, kF);
+    const OutputPass<Center, W, B, true> out(a, b, c0, kF, x, a.xoff);
+    const bool next = v + 1 < nb;
+    for (int l = 0; l < 8; ++l) {
+      if (next) S[l] = sum_part<true>(x + kF, a.xoff, n, kF, l);
+      out.rows(std::min(n, l * run), std::min(n, (l + 1) * run));
+    }
+    if (next) finish_sum(bk[(v + 1) & 1]);
   }
 }
+#endif
 
 template <bool Center, bool W, bool B, bool Staged>
 void forward_tile(const ColumnForward& a, float* buf) {
-  for (Index c0 = 0; c0 < a.w; c0 += kF) {
+  Index c0 = 0;
+#if !NL_VEC_AVX2
+  if constexpr (Center && !Staged) {  // (RMSNorm has no Σx to interleave)
+    const Index nb = a.w / kF;
+    if (nb > 0) forward_pipelined<W, B>(a, nb);
+    c0 = kF * nb;
+  }
+#endif
+  for (; c0 < a.w; c0 += kF) {
     if (c0 + kF <= a.w)
       forward_block<Center, W, B, true, Staged>(a, c0, kF, buf);
     else

@@ -279,6 +279,28 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
     //   e_u, g_u of row i0 + 16u + L; Q_L += double(q) (likewise s, t)
     auto lane = [&](Index i0, int h, bool tail) {
       const int L = l + 8 * h;
+      if constexpr (!WithDy) {
+        // The forward's last block of 64 rows: only the m ≤ 4 rows present, whose squares' sums are those
+        // of the tree with zeros for the rest (s + 0 = s: the sums of squares are never −0).
+        if (tail) {
+          const Index left = n - i0 - L;  // rows i0 + L + 16u of this lane, u < 4, while 16u < left
+          if (left <= 0) return;          // none: q[h] + 0 = q[h]
+          auto sq = [&](int u) NL_FORCE_INLINE {
+            const VF xv = ld<Full>(x + xoff[i0 + 16 * u + L], k);
+            const VF d = Center ? sub(xv, mh) : xv;
+            return mul(d, d);
+          };
+          if (left <= 16)
+            q[h] = acc2(q[h], sq(0));
+          else if (left <= 32)
+            q[h] = acc2(q[h], add(sq(0), sq(1)));
+          else if (left <= 48)
+            q[h] = acc2(q[h], add(add(sq(0), sq(1)), sq(2)));
+          else
+            q[h] = acc2(q[h], add(add(sq(0), sq(1)), add(sq(2), sq(3))));
+          return;
+        }
+      }
       VF e[4], gv[4];
       for (int u = 0; u < 4; ++u) {
         const Index i = i0 + 16 * u + L;

@@ -156,12 +156,13 @@ TEST(ColumnNorm, OffsetTenThousandWithinOneMicro) {
 // contiguous copy; dγ and dβ sum over the groups in another order and agree within their budget.
 TEST(ColumnNorm, SameBitsAsTheTransposedRowPath) {
   std::mt19937_64 rng(69);
-  // F: one row, below and above one block of 32/64 rows, the row path's pipelined kernel (256);
+  // F: one row, below and above one block of 32/64 rows (the second pass's last block of 64 rows with 1 to 4
+  // rows per lane: 33, 63, 80, 130), the row path's pipelined kernel (256);
   // T: one block of 16 columns, a partial block, several tiles and a tail; T = 64 and 256 put the rows
   // into 16 and 4 sets of the L1 cache, so from F = 65 and 17 the kernels copy each block first
   // (ColumnForward::stage; the backward up to F = 128, the forward up to 256).
   for (const bool rms : {false, true})
-    for (const Index F : {1, 2, 7, 31, 33, 64, 65, 80, 130, 256})
+    for (const Index F : {1, 2, 7, 31, 33, 63, 64, 65, 80, 130, 256})
       for (const Index T : {8, 16, 23, 64, 203, 256}) {
         const Index B = 2;
         const std::string what = fmt::format("{} [{},{},{}]", rms ? "RMSNorm" : "LayerNorm", B, F, T);

@@ -36,6 +36,9 @@ RUN = run_of([
     bench("BM_LayerNormFwd/normlab/32000x80", 1000, 20),
     bench("BM_LayerNormFwdBFT/normlab/32x80x1000", 1.25, 16, unit="ms"),
     bench("BM_LayerNormFwdBFT/aten/32x80x1000", 12.5, 1.6, unit="ms"),
+    bench("BM_LayerNormBwdBFT/normlab/32x80x1000", 2.0, 15, unit="ms"),
+    bench("BM_LayerNormBwdBFTSaved/normlab/32x80x1000", 1.6, 19, unit="ms"),
+    bench("BM_LayerNormBwdBFT/aten/32x80x1000", 8.0, 3.8, unit="ms"),
     bench("BM_BatchNormFwd/normlab/64x256x400", 2000, 10),
     bench("BM_BatchNormFwd/aten/64x256x400", 8000, 2.5),
     bench("BM_BatchNormBwd/normlab/64x256x400", 4000, 10),
@@ -84,6 +87,12 @@ class TargetsTest(unittest.TestCase):
             t["[B,F,T] forward over F, time over contiguous rows (≤ 1.3)"][0]["32x80x1000"], 1.25)
         self.assertAlmostEqual(
             t["[B,F,T] forward against the LibTorch permute route (≥ 10)"][0]["32x80x1000"], 10.0)
+        # The backward: ATen's permute route (8 ms) against the recomputing and the saved-statistics kernels.
+        self.assertAlmostEqual(
+            t["[B,F,T] backward recomputing against the LibTorch permute route (≥ 10)"][0]["32x80x1000"], 4.0)
+        self.assertAlmostEqual(
+            t["[B,F,T] backward from saved statistics against the LibTorch permute route (≥ 10)"][0]
+            ["32x80x1000"], 5.0)
         bn = t["BatchNorm training forward + backward against ATen (≥ 3)"][0]
         self.assertAlmostEqual(bn["64x256x400"], 3.0)
         self.assertAlmostEqual(

@@ -194,6 +194,8 @@ void fence() {
 }  // namespace chan
 
 extern const ChannelKernels kChannelTable;
-const ChannelKernels kChannelTable = {chan::segment_stats, chan::normalize, chan::input_grad, chan::fence};
+const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
+                                      vec::leave_clean<chan::normalize>, vec::leave_clean<chan::input_grad>,
+                                      vec::leave_clean<chan::fence>};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -760,6 +760,7 @@ void backward(const ColumnBackward& a) {
 }  // namespace column_impl
 
 extern const ColumnKernels kColumnTable;
-const ColumnKernels kColumnTable = {column_impl::forward, column_impl::backward};
+const ColumnKernels kColumnTable = {vec::leave_clean<column_impl::forward>,
+                                    vec::leave_clean<column_impl::backward>};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -97,17 +97,18 @@ void recover_centered(float* xc, const float* y, Index n, double rstd, const flo
 
 #ifdef NL_BF16_ONLY
 extern const Bf16Kernels kBf16Table;
-const Bf16Kernels kBf16Table = {narrow<kBf16>, NL_TARGET::rows_forward_of<bfloat16>,
-                                NL_TARGET::rows_backward_of<bfloat16>};
+const Bf16Kernels kBf16Table = {vec::leave_clean<narrow<kBf16>>,
+                                vec::leave_clean<NL_TARGET::rows_forward_of<bfloat16>>,
+                                vec::leave_clean<NL_TARGET::rows_backward_of<bfloat16>>};
 #else
 extern const ConvertKernels kConvertTable;
-const ConvertKernels kConvertTable = {{widen<kBf16>, widen<kF16>},
-                                      {narrow<kBf16>, narrow<kF16>},
-                                      recover_centered,
-                                      NL_TARGET::rows_forward_of<bfloat16>,
-                                      NL_TARGET::rows_forward_of<float16>,
-                                      NL_TARGET::rows_backward_of<bfloat16>,
-                                      NL_TARGET::rows_backward_of<float16>};
+const ConvertKernels kConvertTable = {{vec::leave_clean<widen<kBf16>>, vec::leave_clean<widen<kF16>>},
+                                      {vec::leave_clean<narrow<kBf16>>, vec::leave_clean<narrow<kF16>>},
+                                      vec::leave_clean<recover_centered>,
+                                      vec::leave_clean<NL_TARGET::rows_forward_of<bfloat16>>,
+                                      vec::leave_clean<NL_TARGET::rows_forward_of<float16>>,
+                                      vec::leave_clean<NL_TARGET::rows_backward_of<bfloat16>>,
+                                      vec::leave_clean<NL_TARGET::rows_backward_of<float16>>};
 #endif
 
 }  // namespace normlab::kernels::NL_TARGET::cvt

@@ -1308,7 +1308,8 @@ void rows_backward(const RowsBackward& a) {
 
 #ifndef NL_ROWS_TEMPLATES_ONLY
 extern const RowKernels kTable;
-const RowKernels kTable = {backward_sums, backward_dx, rows_forward, rows_backward};
+const RowKernels kTable = {vec::leave_clean<backward_sums>, vec::leave_clean<backward_dx>,
+                           vec::leave_clean<rows_forward>, vec::leave_clean<rows_backward>};
 #endif
 
 }  // namespace normlab::kernels::NL_TARGET

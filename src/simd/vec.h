@@ -96,6 +96,10 @@ inline void store_n(float* p, VF a, int k) { _mm512_mask_storeu_ps(p, static_cas
 // Non-temporal store; p must be 64-byte aligned.
 inline void stream(float* p, VF a) { _mm512_stream_ps(p, a.v); }
 inline void stream_fence() { _mm_sfence(); }
+// Clears the upper halves of the vector registers (vzeroupper): see leave_clean below.
+inline void zero_upper() {
+  _mm256_zeroupper();
+}
 // Lanes [0, k) of a, the others 0.
 inline VF keep_n(VF a, int k) { return {_mm512_maskz_mov_ps(static_cast<__mmask16>((1u << k) - 1u), a.v)}; }
 inline VF add(VF a, VF b) { return {_mm512_add_ps(a.v, b.v)}; }
@@ -282,6 +286,10 @@ inline void stream(float* p, VF a) {
   _mm256_stream_ps(p + 8, a.hi);
 }
 inline void stream_fence() { _mm_sfence(); }
+// Clears the upper halves of the vector registers (vzeroupper): see leave_clean below.
+inline void zero_upper() {
+  _mm256_zeroupper();
+}
 inline VF keep_n(VF a, int k) {
   return {_mm256_and_ps(a.lo, _mm256_castsi256_ps(lane_mask8(k))),
           _mm256_and_ps(a.hi, _mm256_castsi256_ps(lane_mask8(k - 8)))};
@@ -428,6 +436,7 @@ inline void store_n(float* p, VF a, int k) {
 }
 inline void stream(float* p, VF a) { store(p, a); }
 inline void stream_fence() {}
+inline void zero_upper() {}
 inline VF keep_n(VF a, int k) {
   for (int l = k; l < kF; ++l) a.v[l] = 0.0f;
   return a;
@@ -589,5 +598,26 @@ template <typename T>
 inline bool stream_ok(const T* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & (sizeof(T) * kF - 1)) == 0;
 }
+
+// ---- Entries of the kernel tables, every target.
+// leave_clean<f>: a function that calls f and then zero_upper(), for the kernel tables' entries. The code
+// that calls through the tables is compiled for the baseline (SSE) instruction set; an AVX-512 or AVX2
+// function that returns with the upper halves of ymm0–15/zmm0–15 in use makes that code pay an SSE/AVX
+// transition on Intel cores: about 150 ns a call on the Xeon of docs/PERFORMANCE.md's twenty-fourth
+// session, where BatchNorm calls the channel statistics once per segment of 400 floats and spent most of
+// its time there. GCC puts a vzeroupper at the return of most functions but left it out of some entries
+// (the channel statistics, the bf16/fp16 row forward), so the tables do it themselves. Test:
+// UpperState.* (tests/simd/upper_state_test.cpp) reads the state after each entry (XGETBV with ECX = 1).
+template <auto F>
+struct LeaveClean;
+template <typename... A, void (*F)(A...)>
+struct LeaveClean<F> {
+  static void call(A... a) {
+    F(a...);
+    zero_upper();
+  }
+};
+template <auto F>
+inline constexpr auto leave_clean = &LeaveClean<F>::call;
 
 }  // namespace normlab::kernels::NL_TARGET::vec

@@ -47,15 +47,18 @@
 //
 // Environment:
 //   NORMLAB_BENCH_THREADS   threads for normlab, ATen, oneDNN (OpenMP) and the copies alike; default 1.
-//   NORMLAB_BENCH_MALLOC    "reuse" (default): malloc never returns memory to the kernel (no mmap, no
-//                           trim), so the outputs ATen allocates on every call reuse warm pages instead
-//                           of page-faulting fresh ones; "default": leave glibc malloc as it is.
+//   NORMLAB_BENCH_MALLOC    "reuse" (default): the outputs ATen allocates on every call reuse warm pages
+//                           instead of page-faulting fresh ones: ATen's CPU allocator keeps freed blocks
+//                           for the next allocation of the same size (ReuseCpuAllocator), and malloc never
+//                           returns memory to the kernel (no mmap, no trim); "default": leave both as
+//                           they are.
 //   NORMLAB_ISA             the instruction set normlab's kernels use (see normlab/simd.h).
 // Before running, the harness checks on small shapes (and on the BFT shape) that the three
 // implementations agree, so that a misconfigured peer cannot produce a flattering number.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
+#include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 #include <immintrin.h>
 #include <malloc.h>
@@ -73,6 +76,7 @@
 #include <dnnl.hpp>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -771,6 +775,57 @@ int ThreadsFromEnv() {
   return static_cast<int>(n);
 }
 
+// ATen's CPU allocator in "reuse" mode: a freed block is kept, by size, for the next allocation of that
+// size, and never returned. glibc's malloc alone did not reuse them: ATen allocates with posix_memalign,
+// whose request is a little larger than the block a freed output leaves, so with the heap's other small
+// blocks in between each new output came from the top of the heap, which grew by the output's size on
+// every call (seen with strace: brk by 26 MB per call of ATen's BatchNorm backward on [64, 256, 400]),
+// and every call page-faulted a fresh output: 59 % of that benchmark's time in the kernel's page
+// clearing, 73–90 ms a call against 7–8 ms when the layout happened to allow reuse
+// (docs/PERFORMANCE.md, "twenty-fourth session"). Blocks are 64-byte aligned, like c10's own.
+class ReuseCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) const override {
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (n == 0) return {nullptr, nullptr, &Release, cpu};
+    Block* b = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(Mutex());
+      std::vector<Block*>& free = Free()[n];
+      if (!free.empty()) {
+        b = free.back();
+        free.pop_back();
+      }
+    }
+    if (b == nullptr) {
+      void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+      if (p == nullptr) throw std::bad_alloc();
+      b = new Block{p, n};
+    }
+    return {b->data, b, &Release, cpu};
+  }
+
+ private:
+  struct Block {
+    void* data;
+    size_t size;
+  };
+  static void Release(void* ctx) {
+    if (ctx == nullptr) return;
+    Block* b = static_cast<Block*>(ctx);
+    std::lock_guard<std::mutex> lock(Mutex());
+    Free()[b->size].push_back(b);
+  }
+  static std::mutex& Mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::unordered_map<size_t, std::vector<Block*>>& Free() {
+    static auto* f = new std::unordered_map<size_t, std::vector<Block*>>();  // never destroyed
+    return *f;
+  }
+};
+
 // See NORMLAB_BENCH_MALLOC at the top of the file.
 std::string ConfigureMalloc() {
   const char* env = std::getenv("NORMLAB_BENCH_MALLOC");
@@ -782,7 +837,9 @@ std::string ConfigureMalloc() {
   }
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, -1);
-  return "reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)";
+  static ReuseCpuAllocator aten_allocator;
+  c10::SetCPUAllocator(&aten_allocator, /*priority=*/100);
+  return "reuse (ATen's freed blocks kept by size; M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)";
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Framing and per-frame processing. Semantics follow Kaldi's src/feat/feature-window.cc (restated, not
 // copied); the contract is in include/normlab/speech/feature_window.h.
+#include <immintrin.h>
 #include <normlab/error.h>
 #include <normlab/simd.h>
 #include <normlab/speech/feature_window.h>
@@ -8,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
+#include <immintrin.h>
 #include <numbers>
 #include <vector>
 
@@ -186,6 +188,7 @@ template <typename T>
 [[gnu::target("avx2")]] void WindowKernelAvx2(double* y, std::size_t padded, const T* x, std::size_t n,
                                               const double* w, double c, bool remove_dc, double* energy) {
   WindowKernel(y, padded, x, n, w, c, remove_dc, energy);
+  _mm256_zeroupper();  // as GCC does when optimizing (fbank.cpp, PowerAndMel)
 }
 template <typename T>
 [[gnu::target("avx512f,prefer-vector-width=512")]] void WindowKernelAvx512(double* y, std::size_t padded,
@@ -193,6 +196,7 @@ template <typename T>
                                                                            const double* w, double c,
                                                                            bool remove_dc, double* energy) {
   WindowKernel(y, padded, x, n, w, c, remove_dc, energy);
+  _mm256_zeroupper();  // as GCC does when optimizing (fbank.cpp, PowerAndMel)
 }
 template <typename T>
 WindowKernelFn<T> window_kernel_for(Isa isa) {

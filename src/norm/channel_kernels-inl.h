@@ -23,20 +23,11 @@ inline VF load_k(const float* p, Index i, int k) {
   return k == kF ? load(p + i) : load_n(p + i, k);
 }
 
-// How far ahead the first pass prefetches its inputs, in floats (4 KiB). On the Intel Xeon of
+// How far ahead the first pass prefetches its inputs, in bytes (4 KiB). On the Intel Xeon of
 // docs/PERFORMANCE.md's twenty-fourth session the hardware prefetcher alone left the statistics pass over
 // [64, 256, 400] at 1.6 ms (x alone) and 2.5 ms (x and dy) where a read of x took 0.6 ms; with these
 // prefetches 1.2 and 1.9 ms.
-inline constexpr Index kStatsPrefetch = 1024;
-
-// Prefetches (for reading, into all cache levels) the two 64-byte lines Ahead and Ahead + 16 floats past p.
-// The addresses are formed as integers: they may lie past the end of the array.
-template <Index Ahead>
-inline void prefetch_lines(const float* p) {
-  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p) + Ahead * sizeof(float);
-  __builtin_prefetch(reinterpret_cast<const void*>(a), 0, 3);
-  __builtin_prefetch(reinterpret_cast<const void*>(a + 16 * sizeof(float)), 0, 3);
-}
+inline constexpr Index kStatsPrefetchBytes = 4096;
 
 // First pass: Σx and (Dy) Σdy in double, blocks of 32 (element i to accumulator (i / 8) mod 4, lane
 // i mod 8), a tail shorter than 32 zero-padded; total hsum((a0 + a1) + (a2 + a3)).
@@ -47,11 +38,10 @@ inline void first_pass(const float* x, const float* dy, Index n, double& sx, dou
   Index i = 0;
   // Scalar math: ax[(i / 8) % 4][i % 8] += double(x[i]); ady likewise with dy[i]
   for (; i + 32 <= n; i += 32) {
-    // Both lines of x (and dy) kStatsPrefetch floats ahead: past the segment's end too, into the next
-    // segment when they follow each other in memory (BatchNorm's contiguous [N, C, T]); a prefetch never
-    // faults, and changes no value.
-    prefetch_lines<kStatsPrefetch>(x + i);
-    if constexpr (Dy) prefetch_lines<kStatsPrefetch>(dy + i);
+    // Both lines of x (and dy) kStatsPrefetchBytes ahead: past the segment's end too, into the next
+    // segment when they follow each other in memory (BatchNorm's contiguous [N, C, T]).
+    prefetch_ahead<kStatsPrefetchBytes, 2>(x + i);
+    if constexpr (Dy) prefetch_ahead<kStatsPrefetchBytes, 2>(dy + i);
     a0 = add(a0, load_cvt(x + i));
     a1 = add(a1, load_cvt(x + i + 8));
     a2 = add(a2, load_cvt(x + i + 16));

@@ -692,8 +692,7 @@ inline constexpr Index kRowPrefetchBytes = 2048;
 inline constexpr Index kRowPrefetchMinN = 1024;
 template <typename T>
 NL_FORCE_INLINE inline void prefetch_ahead64(const T* p) {
-  const char* q = reinterpret_cast<const char*>(p) + kRowPrefetchBytes;
-  for (Index b = 0; b < Index{64 * sizeof(T)}; b += 64) __builtin_prefetch(q + b, 0, 3);
+  prefetch_ahead<kRowPrefetchBytes, static_cast<int>(sizeof(T))>(p);  // 64 elements: sizeof(T) lines
 }
 
 template <bool Center, bool W, bool B, bool Save, typename T>

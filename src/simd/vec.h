@@ -599,6 +599,15 @@ inline bool stream_ok(const T* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & (sizeof(T) * kF - 1)) == 0;
 }
 
+// Prefetches, for reading into every cache level (locality hint 3), the Lines 64-byte lines that start
+// Bytes past p. The address is formed as an integer: it may lie past the end of the array (a prefetch never
+// faults, and changes no value). Used by the row kernels (prefetch_ahead64) and the channel statistics.
+template <Index Bytes, int Lines>
+NL_FORCE_INLINE inline void prefetch_ahead(const void* p) {
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p) + Bytes;
+  for (int l = 0; l < Lines; ++l) __builtin_prefetch(reinterpret_cast<const void*>(a + 64 * l), 0, 3);
+}
+
 // ---- Entries of the kernel tables, every target.
 // leave_clean<f>: a function that calls f and then zero_upper(), for the kernel tables' entries. The code
 // that calls through the tables is compiled for the baseline (SSE) instruction set; an AVX-512 or AVX2

@@ -31,17 +31,27 @@ inline constexpr Index kStatsPrefetchBytes = 4096;
 
 // First pass: Σx and (Dy) Σdy in double, blocks of 32 (element i to accumulator (i / 8) mod 4, lane
 // i mod 8), a tail shorter than 32 zero-padded; total hsum((a0 + a1) + (a2 + a3)).
+// Prefetches as pf says (channel_kernels.h, StatsPrefetch).
 template <bool Dy>
-inline void first_pass(const float* x, const float* dy, Index n, double& sx, double& sdy) {
+inline void first_pass(const float* x, const float* dy, Index n, const StatsPrefetch& pf, double& sx,
+                       double& sdy) {
+  constexpr Index kAhead = kStatsPrefetchBytes / Index{sizeof(float)};  // the same distance in floats
   VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
   VD b0 = zerod(), b1 = zerod(), b2 = zerod(), b3 = zerod();
   Index i = 0;
   // Scalar math: ax[(i / 8) % 4][i % 8] += double(x[i]); ady likewise with dy[i]
   for (; i + 32 <= n; i += 32) {
     // Both lines of x (and dy) kStatsPrefetchBytes ahead: past the segment's end too, into the next
-    // segment when they follow each other in memory (BatchNorm's contiguous [N, C, T]).
-    prefetch_ahead<kStatsPrefetchBytes, 2>(x + i);
-    if constexpr (Dy) prefetch_ahead<kStatsPrefetchBytes, 2>(dy + i);
+    // segment when they follow each other in memory (BatchNorm's contiguous [N, C, T]), or into the
+    // caller's next run (pf.x_next).
+    if (i + kAhead + 32 <= pf.end) {
+      prefetch_ahead<kStatsPrefetchBytes, 2>(x + i);
+      if constexpr (Dy) prefetch_ahead<kStatsPrefetchBytes, 2>(dy + i);
+    } else if (pf.x_next) {
+      const Index j = i + kAhead - pf.end;  // ≥ −32: the lines straddling the end come from x_next
+      prefetch_ahead<0, 2>(pf.x_next + std::max<Index>(j, 0));
+      if constexpr (Dy) prefetch_ahead<0, 2>(pf.dy_next + std::max<Index>(j, 0));
+    }
     a0 = add(a0, load_cvt(x + i));
     a1 = add(a1, load_cvt(x + i + 8));
     a2 = add(a2, load_cvt(x + i + 16));
@@ -133,9 +143,9 @@ inline void second_pass(const float* x, const float* dy, Index n, VF mh, double&
 }
 
 template <bool Dy>
-void stats_impl(SegmentStats* out, const float* x, const float* dy, Index n) {
+void stats_impl(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf) {
   SegmentStats s;
-  first_pass<Dy>(x, dy, n, s.sum, s.sdy);
+  first_pass<Dy>(x, dy, n, pf, s.sum, s.sdy);
   const double nn = static_cast<double>(n);
   s.mean = s.sum / nn;
   const float mh = static_cast<float>(s.mean);
@@ -148,11 +158,11 @@ void stats_impl(SegmentStats* out, const float* x, const float* dy, Index n) {
   *out = s;
 }
 
-void segment_stats(SegmentStats* out, const float* x, const float* dy, Index n) {
+void segment_stats(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf) {
   if (dy)
-    stats_impl<true>(out, x, dy, n);
+    stats_impl<true>(out, x, dy, n, pf);
   else
-    stats_impl<false>(out, x, nullptr, n);
+    stats_impl<false>(out, x, nullptr, n, pf);
 }
 
 // out[i] = f(i, k) for blocks of kF elements (k valid lanes; only those are stored). With stream, the

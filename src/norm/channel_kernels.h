@@ -39,9 +39,20 @@ struct InputGradConsts {
   float mh = 0, ml = 0, r = 0, w = 1, c0 = 0, c2 = 0;
 };
 
+// Where segment_stats' first pass prefetches: the floats kStatsPrefetchBytes past the element it reads, in
+// x (and dy) while that is below x + end, i.e. past the segment's end into what follows it in memory (the
+// caller's next segments); from there on, as far past x_next (dy_next) as it would have been past x + end,
+// or nothing when x_next is null. The default: follow x in memory without limit.
+inline constexpr Index kNoPrefetchEnd = Index{1} << 60;
+struct StatsPrefetch {
+  Index end = kNoPrefetchEnd;
+  const float* x_next = nullptr;
+  const float* dy_next = nullptr;
+};
+
 struct ChannelKernels {
-  // dy may be null (then sdy = sdyd = 0).
-  void (*segment_stats)(SegmentStats* out, const float* x, const float* dy, Index n);
+  // dy may be null (then sdy = sdyd = 0). The first pass prefetches its inputs 4 KiB ahead (pf).
+  void (*segment_stats)(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf);
   // y may equal x. stream: non-temporal stores from the first 64-byte boundary of y on (ordinary
   // stores before it and at the tail; the values are the same). Call fence() before another thread
   // may read what was streamed.

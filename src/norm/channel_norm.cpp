@@ -10,9 +10,11 @@
 #include "norm/channel_norm.h"
 
 #include <normlab/simd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "norm/channel_kernels.h"
 #include "norm/norm_plan.h"
@@ -299,7 +301,7 @@ Moments moments(const Plan& p, ConstView x) {
   for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
     const Index n = p.valid(b);
     kernels::SegmentStats t;
-    if (n) k.segment_stats(&t, seg_in(xo, p, b, c, scratch), nullptr, n);
+    if (n) k.segment_stats(&t, seg_in(xo, p, b, c, scratch), nullptr, n, kernels::StatsPrefetch{});
     st.sum[s] = t.sum;  // (no Σdy terms in a forward)
     st.mean[s] = t.mean;
     st.m2[s] = t.m2;
@@ -316,7 +318,8 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const
                  const Index n = p.valid(b);
                  kernels::SegmentStats t;
                  if (n)
-                   k.segment_stats(&t, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
+                   k.segment_stats(&t, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n,
+                                   kernels::StatsPrefetch{});
                  st.put(s, t);
                });
   GradStats r;
@@ -440,7 +443,8 @@ void grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<doubl
                  if (!n) return;
                  const std::size_t g = static_cast<std::size_t>(p.group_of(b, c));
                  kernels::SegmentStats st;
-                 k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
+                 k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n,
+                                 kernels::StatsPrefetch{});
                  // Σdy·x̂ = rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy)
                  sdy[static_cast<std::size_t>(s)] = st.sdy;
                  sdyxh[static_cast<std::size_t>(s)] = rstd[g] * (st.sdyd + (st.mean - mean[g]) * st.sdy);
@@ -487,6 +491,188 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
         input_grad_seg(k, p, dxo, dyo, xo, b, c, mean[g], rstd[g], w, mean_g[g], mean_gx[g], scratch, stream);
       },
       stream);
+}
+
+// ---- BatchNorm blocked over channels -------------------------------------------------------------
+
+namespace {
+
+// This core's L2 cache in bytes (1 MiB when the system does not say).
+Index l2_cache_bytes() {
+  static const Index bytes = [] {
+    const long r = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return r > 0 ? static_cast<Index>(r) : Index{1} << 20;
+  }();
+  return bytes;
+}
+
+// The block of channels [c0, c1).
+struct Block {
+  Index c0 = 0, c1 = 0;
+};
+
+// The block's per-channel moments and rstd from the segment arrays, exactly as combine_moments, group_counts
+// and rstd_of form them (the same operations in the same order for each channel, so the same bits).
+void combine_block(const Plan& p, const Block& bl, const SegmentArrays& st, double eps, Moments& m,
+                   std::vector<double>& rstd) {
+  for (Index c = bl.c0; c < bl.c1; ++c) {
+    const std::size_t g = static_cast<std::size_t>(c);
+    double mean = 0.0;
+    for (Index b = 0; b < p.B; ++b) mean += st.sum[b * p.C + c];
+    m.mean[g] = m.count[g] > 0 ? mean / m.count[g] : 0.0;
+    double var = 0.0;
+    for (Index b = 0; b < p.B; ++b) {
+      const double ns = static_cast<double>(p.valid(b));
+      if (ns == 0) continue;
+      const Index s = b * p.C + c;
+      const double d = st.mean[s] - m.mean[g];
+      var += st.m2[s] + ns * d * d;
+    }
+    m.var[g] = m.count[g] > 0 ? var / m.count[g] : 0.0;
+    rstd[g] = m.count[g] > 0 ? 1.0 / std::sqrt(m.var[g] + eps) : 0.0;
+  }
+}
+
+// The statistics pass over the block's segments, batch item by batch item (the block's segments of one
+// item are one run of memory when the channel stride is S); dy null in a forward. The kernel's prefetches
+// follow the run to its end and then go on at the start of the next item's run.
+void block_stats(const kernels::ChannelKernels& k, const Plan& p, const Block& bl, const Operand& xo,
+                 const Operand* dyo, const SegmentArrays& st) {
+  const float* xb = reinterpret_cast<const float*>(xo.base);
+  const float* dyb = dyo ? reinterpret_cast<const float*>(dyo->base) : nullptr;
+  const bool runs = xo.c_stride == p.S && (!dyo || dyo->c_stride == p.S);
+  for (Index b = 0; b < p.B; ++b) {
+    for (Index c = bl.c0; c < bl.c1; ++c) {
+      // Then the next segment that is not the one following in memory: the next item's run, or when the
+      // segments are not consecutive, simply the next segment.
+      const bool last = c + 1 == bl.c1;
+      const Index nb = runs || last ? b + 1 : b, nc = runs || last ? bl.c0 : c + 1;
+      kernels::StatsPrefetch pf;
+      pf.end = runs ? (bl.c1 - c) * p.S : p.S;
+      if (nb < p.B) {
+        pf.x_next = xb + seg_offset(xo, p, nb, nc);
+        if (dyo) pf.dy_next = dyb + seg_offset(*dyo, p, nb, nc);
+      }
+      kernels::SegmentStats t;
+      k.segment_stats(&t, xb + seg_offset(xo, p, b, c), dyo ? dyb + seg_offset(*dyo, p, b, c) : nullptr, p.S,
+                      pf);
+      st.put(b * p.C + c, t);
+    }
+  }
+}
+
+// Runs f(block) for the blocks of kc channels (the last one shorter), in parallel; fences streamed stores.
+template <typename F>
+void for_blocks(const Plan& p, Index kc, bool stream, F&& f) {
+  const Index blocks = (p.C + kc - 1) / kc;
+  parallel::parallel_for(blocks, [&](Index i) {
+    f(Block{i * kc, std::min(p.C, (i + 1) * kc)});
+    if (stream) kernels::channel_kernels().fence();
+  });
+}
+
+}  // namespace
+
+Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView> operands) {
+  if (p.grouping != Grouping::kBatch || p.masked()) return 0;
+  for (const ConstView& v : operands)
+    if (!operand(v, p).s_contiguous) return 0;
+  const Index per_channel = p.B * p.S * Index{sizeof(float)} * inputs;
+  // A quarter of L2: on the Intel Xeon of docs/PERFORMANCE.md's twenty-fifth session (2 MiB) the best blocks
+  // of [64, 256, 400] were 300-600 KB (3 channels forward, 2-3 backward); a whole L2's half was slower.
+  const Index budget = l2_cache_bytes() / 4;
+  // A channel's inputs beyond the budget: nothing to keep in cache. The whole input within it: the
+  // separate passes already read it from cache.
+  if (per_channel > budget || p.C * per_channel <= budget) return 0;
+  const Index nt = std::max(1, normlab::num_threads());
+  return std::max<Index>(1, std::min(budget / per_channel, (p.C + nt - 1) / nt));
+}
+
+Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, double eps, const float* w,
+                              const float* b, std::vector<double>& rstd) {
+  const Operand xo = operand(x, p), yo = operand(y, p);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool stream = stream_output(p);
+  const SegmentArrays st = segment_workspace(p);
+  Moments m;
+  m.count = group_counts(p);
+  m.mean.assign(m.count.size(), 0.0);
+  m.var.assign(m.count.size(), 0.0);
+  rstd.assign(m.count.size(), 0.0);
+  const float* xb = reinterpret_cast<const float*>(xo.base);
+  float* yb = reinterpret_cast<float*>(yo.base);
+  for_blocks(p, kc, stream, [&](const Block& bl) {
+    block_stats(k, p, bl, xo, nullptr, st);
+    combine_block(p, bl, st, eps, m, rstd);
+    // The elementwise pass over the block, its inputs now in cache; the constants as normalize forms them.
+    for (Index c = bl.c0; c < bl.c1; ++c) {
+      const std::size_t g = static_cast<std::size_t>(c);
+      kernels::NormalizeConsts kcst;
+      mean_pair(m.mean[g], kcst.mh, kcst.ml);
+      kcst.s = static_cast<float>(rstd[g] * (w ? static_cast<double>(w[c]) : 1.0));
+      kcst.b = b ? b[c] : 0.0f;
+      for (Index bi = 0; bi < p.B; ++bi)
+        k.normalize(yb + seg_offset(yo, p, bi, c), xb + seg_offset(xo, p, bi, c), p.S, kcst, stream);
+    }
+  });
+  return m;
+}
+
+GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy, ConstView x, double eps,
+                                 const float* w) {
+  const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool stream = stream_output(p);
+  const SegmentArrays st = segment_workspace(p);
+  GradStats r;
+  r.m.count = group_counts(p);
+  const std::size_t nc = static_cast<std::size_t>(p.C);
+  r.m.mean.assign(nc, 0.0);
+  r.m.var.assign(nc, 0.0);
+  r.rstd.assign(nc, 0.0);
+  r.mg.assign(nc, 0.0);
+  r.mgx.assign(nc, 0.0);
+  r.dweight.assign(nc, 0.0);
+  r.dbias.assign(nc, 0.0);
+  const float* xb = reinterpret_cast<const float*>(xo.base);
+  const float* dyb = reinterpret_cast<const float*>(dyo.base);
+  float* dxb = reinterpret_cast<float*>(dxo.base);
+  for_blocks(p, kc, stream, [&](const Block& bl) {
+    block_stats(k, p, bl, xo, &dyo, st);
+    combine_block(p, bl, st, eps, r.m, r.rstd);
+    for (Index c = bl.c0; c < bl.c1; ++c) {
+      const std::size_t g = static_cast<std::size_t>(c);
+      // As grad_stats forms them, channel by channel in b order.
+      double mg = 0.0, mgx = 0.0, dw = 0.0, db = 0.0;
+      for (Index b = 0; b < p.B; ++b) {
+        const Index s = b * p.C + c;
+        const double sdy = st.sdy[s];
+        const double sdyxh =
+            p.valid(b) == 0 ? 0.0 : r.rstd[g] * (st.sdyd[s] + (st.mean[s] - r.m.mean[g]) * sdy);
+        const double wc = w ? static_cast<double>(w[c]) : 1.0;
+        mg += wc * sdy;
+        mgx += wc * sdyxh;
+        dw += sdyxh;
+        db += sdy;
+      }
+      r.mg[g] = r.m.count[g] > 0 ? mg / r.m.count[g] : 0.0;
+      r.mgx[g] = r.m.count[g] > 0 ? mgx / r.m.count[g] : 0.0;
+      r.dweight[g] = dw;
+      r.dbias[g] = db;
+      // The elementwise pass over the channel's segments, its inputs in cache; the constants as input_grad
+      // forms them.
+      kernels::InputGradConsts t;
+      mean_pair(r.m.mean[g], t.mh, t.ml);
+      t.r = static_cast<float>(r.rstd[g]);
+      t.w = w ? w[c] : 1.0f;
+      t.c0 = static_cast<float>(r.mg[g]);
+      t.c2 = static_cast<float>(r.rstd[g] * r.mgx[g]);
+      for (Index b = 0; b < p.B; ++b)
+        k.input_grad(dxb + seg_offset(dxo, p, b, c), dyb + seg_offset(dyo, p, b, c),
+                     xb + seg_offset(xo, p, b, c), p.S, t, stream);
+    }
+  });
+  return r;
 }
 
 // ---- InstanceNorm / GroupNorm: group by group -----------------------------------------------------
@@ -555,7 +741,7 @@ Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const
         for (Index c = c0; n && c < c0 + spg; ++c) {
           const std::size_t s = static_cast<std::size_t>(bi * p.C + c);
           kernels::SegmentStats st;
-          k.segment_stats(&st, seg_in(xo, p, bi, c, scratch), nullptr, n);
+          k.segment_stats(&st, seg_in(xo, p, bi, c, scratch), nullptr, n, kernels::StatsPrefetch{});
           sum[s] = st.sum;
           mean_s[s] = st.mean;
           m2[s] = st.m2;
@@ -586,7 +772,8 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
         for (Index c = c0; n && c < c0 + spg; ++c) {
           const std::size_t s = static_cast<std::size_t>(b * p.C + c);
           kernels::SegmentStats st;
-          k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n);
+          k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n,
+                          kernels::StatsPrefetch{});
           sum[s] = st.sum;
           mean_s[s] = st.mean;
           m2[s] = st.m2;

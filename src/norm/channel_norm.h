@@ -12,11 +12,13 @@
 // segment, and the per-group values are then combined serially in segment order (b major, c minor).
 // Segments are handed out in chunks that depend on the shape only, so results are bitwise identical for
 // any thread count. The passes walk memory in order: a BatchNorm forward reads x twice (moments,
-// normalize), a training backward reads x and dy twice (grad_stats, input_grad); InstanceNorm and
-// GroupNorm, whose groups are whole segments of one batch item, run both passes group by group and read
-// their inputs from memory once (per_sample_forward, per_sample_backward). Outputs larger than the last-level
-// cache are written with streaming (non-temporal) stores. Numerics (docs/numerics.md): sums in double,
-// elementwise work in fp32 at full vector width, as in the fused LayerNorm kernels.
+// normalize), a training backward reads x and dy twice (grad_stats, input_grad), except where the blocked
+// passes apply (batch_forward_blocked, batch_backward_blocked: channel block by channel block, the second
+// read from cache); InstanceNorm and GroupNorm, whose groups are whole segments of one batch item, run both
+// passes group by group and read their inputs from memory once (per_sample_forward, per_sample_backward).
+// Outputs larger than the last-level cache are written with streaming (non-temporal) stores. Numerics
+// (docs/numerics.md): sums in double, elementwise work in fp32 at full vector width, as in the fused
+// LayerNorm kernels.
 //
 // Contract of the passes: y, dx written = at every element (0 at padded frames); the per-segment
 // sums are written = into vectors of size B·C.
@@ -25,6 +27,7 @@
 #include <normlab/norm.h>
 #include <normlab/tensor.h>
 
+#include <initializer_list>
 #include <span>
 #include <vector>
 
@@ -121,6 +124,23 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
 
 // Constant-statistics dx = dy·float(γ_c·rstd_g) (fp32 product) at real elements, 0 at padded ones.
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w);
+
+// BatchNorm's training passes blocked over channels. The channels are cut into blocks of kc whose segments
+// (every batch item's) of the inputs fill at most a quarter of this core's L2 cache; per block the statistics
+// pass, the block's per-channel combination and the elementwise pass run back to back, so the elementwise
+// pass finds its inputs in cache instead of reading them from memory a second time. Each channel's
+// arithmetic is that of moments + rstd_of + normalize (forward) and grad_stats + input_grad (backward),
+// operation for operation, so the outputs have the same bits whatever kc (and thread count).
+// block_channels: kc for `inputs` input tensors (1 forward, 2 backward) and the listed full-shaped
+// operands, or 0 when the blocked passes do not apply (kBatch unmasked with every segment S consecutive
+// floats; one channel's inputs within the budget; the whole input beyond it).
+Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView> operands);
+// y, save statistics as moments + normalize; rstd per channel (rstd_of).
+Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, double eps, const float* w,
+                              const float* b, std::vector<double>& rstd);
+// dx as input_grad with grad_stats' statistics, which it returns.
+GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy, ConstView x, double eps,
+                                 const float* w);
 
 // InstanceNorm and GroupNorm (every group is whole segments of one batch item): the forward (moments,
 // rstd per group, normalize) and the training backward's dx with the per-segment sdy, sdyxh, group by

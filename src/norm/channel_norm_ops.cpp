@@ -11,6 +11,9 @@
 //             mean(g·x̂)_g = Σ_seg γ_c·Σdy·x̂ / n_g; dx = rstd_g·(dy·γ_c − mean(g) − x̂·mean(g·x̂));
 //             dγ_c = Σ_b Σdy·x̂, dβ_c = Σ_b Σdy (b order).
 //   BatchNorm eval: the running statistics are constants: y as above with them, dx = dy·γ_c·rstd_c.
+//   BatchNorm training on inputs larger than the cache: the same arithmetic channel block by channel block
+//             where the layout allows (chnorm::batch_forward_blocked/_backward_blocked), so that each
+//             block's data is read from memory once per pass pair.
 //   InstanceNorm, GroupNorm: the same arithmetic group by group (chnorm::per_sample_forward/_backward),
 //             so that a group's data is read from memory once per pass pair.
 // Every check runs before anything is written.
@@ -57,7 +60,13 @@ void train_forward(const Plan& p, View y, View save_mean, View save_rstd, ConstV
 // statistics, one for dx).
 void train_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
                     const float* w, double eps, GradMode mode) {
-  // mean(g) and mean(g·x̂) per group, g = dy·γ_c, and dγ, dβ: formed by grad_stats in segment order.
+  // mean(g) and mean(g·x̂) per group, g = dy·γ_c, and dγ, dβ: formed by grad_stats in segment order
+  // (or channel block by channel block, with the same bits).
+  if (const Index kc = chnorm::block_channels(p, 2, {x, dy, dx})) {
+    const chnorm::GradStats st = chnorm::batch_backward_blocked(p, kc, dx, dy, x, eps, w);
+    chnorm::write_channel_grads(dweight, dbias, st.dweight, st.dbias, mode);
+    return;
+  }
   const chnorm::GradStats st = chnorm::grad_stats(p, dy, x, eps, w);
   chnorm::input_grad(p, dx, dy, x, st.m.mean, st.rstd, w, st.mg, st.mgx);
   chnorm::write_channel_grads(dweight, dbias, st.dweight, st.dbias, mode);
@@ -113,10 +122,21 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
   }
   NL_CHECK(!tracking || opt.momentum || num_batches_tracked,
            "{}: momentum = nullopt (cumulative average) needs num_batches_tracked", op);
-  const chnorm::Moments m = chnorm::moments(p, x);
-  check_training_counts(p, m, x.shape());
-  train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m,
-                chnorm::rstd_of(m, opt.eps));
+  chnorm::Moments counts;
+  counts.count = chnorm::group_counts(p);
+  check_training_counts(p, counts, x.shape());
+  chnorm::Moments m;
+  if (const Index kc = chnorm::block_channels(p, 1, {x, y})) {
+    // Channel block by channel block, with the same bits as moments + train_forward.
+    std::vector<double> rstd;
+    m = chnorm::batch_forward_blocked(p, kc, y, x, opt.eps, ptr_or_null(w), ptr_or_null(b), rstd);
+    chnorm::write_stats(save_mean, m.mean);
+    chnorm::write_stats(save_rstd, rstd);
+  } else {
+    m = chnorm::moments(p, x);
+    train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m,
+                  chnorm::rstd_of(m, opt.eps));
+  }
   if (tracking) chnorm::update_running_stats(running_mean, running_var, num_batches_tracked, m, opt);
 }
 

@@ -127,12 +127,14 @@ std::vector<Call> calls() {
   v.push_back({"channel segment_stats of x", [] {
                  const Tensor x = filled({37});
                  kernels::SegmentStats st;
-                 kernels::channel_kernels().segment_stats(&st, x.data(), nullptr, 37);
+                 kernels::channel_kernels().segment_stats(&st, x.data(), nullptr, 37,
+                                                          kernels::StatsPrefetch{});
                }});
   v.push_back({"channel segment_stats of x and dy", [] {
                  const Tensor x = filled({37}), dy = filled({37});
                  kernels::SegmentStats st;
-                 kernels::channel_kernels().segment_stats(&st, x.data(), dy.data(), 37);
+                 kernels::channel_kernels().segment_stats(&st, x.data(), dy.data(), 37,
+                                                          kernels::StatsPrefetch{});
                }});
   v.push_back({"channel normalize", [] {
                  const Tensor x = filled({37});

@@ -1,0 +1,200 @@
+// BatchNorm's training passes blocked over channels (chnorm::batch_forward_blocked / batch_backward_blocked,
+// src/norm/channel_norm.cpp): the same bits as the separate passes (moments + rstd_of + normalize,
+// grad_stats + input_grad) for every block size, thread count and layout the blocked passes accept, in place
+// too; where they apply; and that the public BatchNorm takes them with those bits.
+#include <normlab/norm.h>
+#include <normlab/parallel.h>
+
+#include <cstring>
+#include <random>
+
+#include "norm/channel_norm.h"
+#include "support/random.h"
+#include "support/tolerance.h"
+
+namespace normlab {
+namespace {
+
+using testing::bitwise_equal;
+
+constexpr double kEps = 1e-5;
+
+// The layouts whose segments are S consecutive floats: contiguous; every other channel of a [B, 2C, S]
+// tensor (channel stride 2S); a slice [1, S + 1) of a [B, C, S + 1] tensor (channel stride S + 1, segments
+// misaligned).
+enum class Layout { kContiguous, kEveryOtherChannel, kMisaligned };
+
+struct Operand {
+  Tensor parent;
+  View v;
+};
+Operand make(Layout l, const Dims& shape, std::mt19937_64& rng, double scale, double offset) {
+  const Index B = shape[0], C = shape[1], S = shape[2];
+  Operand o;
+  switch (l) {
+    case Layout::kContiguous:
+      o.parent = testing::random_tensor(shape, rng, scale, offset);
+      o.v = o.parent.view();
+      break;
+    case Layout::kEveryOtherChannel:
+      o.parent = testing::random_tensor({B, 2 * C, S}, rng, scale, offset);
+      o.v = o.parent.view().slice(1, 0, 2 * C, 2);
+      break;
+    case Layout::kMisaligned:
+      o.parent = testing::random_tensor({B, C, S + 1}, rng, scale, offset);
+      o.v = o.parent.view().slice(2, 1, S + 1);
+      break;
+  }
+  return o;
+}
+
+void expect_same(const std::vector<double>& a, const std::vector<double>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double))) << what << " differs";
+}
+
+TEST(BatchNormBlocked, SameBitsAsTheSeparatePassesForEveryBlockSize) {
+  std::mt19937_64 rng(31);
+  const int saved = num_threads();
+  for (const Dims& shape :
+       {Dims{3, 7, 33}, Dims{2, 5, 1025}, Dims{4, 6, 1}, Dims{1, 9, 17}, Dims{5, 4, 130}}) {
+    for (const Layout layout : {Layout::kContiguous, Layout::kEveryOtherChannel, Layout::kMisaligned}) {
+      const Index C = shape[1];
+      Operand x = make(layout, shape, rng, 2.0, 3.0), dy = make(layout, shape, rng, 1.0, 0.1);
+      const Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0),
+                   b = testing::random_tensor({C}, rng, 0.5, 0.0);
+      const chnorm::Plan p = chnorm::make_plan(shape, 1, chnorm::Grouping::kBatch, 1, {}, -1, "test");
+      for (const bool affine : {false, true}) {
+        const float* wp = affine ? w.data() : nullptr;
+        const float* bp = affine ? b.data() : nullptr;
+        // The separate passes.
+        Tensor y_sep(shape), dx_sep(shape);
+        const chnorm::Moments m = chnorm::moments(p, x.v);
+        const std::vector<double> rstd = chnorm::rstd_of(m, kEps);
+        chnorm::normalize(p, y_sep.view(), x.v, m.mean, rstd, wp, bp);
+        const chnorm::GradStats g = chnorm::grad_stats(p, dy.v, x.v, kEps, wp);
+        chnorm::input_grad(p, dx_sep.view(), dy.v, x.v, g.m.mean, g.rstd, wp, g.mg, g.mgx);
+        for (const int threads : {1, 2}) {
+          set_num_threads(threads);
+          for (const Index kc : {Index{1}, Index{2}, Index{3}, C - 1, C}) {
+            if (kc < 1 || kc > C) continue;
+            SCOPED_TRACE(fmt::format("shape {}, layout {}, affine {}, {} threads, {} channels per block",
+                                     shape.str(), static_cast<int>(layout), affine, threads, kc));
+            Tensor y(shape), dx(shape);
+            std::vector<double> rstd_b;
+            const chnorm::Moments mb =
+                chnorm::batch_forward_blocked(p, kc, y.view(), x.v, kEps, wp, bp, rstd_b);
+            EXPECT_TRUE(bitwise_equal(y.cview(), y_sep.cview(), "y"));
+            expect_same(mb.mean, m.mean, "mean");
+            expect_same(mb.var, m.var, "var");
+            expect_same(mb.count, m.count, "count");
+            expect_same(rstd_b, rstd, "rstd");
+            const chnorm::GradStats gb =
+                chnorm::batch_backward_blocked(p, kc, dx.view(), dy.v, x.v, kEps, wp);
+            EXPECT_TRUE(bitwise_equal(dx.cview(), dx_sep.cview(), "dx"));
+            expect_same(gb.m.mean, g.m.mean, "backward mean");
+            expect_same(gb.rstd, g.rstd, "backward rstd");
+            expect_same(gb.mg, g.mg, "mean(g)");
+            expect_same(gb.mgx, g.mgx, "mean(g·x̂)");
+            expect_same(gb.dweight, g.dweight, "dweight");
+            expect_same(gb.dbias, g.dbias, "dbias");
+          }
+        }
+        set_num_threads(saved);
+      }
+    }
+  }
+}
+
+// y may be x, and dx may be dy or x, as for the separate passes: a block reads all of its inputs before it
+// writes, and writes only its own channels.
+TEST(BatchNormBlocked, InPlaceGivesTheSameBits) {
+  std::mt19937_64 rng(32);
+  const Dims shape{4, 5, 77};
+  const Tensor x = testing::random_tensor(shape, rng, 2.0, -1.0),
+               dy = testing::random_tensor(shape, rng, 1.0, 0.0);
+  const chnorm::Plan p = chnorm::make_plan(shape, 1, chnorm::Grouping::kBatch, 1, {}, -1, "test");
+  for (const Index kc : {1, 2, 5}) {
+    SCOPED_TRACE(fmt::format("{} channels per block", kc));
+    Tensor y(shape), dx(shape);
+    std::vector<double> r1, r2;
+    chnorm::batch_forward_blocked(p, kc, y.view(), x.cview(), kEps, nullptr, nullptr, r1);
+    Tensor xy = x.clone();
+    chnorm::batch_forward_blocked(p, kc, xy.view(), xy.cview(), kEps, nullptr, nullptr, r2);
+    EXPECT_TRUE(bitwise_equal(xy.cview(), y.cview(), "y over x"));
+    chnorm::batch_backward_blocked(p, kc, dx.view(), dy.cview(), x.cview(), kEps, nullptr);
+    Tensor dydx = dy.clone();
+    chnorm::batch_backward_blocked(p, kc, dydx.view(), dydx.cview(), x.cview(), kEps, nullptr);
+    EXPECT_TRUE(bitwise_equal(dydx.cview(), dx.cview(), "dx over dy"));
+    Tensor xdx = x.clone();
+    chnorm::batch_backward_blocked(p, kc, xdx.view(), dy.cview(), xdx.cview(), kEps, nullptr);
+    EXPECT_TRUE(bitwise_equal(xdx.cview(), dx.cview(), "dx over x"));
+  }
+}
+
+TEST(BatchNormBlocked, AppliesOnlyWhereItKeepsInputsInCache) {
+  // [64, 64, 250]: 64 KB a channel (128 KB with dy), 4 MB in all: blocked on any L2 from 512 KB to 16 MB.
+  const Dims big{64, 64, 250};
+  Tensor x(big), y(big), dy(big);
+  const chnorm::Plan p = chnorm::make_plan(big, 1, chnorm::Grouping::kBatch, 1, {}, -1, "test");
+  const Index kf = chnorm::block_channels(p, 1, {x.cview(), y.cview()});
+  const Index kb = chnorm::block_channels(p, 2, {x.cview(), dy.cview(), y.cview()});
+  EXPECT_GE(kf, 1);
+  EXPECT_GE(kb, 1);
+  EXPECT_LE(kb, kf);
+  EXPECT_LE(kf, (64 + num_threads() - 1) / num_threads());  // every thread gets a block
+  // Not for: a small tensor (already in cache), segments that are not consecutive floats, masking, and
+  // the per-sample groupings.
+  const Dims small{4, 8, 100};
+  Tensor xs(small);
+  EXPECT_EQ(
+      0, chnorm::block_channels(chnorm::make_plan(small, 1, chnorm::Grouping::kBatch, 1, {}, -1, "test"), 1,
+                                {xs.cview(), xs.cview()}));
+  Tensor xt({64, 250, 64});
+  EXPECT_EQ(0, chnorm::block_channels(p, 1, {xt.cview().permute({0, 2, 1}), y.cview()}));
+  const std::vector<Index> len(64, 200);
+  EXPECT_EQ(0, chnorm::block_channels(chnorm::make_plan(big, 1, chnorm::Grouping::kBatch, 1, len, -1, "test"),
+                                      1, {x.cview(), y.cview()}));
+  EXPECT_EQ(
+      0, chnorm::block_channels(chnorm::make_plan(big, 1, chnorm::Grouping::kInstance, 1, {}, -1, "test"), 1,
+                                {x.cview(), y.cview()}));
+}
+
+// The public BatchNorm on a shape the blocked passes take: the bits of the separate passes, and the same
+// for one, two and three threads.
+TEST(BatchNormBlocked, PublicBatchNormGivesTheSeparatePassesBits) {
+  std::mt19937_64 rng(33);
+  const Dims shape{64, 64, 250};
+  const Tensor x = testing::random_tensor(shape, rng, 2.0, 3.0),
+               dy = testing::random_tensor(shape, rng, 1.0, 0.0);
+  const Tensor w = testing::random_tensor({64}, rng, 1.0, 1.0),
+               b = testing::random_tensor({64}, rng, 0.5, 0.0);
+  const chnorm::Plan p = chnorm::make_plan(shape, 1, chnorm::Grouping::kBatch, 1, {}, -1, "test");
+  Tensor y_sep(shape), dx_sep(shape);
+  const chnorm::Moments m = chnorm::moments(p, x.cview());
+  chnorm::normalize(p, y_sep.view(), x.cview(), m.mean, chnorm::rstd_of(m, kEps), w.data(), b.data());
+  const chnorm::GradStats g = chnorm::grad_stats(p, dy.cview(), x.cview(), kEps, w.data());
+  chnorm::input_grad(p, dx_sep.view(), dy.cview(), x.cview(), g.m.mean, g.rstd, w.data(), g.mg, g.mgx);
+  const int saved = num_threads();
+  for (const int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    SCOPED_TRACE(fmt::format("{} threads", threads));
+    ASSERT_GE(chnorm::block_channels(p, 2, {x.cview(), dy.cview(), dx_sep.cview()}), 1);
+    Tensor y(shape), mean({64}), rstd({64}), dx(shape), dw({64}), db({64});
+    batch_norm_forward(y.view(), mean.view(), rstd.view(), View{}, View{}, nullptr, x.cview(), w.cview(),
+                       b.cview());
+    batch_norm_backward(dx.view(), dw.view(), db.view(), dy.cview(), x.cview(), w.cview(), {}, {});
+    EXPECT_TRUE(bitwise_equal(y.cview(), y_sep.cview(), "y"));
+    EXPECT_TRUE(bitwise_equal(dx.cview(), dx_sep.cview(), "dx"));
+    for (Index c = 0; c < 64; ++c) {
+      const std::size_t i = static_cast<std::size_t>(c);
+      EXPECT_EQ(mean[c], static_cast<float>(m.mean[i]));
+      EXPECT_EQ(dw[c], static_cast<float>(g.dweight[i]));
+      EXPECT_EQ(db[c], static_cast<float>(g.dbias[i]));
+    }
+  }
+  set_num_threads(saved);
+}
+
+}  // namespace
+}  // namespace normlab

@@ -553,9 +553,10 @@ void block_stats(const kernels::ChannelKernels& k, const Plan& p, const Block& b
         pf.x_next = xb + seg_offset(xo, p, nb, nc);
         if (dyo) pf.dy_next = dyb + seg_offset(*dyo, p, nb, nc);
       }
-      kernels::SegmentStats t;
-      k.segment_stats(&t, xb + seg_offset(xo, p, b, c), dyo ? dyb + seg_offset(*dyo, p, b, c) : nullptr, p.S,
-                      pf);
+      kernels::SegmentStats t;  // zeros for an empty segment (a batch item of length 0), as the passes
+      if (const Index n = p.valid(b))
+        k.segment_stats(&t, xb + seg_offset(xo, p, b, c), dyo ? dyb + seg_offset(*dyo, p, b, c) : nullptr, n,
+                        pf);
       st.put(b * p.C + c, t);
     }
   }
@@ -574,7 +575,8 @@ void for_blocks(const Plan& p, Index kc, bool stream, F&& f) {
 }  // namespace
 
 Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView> operands) {
-  if (p.grouping != Grouping::kBatch || p.masked()) return 0;
+  // (Masked: only when each segment's real frames are its first valid(b) floats, the time axis leading.)
+  if (p.grouping != Grouping::kBatch || (p.masked() && !p.time_leading)) return 0;
   for (const ConstView& v : operands)
     if (!operand(v, p).s_contiguous) return 0;
   const Index per_channel = p.B * p.S * Index{sizeof(float)} * inputs;
@@ -611,8 +613,11 @@ Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, doub
       mean_pair(m.mean[g], kcst.mh, kcst.ml);
       kcst.s = static_cast<float>(rstd[g] * (w ? static_cast<double>(w[c]) : 1.0));
       kcst.b = b ? b[c] : 0.0f;
-      for (Index bi = 0; bi < p.B; ++bi)
-        k.normalize(yb + seg_offset(yo, p, bi, c), xb + seg_offset(xo, p, bi, c), p.S, kcst, stream);
+      for (Index bi = 0; bi < p.B; ++bi) {
+        float* ys = yb + seg_offset(yo, p, bi, c);
+        if (const Index n = p.valid(bi)) k.normalize(ys, xb + seg_offset(xo, p, bi, c), n, kcst, stream);
+        seg_finish(yo, p, bi, c, ys);  // 0 at padded frames
+      }
     }
   });
   return m;
@@ -667,9 +672,12 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
       t.w = w ? w[c] : 1.0f;
       t.c0 = static_cast<float>(r.mg[g]);
       t.c2 = static_cast<float>(r.rstd[g] * r.mgx[g]);
-      for (Index b = 0; b < p.B; ++b)
-        k.input_grad(dxb + seg_offset(dxo, p, b, c), dyb + seg_offset(dyo, p, b, c),
-                     xb + seg_offset(xo, p, b, c), p.S, t, stream);
+      for (Index b = 0; b < p.B; ++b) {
+        float* dxs = dxb + seg_offset(dxo, p, b, c);
+        if (const Index n = p.valid(b))
+          k.input_grad(dxs, dyb + seg_offset(dyo, p, b, c), xb + seg_offset(xo, p, b, c), n, t, stream);
+        seg_finish(dxo, p, b, c, dxs);  // 0 at padded frames
+      }
     }
   });
   return r;

@@ -132,8 +132,10 @@ void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<do
 // arithmetic is that of moments + rstd_of + normalize (forward) and grad_stats + input_grad (backward),
 // operation for operation, so the outputs have the same bits whatever kc (and thread count).
 // block_channels: kc for `inputs` input tensors (1 forward, 2 backward) and the listed full-shaped
-// operands, or 0 when the blocked passes do not apply (kBatch unmasked with every segment S consecutive
-// floats; one channel's inputs within the budget; the whole input beyond it).
+// operands, or 0 when the blocked passes do not apply (kBatch with every segment S consecutive floats,
+// unmasked or masked with the time axis leading, so that a segment's real frames are its first valid(b)
+// floats; one channel's inputs within the budget; the whole input beyond it). Padded frames of y and dx
+// are written 0, as by the separate passes.
 Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView> operands);
 // y, save statistics as moments + normalize; rstd per channel (rstd_of).
 Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, double eps, const float* w,

@@ -829,6 +829,37 @@ void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<do
       stream);
 }
 
+void grad_sums_input_grad_const(const Plan& p, View dx, ConstView dy, ConstView x,
+                                const std::vector<double>& mean, const std::vector<double>& rstd,
+                                const float* w, std::vector<double>& sdy, std::vector<double>& sdyxh) {
+  const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool stream = stream_output(p);
+  sdy.assign(static_cast<std::size_t>(p.segments()), 0.0);
+  sdyxh.assign(static_cast<std::size_t>(p.segments()), 0.0);
+  for_segments(
+      p, 3, needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p),
+      [&](Index b, Index c, Index s, float* scratch) {
+        const Index n = p.valid(b);
+        float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S);
+        if (n) {
+          const std::size_t g = static_cast<std::size_t>(p.group_of(b, c)), si = static_cast<std::size_t>(s);
+          // The segment's sums as grad_sums forms them, then its dx from dy, still in cache, as
+          // input_grad_const forms it.
+          const float* dys = seg_in(dyo, p, b, c, scratch + p.S);
+          kernels::SegmentStats st;
+          k.segment_stats(&st, seg_in(xo, p, b, c, scratch), dys, n, kernels::StatsPrefetch{});
+          sdy[si] = st.sdy;
+          sdyxh[si] = rstd[g] * (st.sdyd + (st.mean - mean[g]) * st.sdy);
+          kernels::NormalizeConsts kc;
+          kc.s = static_cast<float>(rstd[g] * (w ? static_cast<double>(w[c]) : 1.0));
+          k.normalize(out, dys, n, kc, stream && direct(dxo, p, b));
+        }
+        seg_finish(dxo, p, b, c, out);
+      },
+      stream);
+}
+
 void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,
                        const std::vector<double>& sdyxh, GradMode mode) {
   const bool acc = mode == GradMode::kAccumulate;

@@ -125,6 +125,13 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
 // Constant-statistics dx = dy·float(γ_c·rstd_g) (fp32 product) at real elements, 0 at padded ones.
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w);
 
+// grad_sums and input_grad_const in one pass over the segments (the constant-statistics backward with
+// dγ, dβ): per segment its sums, then its dx from dy while dy is still in cache. The same bits as the two
+// passes; dx may equal dy or x.
+void grad_sums_input_grad_const(const Plan& p, View dx, ConstView dy, ConstView x,
+                                const std::vector<double>& mean, const std::vector<double>& rstd,
+                                const float* w, std::vector<double>& sdy, std::vector<double>& sdyxh);
+
 // BatchNorm's training passes blocked over channels. The channels are cut into blocks of kc whose segments
 // (every batch item's) of the inputs fill at most a quarter of this core's L2 cache; per block the statistics
 // pass, the block's per-channel combination and the elementwise pass run back to back, so the elementwise

@@ -208,10 +208,14 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
     chnorm::channel_vector(running_mean, p.C, "running_mean", op);
     chnorm::channel_vector(running_var, p.C, "running_var", op);
     const RunningStats r = read_running(running_mean, running_var, p.C, opt.eps);
-    std::vector<double> sdy, sdyxh;
-    if (dweight.defined() || dbias.defined()) chnorm::grad_sums(p, dy, x, r.mean, r.rstd, sdy, sdyxh);
-    chnorm::input_grad_const(p, dx, dy, r.rstd, ptr_or_null(w));
-    if (dweight.defined() || dbias.defined()) chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh, mode);
+    if (dweight.defined() || dbias.defined()) {
+      // One pass: each segment's sums, then its dx (the bits of grad_sums + input_grad_const).
+      std::vector<double> sdy, sdyxh;
+      chnorm::grad_sums_input_grad_const(p, dx, dy, x, r.mean, r.rstd, ptr_or_null(w), sdy, sdyxh);
+      chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh, mode);
+    } else {
+      chnorm::input_grad_const(p, dx, dy, r.rstd, ptr_or_null(w));
+    }
     return;
   }
   chnorm::Moments counts;

@@ -1,7 +1,8 @@
 // BatchNorm's training passes blocked over channels (chnorm::batch_forward_blocked / batch_backward_blocked,
 // src/norm/channel_norm.cpp): the same bits as the separate passes (moments + rstd_of + normalize,
 // grad_stats + input_grad) for every block size, thread count and layout the blocked passes accept, in place
-// too; where they apply; and that the public BatchNorm takes them with those bits.
+// too; where they apply; and that the public BatchNorm takes them with those bits. And the eval-mode
+// backward's single pass (chnorm::grad_sums_input_grad_const) against its two passes.
 #include <normlab/norm.h>
 #include <normlab/parallel.h>
 
@@ -219,6 +220,59 @@ TEST(BatchNormBlocked, PublicBatchNormGivesTheSeparatePassesBits) {
     }
   }
   set_num_threads(saved);
+}
+
+// The eval-mode backward with dγ, dβ in one pass: the bits of grad_sums + input_grad_const on contiguous,
+// permuted (gathered) and masked layouts, and with dx over dy or over x.
+TEST(BatchNormEvalBackward, OnePassGivesTheTwoPassesBits) {
+  std::mt19937_64 rng(34);
+  const Dims shape{3, 5, 6, 41};  // [B, C, F, T]
+  const Tensor xp = testing::random_tensor(shape, rng, 2.0, 1.0),
+               dyp = testing::random_tensor(shape, rng, 1.0, 0.0);
+  const Tensor w = testing::random_tensor({5}, rng, 1.0, 1.0);
+  std::vector<double> mean(5), rstd(5);
+  for (std::size_t c = 0; c < 5; ++c) {
+    mean[c] = 0.3 * static_cast<double>(c) - 0.5;
+    rstd[c] = 0.7 + 0.1 * static_cast<double>(c);
+  }
+  const std::vector<Index> len{41, 0, 17};
+  struct Case {
+    const char* name;
+    bool permuted;  // x, dy as [B, C, T, F] views of [B, C, F, T] memory: segments gathered
+    bool masked;    // lengths over the last axis (T leads only when not permuted)
+  };
+  for (const Case cs : {Case{"contiguous", false, false}, Case{"contiguous masked", false, true},
+                        Case{"permuted", true, false}, Case{"permuted masked", true, true}}) {
+    SCOPED_TRACE(cs.name);
+    const ConstView x = cs.permuted ? xp.cview().permute({0, 1, 3, 2}) : xp.cview();
+    const ConstView dy = cs.permuted ? dyp.cview().permute({0, 1, 3, 2}) : dyp.cview();
+    const std::span<const Index> lengths = cs.masked ? std::span<const Index>(len) : std::span<const Index>{};
+    const int ta = cs.permuted ? 2 : 3;
+    const chnorm::Plan p = chnorm::make_plan(x.shape(), 1, chnorm::Grouping::kBatch, 1, lengths, ta, "test");
+    for (const bool affine : {false, true}) {
+      const float* wp = affine ? w.data() : nullptr;
+      Tensor dx2(x.shape()), dx1(x.shape());
+      std::vector<double> sdy2, sdyxh2, sdy1, sdyxh1;
+      chnorm::grad_sums(p, dy, x, mean, rstd, sdy2, sdyxh2);
+      chnorm::input_grad_const(p, dx2.view(), dy, rstd, wp);
+      chnorm::grad_sums_input_grad_const(p, dx1.view(), dy, x, mean, rstd, wp, sdy1, sdyxh1);
+      EXPECT_TRUE(bitwise_equal(dx1.cview(), dx2.cview(), "dx"));
+      expect_same(sdy1, sdy2, "sdy");
+      expect_same(sdyxh1, sdyxh2, "sdyxh");
+    }
+    // In place (contiguous operands of the view's shape): dx over dy, dx over x.
+    const Tensor xc = Tensor::copy_of(x), dyc = Tensor::copy_of(dy);
+    Tensor dx(x.shape());
+    std::vector<double> a, b2;
+    chnorm::grad_sums_input_grad_const(p, dx.view(), dyc.cview(), xc.cview(), mean, rstd, w.data(), a, b2);
+    Tensor over_dy = dyc.clone(), over_x = xc.clone();
+    chnorm::grad_sums_input_grad_const(p, over_dy.view(), over_dy.cview(), xc.cview(), mean, rstd, w.data(),
+                                       a, b2);
+    chnorm::grad_sums_input_grad_const(p, over_x.view(), dyc.cview(), over_x.cview(), mean, rstd, w.data(), a,
+                                       b2);
+    EXPECT_TRUE(bitwise_equal(over_dy.cview(), dx.cview(), "dx over dy"));
+    EXPECT_TRUE(bitwise_equal(over_x.cview(), dx.cview(), "dx over x"));
+  }
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
-#include <immintrin.h>
 #include <numbers>
 #include <vector>
 

@@ -292,6 +292,27 @@ void mean_pair(double mean, float& mh, float& ml) {
   ml = static_cast<float>(mean - static_cast<double>(mh));
 }
 
+// The fp32 constants of the elementwise kernels for channel c of a group with these statistics, as every
+// pass forms them (w, b may be null: γ = 1, β = 0). normalize: y = ((x − m_hi) − m_lo)·float(rstd·γ_c) + β_c.
+kernels::NormalizeConsts normalize_consts(double mean, double rstd, const float* w, const float* b, Index c) {
+  kernels::NormalizeConsts t;
+  mean_pair(mean, t.mh, t.ml);
+  t.s = static_cast<float>(rstd * (w ? static_cast<double>(w[c]) : 1.0));
+  t.b = b ? b[c] : 0.0f;
+  return t;
+}
+// input_grad: dx = r·((dy·γ_c − float(mean_g)) − ((x − m_hi) − m_lo)·float(rstd·mean_gx)), r = float(rstd).
+kernels::InputGradConsts input_grad_consts(double mean, double rstd, const float* w, Index c, double mean_g,
+                                           double mean_gx) {
+  kernels::InputGradConsts t;
+  mean_pair(mean, t.mh, t.ml);
+  t.r = static_cast<float>(rstd);
+  t.w = w ? w[c] : 1.0f;
+  t.c0 = static_cast<float>(mean_g);
+  t.c2 = static_cast<float>(rstd * mean_gx);
+  return t;
+}
+
 }  // namespace
 
 Moments moments(const Plan& p, ConstView x) {
@@ -365,13 +386,9 @@ void normalize_seg(const kernels::ChannelKernels& k, const Plan& p, const Operan
                    float* scratch, bool stream) {
   const Index n = p.valid(bi);
   float* out = seg_out(yo, p, bi, c, scratch + p.S);
-  if (n) {
-    kernels::NormalizeConsts kc;
-    mean_pair(mean, kc.mh, kc.ml);
-    kc.s = static_cast<float>(rstd * (w ? static_cast<double>(w[c]) : 1.0));
-    kc.b = b ? b[c] : 0.0f;
-    k.normalize(out, seg_in(xo, p, bi, c, scratch), n, kc, stream && direct(yo, p, bi));
-  }
+  if (n)
+    k.normalize(out, seg_in(xo, p, bi, c, scratch), n, normalize_consts(mean, rstd, w, b, c),
+                stream && direct(yo, p, bi));
   seg_finish(yo, p, bi, c, out);
 }
 
@@ -381,16 +398,9 @@ void input_grad_seg(const kernels::ChannelKernels& k, const Plan& p, const Opera
                     double mean_g, double mean_gx, float* scratch, bool stream) {
   const Index n = p.valid(b);
   float* out = seg_out(dxo, p, b, c, scratch + 2 * p.S);
-  if (n) {
-    kernels::InputGradConsts kc;
-    mean_pair(mean, kc.mh, kc.ml);
-    kc.r = static_cast<float>(rstd);
-    kc.w = w ? w[c] : 1.0f;
-    kc.c0 = static_cast<float>(mean_g);
-    kc.c2 = static_cast<float>(rstd * mean_gx);
-    k.input_grad(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n, kc,
-                 stream && direct(dxo, p, b));
-  }
+  if (n)
+    k.input_grad(out, seg_in(dyo, p, b, c, scratch + p.S), seg_in(xo, p, b, c, scratch), n,
+                 input_grad_consts(mean, rstd, w, c, mean_g, mean_gx), stream && direct(dxo, p, b));
   seg_finish(dxo, p, b, c, out);
 }
 
@@ -406,10 +416,8 @@ void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& me
     // normalize_seg forms them), then the kernel alone per segment.
     std::vector<kernels::NormalizeConsts> kc(static_cast<std::size_t>(p.C));
     for (Index c = 0; c < p.C; ++c) {
-      kernels::NormalizeConsts& t = kc[static_cast<std::size_t>(c)];
-      mean_pair(mean[static_cast<std::size_t>(c)], t.mh, t.ml);
-      t.s = static_cast<float>(rstd[static_cast<std::size_t>(c)] * (w ? static_cast<double>(w[c]) : 1.0));
-      t.b = b ? b[c] : 0.0f;
+      const std::size_t g = static_cast<std::size_t>(c);
+      kc[g] = normalize_consts(mean[g], rstd[g], w, b, c);
     }
     const float* xb = reinterpret_cast<const float*>(xo.base);
     float* yb = reinterpret_cast<float*>(yo.base);
@@ -465,12 +473,7 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
     std::vector<kernels::InputGradConsts> kc(static_cast<std::size_t>(p.C));
     for (Index c = 0; c < p.C; ++c) {
       const std::size_t g = static_cast<std::size_t>(c);
-      kernels::InputGradConsts& t = kc[g];
-      mean_pair(mean[g], t.mh, t.ml);
-      t.r = static_cast<float>(rstd[g]);
-      t.w = w ? w[c] : 1.0f;
-      t.c0 = static_cast<float>(mean_g[g]);
-      t.c2 = static_cast<float>(rstd[g] * mean_gx[g]);
+      kc[g] = input_grad_consts(mean[g], rstd[g], w, c, mean_g[g], mean_gx[g]);
     }
     const float* xb = reinterpret_cast<const float*>(xo.base);
     const float* dyb = reinterpret_cast<const float*>(dyo.base);
@@ -606,13 +609,10 @@ Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, doub
   for_blocks(p, kc, stream, [&](const Block& bl) {
     block_stats(k, p, bl, xo, nullptr, st);
     combine_block(p, bl, st, eps, m, rstd);
-    // The elementwise pass over the block, its inputs now in cache; the constants as normalize forms them.
+    // The elementwise pass over the block, its inputs now in cache.
     for (Index c = bl.c0; c < bl.c1; ++c) {
       const std::size_t g = static_cast<std::size_t>(c);
-      kernels::NormalizeConsts kcst;
-      mean_pair(m.mean[g], kcst.mh, kcst.ml);
-      kcst.s = static_cast<float>(rstd[g] * (w ? static_cast<double>(w[c]) : 1.0));
-      kcst.b = b ? b[c] : 0.0f;
+      const kernels::NormalizeConsts kcst = normalize_consts(m.mean[g], rstd[g], w, b, c);
       for (Index bi = 0; bi < p.B; ++bi) {
         float* ys = yb + seg_offset(yo, p, bi, c);
         if (const Index n = p.valid(bi)) k.normalize(ys, xb + seg_offset(xo, p, bi, c), n, kcst, stream);
@@ -664,14 +664,8 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
       r.mgx[g] = r.m.count[g] > 0 ? mgx / r.m.count[g] : 0.0;
       r.dweight[g] = dw;
       r.dbias[g] = db;
-      // The elementwise pass over the channel's segments, its inputs in cache; the constants as input_grad
-      // forms them.
-      kernels::InputGradConsts t;
-      mean_pair(r.m.mean[g], t.mh, t.ml);
-      t.r = static_cast<float>(r.rstd[g]);
-      t.w = w ? w[c] : 1.0f;
-      t.c0 = static_cast<float>(r.mg[g]);
-      t.c2 = static_cast<float>(r.rstd[g] * r.mgx[g]);
+      // The elementwise pass over the channel's segments, its inputs in cache.
+      const kernels::InputGradConsts t = input_grad_consts(r.m.mean[g], r.rstd[g], w, c, r.mg[g], r.mgx[g]);
       for (Index b = 0; b < p.B; ++b) {
         float* dxs = dxb + seg_offset(dxo, p, b, c);
         if (const Index n = p.valid(b))
@@ -817,13 +811,11 @@ void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<do
       [&](Index b, Index c, Index, float* scratch) {
         const Index n = p.valid(b);
         float* out = seg_out(dxo, p, b, c, scratch + p.S);
-        if (n) {
-          // dx = ((dy − 0) − 0)·float(rstd·γ) + 0
-          kernels::NormalizeConsts kc;
-          kc.s = static_cast<float>(rstd[static_cast<std::size_t>(p.group_of(b, c))] *
-                                    (w ? static_cast<double>(w[c]) : 1.0));
-          k.normalize(out, seg_in(dyo, p, b, c, scratch), n, kc, stream && direct(dxo, p, b));
-        }
+        // dx = ((dy − 0) − 0)·float(rstd·γ) + 0
+        if (n)
+          k.normalize(out, seg_in(dyo, p, b, c, scratch), n,
+                      normalize_consts(0.0, rstd[static_cast<std::size_t>(p.group_of(b, c))], w, nullptr, c),
+                      stream && direct(dxo, p, b));
         seg_finish(dxo, p, b, c, out);
       },
       stream);
@@ -851,9 +843,8 @@ void grad_sums_input_grad_const(const Plan& p, View dx, ConstView dy, ConstView 
           k.segment_stats(&st, seg_in(xo, p, b, c, scratch), dys, n, kernels::StatsPrefetch{});
           sdy[si] = st.sdy;
           sdyxh[si] = rstd[g] * (st.sdyd + (st.mean - mean[g]) * st.sdy);
-          kernels::NormalizeConsts kc;
-          kc.s = static_cast<float>(rstd[g] * (w ? static_cast<double>(w[c]) : 1.0));
-          k.normalize(out, dys, n, kc, stream && direct(dxo, p, b));
+          k.normalize(out, dys, n, normalize_consts(0.0, rstd[g], w, nullptr, c),
+                      stream && direct(dxo, p, b));
         }
         seg_finish(dxo, p, b, c, out);
       },

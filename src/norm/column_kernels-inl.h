@@ -149,30 +149,59 @@ inline VD2 acc2_at(VD2 a, const float* p, int k) {
   return acc2(a, load_n(p, k));
 }
 
+// Prefetches the cache line of p, the first of a block's 16 floats in one row, into the L2 cache (locality
+// hint 1). Used kColumnPrefetch blocks ahead for the inputs and for the output too: a read prefetch brings
+// an output line close before the store needs it for ownership (the row path's contiguous stores get that
+// from the hardware prefetcher; a tile's n short runs far apart do not). The blocks of a row follow each
+// other 16 floats (one line) apart, so the first float of each falls in each line of the row once: the
+// second line of a misaligned block is the first of the next block's. Prefetching both lines of every
+// block (until the sixteenth session) issued twice the prefetches; with one, the [B,F,T] forward and
+// backward at [32, 80, 1000] took 0.95-0.99 of the time (paired medians of two runs; same bits).
+inline void prefetch16(const float* p) {
+  __builtin_prefetch(p, 0, 1);
+}
+
+// The prefetches a statistics pass issues for the rows it visits: prefetch16 of row i at p + off[i] (none
+// when p is null). The backward spreads its look-ahead over its passes this way (see backward_block).
+struct RowAhead {
+  const float* p = nullptr;
+  const Index* off = nullptr;
+  NL_FORCE_INLINE void row(Index i) const {
+    if (p) prefetch16(p + off[i]);
+  }
+};
+
 #if !NL_VEC_AVX2
 // S_l = (P_l + P_{8+l}) + (P_{16+l} + P_{24+l}) of the block at x: the partials of rows l + 8q (mod 32).
 template <bool Full>
-inline VD2 sum_part(const float* x, const Index* off, Index n, int k, int l) {
+inline VD2 sum_part(const float* x, const Index* off, Index n, int k, int l, RowAhead pf = {}) {
   VD2 a[4] = {zero2(), zero2(), zero2(), zero2()};
   Index i0 = 0;
   // Scalar math: P[q][j] += double(x[off[i0 + 8q + l] + j]), i0 = 0, 32, 64, ...
   for (; i0 + 32 <= n; i0 += 32)
-    for (int q = 0; q < 4; ++q) a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
+    for (int q = 0; q < 4; ++q) {
+      pf.row(i0 + 8 * q + l);
+      a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
+    }
   for (int q = 0; q < 4; ++q)
-    if (i0 + 8 * q + l < n) a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
+    if (i0 + 8 * q + l < n) {
+      pf.row(i0 + 8 * q + l);
+      a[q] = acc2_at<Full>(a[q], x + off[i0 + 8 * q + l], k);
+    }
   return add2(add2(a[0], a[1]), add2(a[2], a[3]));
 }
 #endif
 
 // Σx per column in the order of the row kernels' row_sum (see column_kernels.h).
 template <bool Full>
-inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int k) {
+inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int k, RowAhead pf = {}) {
 #if NL_VEC_AVX2
   // AVX2: the two halves of the block (columns 0..7, 8..15) one after the other, each with its own four
   // accumulators: the same sums of the same terms (lanes are columns). Both halves at once would hold 16
   // double accumulators in AVX2's 16 registers and spill.
   for (int h = 0; h < 2; ++h) {
     auto term = [&](Index row) NL_FORCE_INLINE {
+      if (h == 0) pf.row(row);
       if constexpr (Full) return load_cvt(x + off[row] + 8 * h);
       const VF v = load_n(x + off[row], k);
       return h ? cvt_hi(v) : cvt_lo(v);
@@ -194,7 +223,7 @@ inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int 
     stored(bk.sum + 8 * h, add(a, add(s15, add(part(3), part(7)))));
   }
 #else
-  const VD2 s = tree8([&](int l) { return sum_part<Full>(x, off, n, k, l); });
+  const VD2 s = tree8([&](int l) { return sum_part<Full>(x, off, n, k, l, pf); });
   stored(bk.sum, s.lo);
   stored(bk.sum + 8, s.hi);
 #endif
@@ -204,7 +233,7 @@ inline void block_sum(Block& bk, const float* x, const Index* off, Index n, int 
 // WithSq = false leaves Σe² out (the backward from saved statistics).
 template <bool Center, bool WithDy, bool W, bool Full, bool WithSq = true>
 inline void block_second(Block& bk, const float* x, const Index* xoff, const float* dy, const Index* dyoff,
-                         const float* wt, Index n, int k) {
+                         const float* wt, Index n, int k, RowAhead pf = {}) {
 #if NL_VEC_AVX2
   // AVX2: the two halves of the block (columns 0..7, 8..15) one after the other, as block_sum: the same
   // operations on each column's lane, with half the accumulators live (a whole block's spilled).
@@ -226,6 +255,7 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
         for (int u = 0; u < 4; ++u) {
           const Index i = i0 + 16 * u + L;
           const bool in = !tail || i < n;
+          if (c == 0 && in) pf.row(i);
           const __m256 xv = in ? ld8(x + xoff[i]) : zf;
           e[u] = in ? (Center ? _mm256_sub_ps(xv, mhc) : xv) : zf;
           if constexpr (WithDy) {
@@ -305,6 +335,7 @@ inline void block_second(Block& bk, const float* x, const Index* xoff, const flo
       for (int u = 0; u < 4; ++u) {
         const Index i = i0 + 16 * u + L;
         const bool in = !tail || i < n;
+        if (in) pf.row(i);
         const VF xv = in ? ld<Full>(x + xoff[i], k) : z;
         e[u] = in ? (Center ? sub(xv, mh) : xv) : z;
         if constexpr (WithDy) {
@@ -418,18 +449,6 @@ inline void block_rstd(Block& bk, Index n, double eps) {
       NL_STORE8F(bk.c2 + 8 * h, c2);
     }
   }
-}
-
-// Prefetches the cache line of p, the first of a block's 16 floats in one row, into the L2 cache (locality
-// hint 1). Used kColumnPrefetch blocks ahead for the inputs and for the output too: a read prefetch brings
-// an output line close before the store needs it for ownership (the row path's contiguous stores get that
-// from the hardware prefetcher; a tile's n short runs far apart do not). The blocks of a row follow each
-// other 16 floats (one line) apart, so the first float of each falls in each line of the row once: the
-// second line of a misaligned block is the first of the next block's. Prefetching both lines of every
-// block (until the sixteenth session) issued twice the prefetches; with one, the [B,F,T] forward and
-// backward at [32, 80, 1000] took 0.95-0.99 of the time (paired medians of two runs; same bits).
-inline void prefetch16(const float* p) {
-  __builtin_prefetch(p, 0, 1);
 }
 
 // The block kColumnPrefetch blocks after the one at c0 of a tile of w columns at t (next: the next
@@ -664,23 +683,29 @@ template <bool Center, bool W, bool Full, bool Saved, bool Staged>
     dy = buf + kF * n;
     xoff = dyoff = kStageOff.v;
   }
-  if constexpr (Saved) {
-    block_saved<Center>(bk, a.smean ? a.smean + c0 : nullptr, a.srstd + c0, k);
-  } else {
-    block_sum<Full>(bk, x, xoff, n, k);
-    block_mean<Center>(bk, n);
-  }
-  block_second<Center, true, W, Full, !Saved>(bk, x, xoff, dy, dyoff, a.wt, n, k);
-  block_rstd<Center, true, Saved>(bk, n, a.eps);
-  const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r), c0v = load(bk.c0), c2v = load(bk.c2);
+  // The look-ahead (the rows of x, dy and dx kColumnPrefetch blocks ahead) spread over the passes, one
+  // operand per pass: x while Σx is formed, dy in the second pass, dx in the output pass (from saved
+  // statistics, without Σx, x in the output pass too). All three in the output pass, as until the
+  // twenty-sixth session, left the statistics passes without memory traffic and crowded the output pass's.
+  // Paired (scripts/ab-rows HEAD~1 col-bwd; docs/PERFORMANCE.md, twenty-sixth session): 0.86 of the time at
+  // [32, 80, 1000], 0.91 at [4, 80, 1024], 0.96 at [1, 80, 1000] (in L2). Prefetches change no value.
+  const Index* const pxoff = Staged ? a.xoff : xoff;  // (the prefetches: x's and dy's own rows)
+  const Index* const pdyoff = Staged ? a.dyoff : dyoff;
   const float* pfx = ahead(a.x, a.next_x, c0, a.w);
   const float* pfd = ahead(a.dy, a.next_dy, c0, a.w);
   const float* pfo = ahead(a.dx, a.next_dx, c0, a.w);
+  if constexpr (Saved) {
+    block_saved<Center>(bk, a.smean ? a.smean + c0 : nullptr, a.srstd + c0, k);
+  } else {
+    block_sum<Full>(bk, x, xoff, n, k, RowAhead{pfx, pxoff});
+    block_mean<Center>(bk, n);
+  }
+  block_second<Center, true, W, Full, !Saved>(bk, x, xoff, dy, dyoff, a.wt, n, k, RowAhead{pfd, pdyoff});
+  block_rstd<Center, true, Saved>(bk, n, a.eps);
+  const VF mh = load(bk.mh), ml = load(bk.ml), r = load(bk.r), c0v = load(bk.c0), c2v = load(bk.c2);
   double* lw = a.lanes;
   double* lb = a.lanes + 8 * n;
   // Locals: the stores to dx could alias the argument block otherwise (reloaded every row).
-  const Index* const pxoff = Staged ? a.xoff : xoff;  // (the prefetches: x's and dy's own rows)
-  const Index* const pdyoff = Staged ? a.dyoff : dyoff;
   const Index* const dxoff = a.dxoff;
   const float* const wt = a.wt;
   const bool st = a.stream, want_w = a.dw != nullptr, want_b = a.db != nullptr;
@@ -689,10 +714,7 @@ template <bool Center, bool W, bool Full, bool Saved, bool Staged>
   //              lanes_w[i][j] += double(t_j + t_{j+8}); lanes_b[i][j] += double(dy_j + dy_{j+8}), j < 8
   for (Index i = 0; i < n; ++i) {
     const Index dxo = dxoff[i];
-    if (pfx) {
-      prefetch16(pfx + pxoff[i]);
-      prefetch16(pfd + pdyoff[i]);
-    }
+    if (Saved && pfx) prefetch16(pfx + pxoff[i]);
     if (pfo) prefetch16(pfo + dxo);
     const VF xv = ld<Full>(x + xoff[i], k), dyv = ld<Full>(dy + dyoff[i], k);
     const VF d = dev<Center>(xv, mh, ml);

@@ -41,6 +41,7 @@
 #undef NL_TARGET
 
 #include <normlab/tensor.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -330,6 +331,8 @@ void run_columns(const std::string& kernel, Index B, Index F, Index T, int calls
   // As column_norm.cpp decides it (a side whose kernels predate the field ignores it).
   const bool stage_fwd = k::crowds_l1(x.data(), off.data(), F);
   const bool stage_bwd = stage_fwd || k::crowds_l1(dy.data(), off.data(), F);
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  const bool x_ahead_in_sum = 2 * B * F * T * Index{sizeof(float)} > (l2 > 0 ? l2 : Index{1} << 20);
   auto call = [&](int v) {
     const k::ColumnKernels& table = v == 0 ? k::ab_a::kColumnTable : k::ab_b::kColumnTable;
     const auto t0 = std::chrono::steady_clock::now();
@@ -354,6 +357,7 @@ void run_columns(const std::string& kernel, Index B, Index F, Index T, int calls
           a.next_x = next_of(x.data());
           a.next_y = next_of(out.data());
           a.stage = stage_fwd;
+          a.x_ahead_in_sum = x_ahead_in_sum;
           table.forward(a);
         } else {
           k::ColumnBackward a;

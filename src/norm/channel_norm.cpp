@@ -10,7 +10,6 @@
 #include "norm/channel_norm.h"
 
 #include <normlab/simd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -500,15 +499,6 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
 
 namespace {
 
-// This core's L2 cache in bytes (1 MiB when the system does not say).
-Index l2_cache_bytes() {
-  static const Index bytes = [] {
-    const long r = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return r > 0 ? static_cast<Index>(r) : Index{1} << 20;
-  }();
-  return bytes;
-}
-
 // The block of channels [c0, c1).
 struct Block {
   Index c0 = 0, c1 = 0;
@@ -585,7 +575,7 @@ Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView>
   const Index per_channel = p.B * p.S * Index{sizeof(float)} * inputs;
   // A quarter of L2: on the Intel Xeon of docs/PERFORMANCE.md's twenty-fifth session (2 MiB) the best blocks
   // of [64, 256, 400] were 300-600 KB (3 channels forward, 2-3 backward); a whole L2's half was slower.
-  const Index budget = l2_cache_bytes() / 4;
+  const Index budget = parallel::l2_cache_bytes() / 4;
   // A channel's inputs beyond the budget: nothing to keep in cache. The whole input within it: the
   // separate passes already read it from cache.
   if (per_channel > budget || p.C * per_channel <= budget) return 0;

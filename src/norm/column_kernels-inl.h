@@ -494,6 +494,16 @@ inline void stage(float* buf, const float* p, const Index* off, Index n, int k) 
   for (Index i = 0; i < n; ++i) store(buf + kF * i, ld<Full>(p + off[i], k));
 }
 
+// The forward's look-ahead for x with x_ahead_in_sum, issued while Σx of the block at column c0 is formed:
+// the rows of the tile's own x (xoff, also when the block is staged) kColumnPrefetch blocks ahead (without
+// it, in the output pass with y's, OutputPass). Paired (scripts/ab-rows HEAD~1 col-fwd; docs/PERFORMANCE.md,
+// twenty-sixth session): in the Σx pass [32, 80, 1000] took 0.92 of the time and [4, 80, 1024] 0.86, but
+// [1, 80, 1000], in L2, 1.04 (its prefetches, L2 hits, then compete with the pass's own loads from L2).
+inline RowAhead x_ahead(const ColumnForward& a, Index c0) {
+  if (!a.x_ahead_in_sum) return {};
+  return RowAhead{ahead(a.x, a.next_x, c0, a.w), a.xoff};
+}
+
 // The forward's statistics of the block at column c0 (its first k columns) into the caller's arrays.
 inline void write_stats(const ColumnForward& a, const Block& bk, Index c0, int k) {
   if (a.mean)
@@ -517,7 +527,7 @@ struct OutputPass {
   const Index* yoff;
   const float* wt;
   const float* bt;
-  const float* pf;  // the rows kColumnPrefetch blocks ahead, or null
+  const float* pf;  // x's rows kColumnPrefetch blocks ahead, or null (also with x_ahead_in_sum: x_ahead)
   const float* pfy;
   VF mh, ml, r;
   int k;
@@ -531,7 +541,7 @@ struct OutputPass {
         yoff(a.yoff),
         wt(a.wt),
         bt(a.b),
-        pf(ahead(a.x, a.next_x, c0, a.w)),
+        pf(a.x_ahead_in_sum ? nullptr : ahead(a.x, a.next_x, c0, a.w)),
         pfy(ahead(a.y, a.next_y, c0, a.w)),
         mh(load(bk.mh)),
         ml(load(bk.ml)),
@@ -565,7 +575,7 @@ template <bool Center, bool W, bool B, bool Full, bool Staged>
     x = buf;
     xoff = kStageOff.v;
   }
-  block_sum<Full>(bk, x, xoff, n, k);
+  block_sum<Full>(bk, x, xoff, n, k, x_ahead(a, c0));
   block_mean<Center>(bk, n);
   block_second<Center, false, false, Full>(bk, x, xoff, nullptr, nullptr, nullptr, n, k);
   block_rstd<Center, false>(bk, n, a.eps);
@@ -596,7 +606,7 @@ template <bool W, bool B>
     stored(b.sum + 8, s.hi);
     block_mean<Center>(b, n);
   };
-  for (int l = 0; l < 8; ++l) S[l] = sum_part<true>(a.x, a.xoff, n, kF, l);
+  for (int l = 0; l < 8; ++l) S[l] = sum_part<true>(a.x, a.xoff, n, kF, l, x_ahead(a, 0));
   finish_sum(bk[0]);
   for (Index v = 0; v < nb; ++v) {
     Block& b = bk[v & 1];
@@ -608,7 +618,7 @@ template <bool W, bool B>
     const OutputPass<Center, W, B, true> out(a, b, c0, kF, x, a.xoff);
     const bool next = v + 1 < nb;
     for (int l = 0; l < 8; ++l) {
-      if (next) S[l] = sum_part<true>(x + kF, a.xoff, n, kF, l);
+      if (next) S[l] = sum_part<true>(x + kF, a.xoff, n, kF, l, x_ahead(a, c0 + kF));
       out.rows(std::min(n, l * run), std::min(n, (l + 1) * run));
     }
     if (next) finish_sum(bk[(v + 1) & 1]);

@@ -59,6 +59,10 @@ struct ColumnForward {
   // prefetchers).
   const float* next_x = nullptr;
   const float* next_y = nullptr;
+  // Prefetch x's rows while Σx is formed rather than in the output pass (y's stay there): where x and y
+  // together are larger than the L2 cache, and the statistics passes would otherwise wait on memory with
+  // nothing in flight.
+  bool x_ahead_in_sum = false;
   // Copy each block's rows of x into a contiguous buffer before the passes over them (same bits), when
   // n ≤ kColumnStageRows: for rows that crowd the L1 cache's sets (crowds_l1), which would evict each other
   // between the passes.

@@ -128,6 +128,7 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
   const kernels::ColumnKernels& k = kernels::column_kernels();
   const bool stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
   const bool stage = kernels::crowds_l1(xo.at<const float>(un, 0), xo.rows.data(), s.n);
+  const bool x_ahead_in_sum = 2 * s.groups * s.n * Index{sizeof(float)} > parallel::l2_cache_bytes();
   parallel::parallel_for(un.count, [&](Index u) {
     float mu[kColumnTile], rs[kColumnTile];
     kernels::ColumnForward a;
@@ -143,6 +144,7 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
     a.center = kind.center;
     a.stream = stream;
     a.stage = stage;
+    a.x_ahead_in_sum = x_ahead_in_sum;
     a.mean = mean.defined ? mu : nullptr;
     a.rstd = rstd.defined ? rs : nullptr;
     // The tile's groups are consecutive along the innermost kept axis.

@@ -1,6 +1,7 @@
 #include "parallel/parallel.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -19,5 +20,17 @@ int num_threads() {
   const int n = g_threads.load();
   return n > 0 ? n : omp_get_max_threads();
 }
+
+namespace parallel {
+
+Index l2_cache_bytes() {
+  static const Index bytes = [] {
+    const long r = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return r > 0 ? static_cast<Index>(r) : Index{1} << 20;
+  }();
+  return bytes;
+}
+
+}  // namespace parallel
 
 }  // namespace normlab

@@ -9,6 +9,9 @@
 
 namespace normlab::parallel {
 
+// This core's L2 cache in bytes (1 MiB when the system does not say).
+Index l2_cache_bytes();
+
 // Runs body(i) for i in [0, n) on the configured threads with a static schedule. Each i is one fixed
 // chunk of work decided by the caller from the problem shape, so results never depend on the thread
 // count. The first exception thrown by a body is rethrown on the calling thread.

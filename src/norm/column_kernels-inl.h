@@ -496,7 +496,7 @@ inline void stage(float* buf, const float* p, const Index* off, Index n, int k) 
 
 // The forward's look-ahead for x with x_ahead_in_sum, issued while Σx of the block at column c0 is formed:
 // the rows of the tile's own x (xoff, also when the block is staged) kColumnPrefetch blocks ahead (without
-// it, in the output pass with y's, OutputPass). Paired (scripts/ab-rows HEAD~1 col-fwd; docs/PERFORMANCE.md,
+// it, in the output pass with y's, OutputPass). Paired (scripts/ab-rows 99d33e0 col-fwd; docs/PERFORMANCE.md,
 // twenty-sixth session): in the Σx pass [32, 80, 1000] took 0.92 of the time and [4, 80, 1024] 0.86, but
 // [1, 80, 1000], in L2, 1.04 (its prefetches, L2 hits, then compete with the pass's own loads from L2).
 inline RowAhead x_ahead(const ColumnForward& a, Index c0) {
@@ -697,7 +697,7 @@ template <bool Center, bool W, bool Full, bool Saved, bool Staged>
   // operand per pass: x while Σx is formed, dy in the second pass, dx in the output pass (from saved
   // statistics, without Σx, x in the output pass too). All three in the output pass, as until the
   // twenty-sixth session, left the statistics passes without memory traffic and crowded the output pass's.
-  // Paired (scripts/ab-rows HEAD~1 col-bwd; docs/PERFORMANCE.md, twenty-sixth session): 0.86 of the time at
+  // Paired (scripts/ab-rows 99d33e0 col-bwd; docs/PERFORMANCE.md, twenty-sixth session): 0.86 of the time at
   // [32, 80, 1000], 0.91 at [4, 80, 1024], 0.96 at [1, 80, 1000] (in L2). Prefetches change no value.
   const Index* const pxoff = Staged ? a.xoff : xoff;  // (the prefetches: x's and dy's own rows)
   const Index* const pdyoff = Staged ? a.dyoff : dyoff;

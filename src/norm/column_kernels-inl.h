@@ -452,9 +452,9 @@ inline void block_rstd(Block& bk, Index n, double eps) {
 }
 
 // The block kColumnPrefetch blocks after the one at c0 of a tile of w columns at t (next: the next
-// tile, or null).
-inline const float* ahead(const float* t, const float* next, Index c0, Index w) {
-  const Index c = c0 + kF * kColumnPrefetch;
+// tile, or null); kColumnPrefetchCrowded blocks for a crowded tile (ColumnForward::stage).
+inline const float* ahead(const float* t, const float* next, Index c0, Index w, bool crowded) {
+  const Index c = c0 + kF * (crowded ? kColumnPrefetchCrowded : kColumnPrefetch);
   return c < w ? t + c : next ? next + (c - w) : nullptr;
 }
 
@@ -501,7 +501,7 @@ inline void stage(float* buf, const float* p, const Index* off, Index n, int k) 
 // [1, 80, 1000], in L2, 1.04 (its prefetches, L2 hits, then compete with the pass's own loads from L2).
 inline RowAhead x_ahead(const ColumnForward& a, Index c0) {
   if (!a.x_ahead_in_sum) return {};
-  return RowAhead{ahead(a.x, a.next_x, c0, a.w), a.xoff};
+  return RowAhead{ahead(a.x, a.next_x, c0, a.w, a.stage), a.xoff};
 }
 
 // The forward's statistics of the block at column c0 (its first k columns) into the caller's arrays.
@@ -541,8 +541,8 @@ struct OutputPass {
         yoff(a.yoff),
         wt(a.wt),
         bt(a.b),
-        pf(a.x_ahead_in_sum ? nullptr : ahead(a.x, a.next_x, c0, a.w)),
-        pfy(ahead(a.y, a.next_y, c0, a.w)),
+        pf(a.x_ahead_in_sum ? nullptr : ahead(a.x, a.next_x, c0, a.w, a.stage)),
+        pfy(ahead(a.y, a.next_y, c0, a.w, a.stage)),
         mh(load(bk.mh)),
         ml(load(bk.ml)),
         r(load(bk.r)),
@@ -701,9 +701,9 @@ template <bool Center, bool W, bool Full, bool Saved, bool Staged>
   // [32, 80, 1000], 0.91 at [4, 80, 1024], 0.96 at [1, 80, 1000] (in L2). Prefetches change no value.
   const Index* const pxoff = Staged ? a.xoff : xoff;  // (the prefetches: x's and dy's own rows)
   const Index* const pdyoff = Staged ? a.dyoff : dyoff;
-  const float* pfx = ahead(a.x, a.next_x, c0, a.w);
-  const float* pfd = ahead(a.dy, a.next_dy, c0, a.w);
-  const float* pfo = ahead(a.dx, a.next_dx, c0, a.w);
+  const float* pfx = ahead(a.x, a.next_x, c0, a.w, a.stage);
+  const float* pfd = ahead(a.dy, a.next_dy, c0, a.w, a.stage);
+  const float* pfo = ahead(a.dx, a.next_dx, c0, a.w, a.stage);
   if constexpr (Saved) {
     block_saved<Center>(bk, a.smean ? a.smean + c0 : nullptr, a.srstd + c0, k);
   } else {

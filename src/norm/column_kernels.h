@@ -33,6 +33,12 @@ inline constexpr Index kColumnTile = 64;  // columns per tile (four vectors of 1
 inline constexpr Index kColumnStageRows = 256;
 // Prefetch distance in blocks of 16 columns (one tile): far enough ahead to hide a memory access.
 inline constexpr Index kColumnPrefetch = 4;
+// The distance for tiles whose rows crowd a few cache sets (ColumnForward::stage): their lines also share
+// L2 sets, and the lines four blocks ahead evicted those still to be read. Paired (scripts/ab-rows 299a278
+// col-bwd,col-fwd; docs/PERFORMANCE.md, twenty-sixth session), against 4: backward 0.87 of the time at
+// [4, 80, 1024], 0.92 at [16, 80, 256], 0.87 at [2, 128, 1024], 1.00 at [8, 40, 512], 1.04 at [1, 80, 1024]
+// (in L2); forward 0.86-0.99, 0.95 in L2.
+inline constexpr Index kColumnPrefetchCrowded = 3;
 
 // Forward of one tile: y (may equal x), and float(mean), float(rstd) of column j into mean[j], rstd[j]
 // when not null. wt, b: per row (γ_r, β_r), may be null. stream: non-temporal stores for the rows of y

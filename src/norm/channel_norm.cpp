@@ -291,6 +291,12 @@ void mean_pair(double mean, float& mh, float& ml) {
   ml = static_cast<float>(mean - static_cast<double>(mh));
 }
 
+// A segment's Σdy·x̂ in its group (mean, rstd) from the segment's own mean_s, Σdy·(x − mean_s) and Σdy:
+// rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy).
+double segment_sdyxh(double rstd, double sdyd, double mean_s, double mean, double sdy) {
+  return rstd * (sdyd + (mean_s - mean) * sdy);
+}
+
 // The fp32 constants of the elementwise kernels for channel c of a group with these statistics, as every
 // pass forms them (w, b may be null: γ = 1, β = 0). normalize: y = ((x − m_hi) − m_lo)·float(rstd·γ_c) + β_c.
 kernels::NormalizeConsts normalize_consts(double mean, double rstd, const float* w, const float* b, Index c) {
@@ -362,7 +368,7 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const
       const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c)),
                         ci = static_cast<std::size_t>(c);
       const double sdy = st.sdy[s];
-      const double sdyxh = empty ? 0.0 : r.rstd[g] * (st.sdyd[s] + (st.mean[s] - r.m.mean[g]) * sdy);
+      const double sdyxh = empty ? 0.0 : segment_sdyxh(r.rstd[g], st.sdyd[s], st.mean[s], r.m.mean[g], sdy);
       const double wc = w ? static_cast<double>(w[c]) : 1.0;
       r.mg[g] += wc * sdy;
       r.mgx[g] += wc * sdyxh;
@@ -452,9 +458,9 @@ void grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<doubl
                  kernels::SegmentStats st;
                  k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n,
                                  kernels::StatsPrefetch{});
-                 // Σdy·x̂ = rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy)
                  sdy[static_cast<std::size_t>(s)] = st.sdy;
-                 sdyxh[static_cast<std::size_t>(s)] = rstd[g] * (st.sdyd + (st.mean - mean[g]) * st.sdy);
+                 sdyxh[static_cast<std::size_t>(s)] =
+                     segment_sdyxh(rstd[g], st.sdyd, st.mean, mean[g], st.sdy);
                });
 }
 
@@ -643,7 +649,7 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
         const Index s = b * p.C + c;
         const double sdy = st.sdy[s];
         const double sdyxh =
-            p.valid(b) == 0 ? 0.0 : r.rstd[g] * (st.sdyd[s] + (st.mean[s] - r.m.mean[g]) * sdy);
+            p.valid(b) == 0 ? 0.0 : segment_sdyxh(r.rstd[g], st.sdyd[s], st.mean[s], r.m.mean[g], sdy);
         const double wc = w ? static_cast<double>(w[c]) : 1.0;
         mg += wc * sdy;
         mgx += wc * sdyxh;
@@ -779,7 +785,7 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
         double mg = 0, mgx = 0;
         for (Index c = c0; c < c0 + spg; ++c) {
           const std::size_t s = static_cast<std::size_t>(b * p.C + c);
-          if (n) sdyxh[s] = rstd * (sdyd[s] + (mean_s[s] - mean) * sdy[s]);
+          if (n) sdyxh[s] = segment_sdyxh(rstd, sdyd[s], mean_s[s], mean, sdy[s]);
           const double wc = w ? static_cast<double>(w[c]) : 1.0;
           mg += wc * sdy[s];
           mgx += wc * sdyxh[s];
@@ -832,7 +838,7 @@ void grad_sums_input_grad_const(const Plan& p, View dx, ConstView dy, ConstView 
           kernels::SegmentStats st;
           k.segment_stats(&st, seg_in(xo, p, b, c, scratch), dys, n, kernels::StatsPrefetch{});
           sdy[si] = st.sdy;
-          sdyxh[si] = rstd[g] * (st.sdyd + (st.mean - mean[g]) * st.sdy);
+          sdyxh[si] = segment_sdyxh(rstd[g], st.sdyd, st.mean, mean[g], st.sdy);
           k.normalize(out, dys, n, normalize_consts(0.0, rstd[g], w, nullptr, c),
                       stream && direct(dxo, p, b));
         }

@@ -39,18 +39,42 @@ inline void first_pass(const float* x, const float* dy, Index n, const StatsPref
   VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
   VD b0 = zerod(), b1 = zerod(), b2 = zerod(), b3 = zerod();
   Index i = 0;
+  // The look-ahead past pf.end: offset jr in run r from x_next's (jr ≥ −32 once it is used).
+  Index jr = kAhead - pf.end;
+  Index r = 0;
+  const float* qx = pf.x_next;
+  const float* qdy = pf.dy_next;
   // Scalar math: ax[(i / 8) % 4][i % 8] += double(x[i]); ady likewise with dy[i]
-  for (; i + 32 <= n; i += 32) {
+  for (; i + 32 <= n; i += 32, jr += 32) {
     // Both lines of x (and dy) kStatsPrefetchBytes ahead: past the segment's end too, into the next
     // segment when they follow each other in memory (BatchNorm's contiguous [N, C, T]), or into the
-    // caller's next run (pf.x_next).
+    // caller's next runs (pf.x_next).
     if (i + kAhead + 32 <= pf.end) {
       prefetch_ahead<kStatsPrefetchBytes, 2>(x + i);
       if constexpr (Dy) prefetch_ahead<kStatsPrefetchBytes, 2>(dy + i);
-    } else if (pf.x_next) {
-      const Index j = i + kAhead - pf.end;  // ≥ −32: the lines straddling the end come from x_next
-      prefetch_ahead<0, 2>(pf.x_next + std::max<Index>(j, 0));
-      if constexpr (Dy) prefetch_ahead<0, 2>(pf.dy_next + std::max<Index>(j, 0));
+    } else if (qx) {
+      bool wrapped = false;
+      while (qx && pf.run > 0 && jr >= pf.run) {  // on to the next run (amortized: jr grows by 32 a step)
+        jr -= pf.run;
+        wrapped = true;
+        if (++r == pf.runs) {
+          qx = nullptr;
+          break;
+        }
+        qx += pf.x_step;
+        if constexpr (Dy) qdy += pf.dy_step;
+      }
+      if (qx) {
+        // The lines straddling the first run's start from it (jr ≥ −32); after a wrap (0 ≤ jr < 32) the
+        // new run's first line too.
+        const Index j = std::max<Index>(jr, 0);
+        prefetch_ahead<0, 2>(qx + j);
+        if constexpr (Dy) prefetch_ahead<0, 2>(qdy + j);
+        if (wrapped && j > 0) {
+          prefetch_ahead<0, 1>(qx);
+          if constexpr (Dy) prefetch_ahead<0, 1>(qdy);
+        }
+      }
     }
     a0 = add(a0, load_cvt(x + i));
     a1 = add(a1, load_cvt(x + i + 8));

@@ -42,12 +42,16 @@ struct InputGradConsts {
 // Where segment_stats' first pass prefetches: the floats kStatsPrefetchBytes past the element it reads, in
 // x (and dy) while that is below x + end, i.e. past the segment's end into what follows it in memory (the
 // caller's next segments); from there on, as far past x_next (dy_next) as it would have been past x + end,
-// or nothing when x_next is null. The default: follow x in memory without limit.
+// or nothing when x_next is null. When the look-ahead reaches beyond a run of `run` floats from x_next
+// (run > 0), it goes on at the start of the following run, x_step (dy_step) floats further, for `runs` runs
+// in all from x_next's, and then stops. The default: follow x in memory without limit.
 inline constexpr Index kNoPrefetchEnd = Index{1} << 60;
 struct StatsPrefetch {
   Index end = kNoPrefetchEnd;
   const float* x_next = nullptr;
   const float* dy_next = nullptr;
+  Index run = 0, runs = 1;
+  Index x_step = 0, dy_step = 0;
 };
 
 struct ChannelKernels {

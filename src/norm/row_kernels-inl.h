@@ -823,8 +823,8 @@ void with_flags(bool center, bool w, bool b, F&& f) {
 }
 
 // The forward kernel for the row length: eight-row blocks for short rows (forward_batched), the pipelined
-// kernel where forward_pipelined says so (row_kernels.h: multiples of 64 from 256 on, but long fp32 LayerNorm
-// rows out of cache), rows_forward_impl otherwise.
+// kernel where forward_pipelined says so (row_kernels.h: multiples of 64 from 256 on, but on some machines
+// not long fp32 LayerNorm rows out of cache), rows_forward_impl otherwise.
 template <typename T>
 void rows_forward_plain(const RowsForwardOf<T>& a) {
   const bool pipelined = forward_pipelined(a);

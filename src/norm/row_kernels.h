@@ -27,6 +27,19 @@ inline constexpr int kLanes = 16;
 // non-temporal stores for y where a row is aligned for them (same values, bypasses the cache).
 // T: the storage type of x and y: float, or bfloat16 / float16 (the same float arithmetic on the exactly
 // widened x, each y rounded once to nearest even: y_T = round(y of the float kernel on widened x)).
+// Whether long fp32 LayerNorm rows out of cache take the kernel of row blocks rather than the pipelined one
+// (forward_pipelined below): on AMD processors. The two machines of docs/PERFORMANCE.md measured the two
+// kernels opposite ways (the same bits): on a Zen 4 the row blocks took 0.73-0.86 of the pipelined kernel's
+// time at D = 2048-16384 ("eighteenth session"), on an Intel Xeon the pipelined kernel 0.74-0.81 of the row
+// blocks' ("twenty-seventh session"); neither kernel was measured on other processors.
+inline bool long_rows_in_blocks() {
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+}
+
 template <typename T>
 struct RowsForwardOf {
   T* y = nullptr;
@@ -42,6 +55,8 @@ struct RowsForwardOf {
   // x is in cache (the fused add's s, just written): with stream, the kernel does not prefetch ahead of
   // its rows as it does for rows that come from memory (row_kernels-inl.h, kRowPrefetchBytes).
   bool x_cached = false;
+  // Long fp32 LayerNorm rows out of cache in row blocks (forward_pipelined); the machine's choice unless set.
+  bool long_rows_blocked = long_rows_in_blocks();
   float* mean = nullptr;
   float* rstd = nullptr;
   Index ld_stats = 0;
@@ -155,18 +170,19 @@ inline bool output_late(const T* y, const T* x) {
 }
 
 // Whether the forward runs the software-pipelined kernel (Σx of row s, the second pass of row s − 1 and the
-// output of row s − 2 in one loop; row_kernels-inl.h): rows of n a multiple of 64 from 256 on, except fp32
-// LayerNorm rows of kUnpipelinedMinN or more out of cache (stream), which take the kernel of row blocks (each
-// stage over a block of rows before the next; the same bits). Paired runs on transparent huge pages
-// (scripts/ab-rows, 1 thread, three processes; docs/PERFORMANCE.md, "eighteenth session"), blocks against
-// pipelined: 0.84-0.86 of the time at D = 2048, 0.82-0.85 at 4096, 0.76-0.77 at 8192, 0.73-0.74 at 16384,
-// but 1.04-1.06 at 1024 and 1.42-1.52 at 768; the bf16 LayerNorm took 1.02-1.23 at 2048-16384 and RMSNorm
-// 0.97-1.41 at 512-4096, so those stay pipelined.
+// output of row s − 2 in one loop; row_kernels-inl.h): rows of n a multiple of 64 from 256 on, except, where
+// a.long_rows_blocked (long_rows_in_blocks above), fp32 LayerNorm rows of kUnpipelinedMinN or more out of
+// cache (stream), which take the kernel of row blocks (each stage over a block of rows before the next; the
+// same bits). Paired runs on transparent huge pages (scripts/ab-rows, 1 thread; docs/PERFORMANCE.md), blocks
+// against pipelined: on a Zen 4 ("eighteenth session", three processes) 0.84-0.86 of the time at D = 2048,
+// 0.82-0.85 at 4096, 0.76-0.77 at 8192, 0.73-0.74 at 16384, but 1.04-1.06 at 1024 and 1.42-1.52 at 768; the
+// bf16 LayerNorm took 1.02-1.23 at 2048-16384 and RMSNorm 0.97-1.41 at 512-4096, so those stay pipelined. On
+// an Intel Xeon ("twenty-seventh session") 1.24-1.34 at D = 2048-16384.
 inline constexpr Index kUnpipelinedMinN = 2048;
 template <typename T>
 inline bool forward_pipelined(const RowsForwardOf<T>& a) {
   const bool long_fp32_ln_stream =
-      std::is_same_v<T, float> && a.center && a.stream && a.n >= kUnpipelinedMinN;
+      std::is_same_v<T, float> && a.center && a.stream && a.n >= kUnpipelinedMinN && a.long_rows_blocked;
   return a.n % 64 == 0 && a.n >= 256 && !long_fp32_ln_stream;
 }
 

@@ -680,16 +680,16 @@ NL_FORCE_INLINE inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
   q1 = add(q1, cvt_hi(q));
 }
 
-// Out of cache (a.stream: an output of 16 MiB or more), rows of 1024 or more elements are prefetched
-// kRowPrefetchBytes ahead of the pass that first reads them (Σx, or RMSNorm's Σx²): the lines of the 64
-// elements at p + kRowPrefetchBytes, into L1 (not when a.x_cached: the fused add's s, just written). Without
-// it the statistics passes of long rows waited on memory: at 8192x4096 the forward took longer than its in-L3
-// time plus a streaming copy of its bytes. Paired runs (scripts/ab-rows, 1 thread, 128 MiB of x;
-// docs/PERFORMANCE.md, "sixteenth session"): the fp32 LayerNorm forward 13-17 % faster at D = 1024-4096,
-// RMSNorm 7 %, bf16 LayerNorm 13 %, the same in L3; at D = 512 and 768 the gain came and went between runs,
-// and D = 256 was 4 % slower.
+// Out of cache (a.stream: an output of 16 MiB or more), rows of a.tuning.prefetch_min_n or more elements
+// (1024 on AMD processors, 256 elsewhere: row_kernels.h, RowTuning) are prefetched kRowPrefetchBytes ahead of
+// the pass that first reads them (Σx, or RMSNorm's Σx²): the lines of the 64 elements at
+// p + kRowPrefetchBytes, into L1 (not when a.x_cached: the fused add's s, just written). Without it the
+// statistics passes of long rows waited on memory: at 8192x4096 the forward took longer than its in-L3 time
+// plus a streaming copy of its bytes. Paired runs (scripts/ab-rows, 1 thread, 128 MiB of x;
+// docs/PERFORMANCE.md, "sixteenth session", a Zen 4): the fp32 LayerNorm forward 13-17 % faster at
+// D = 1024-4096, RMSNorm 7 %, bf16 LayerNorm 13 %, the same in L3; at D = 512 and 768 the gain came and went
+// between runs, and D = 256 was 4 % slower.
 inline constexpr Index kRowPrefetchBytes = 2048;
-inline constexpr Index kRowPrefetchMinN = 1024;
 template <typename T>
 NL_FORCE_INLINE inline void prefetch_ahead64(const T* p) {
   prefetch_ahead<kRowPrefetchBytes, static_cast<int>(sizeof(T))>(p);  // 64 elements: sizeof(T) lines
@@ -702,7 +702,7 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const float* const wp = a.w;
   const float* const bp = a.b;
   RowStats st[3];  // by row index mod 3
-  const bool ahead = a.stream && !a.x_cached && n >= kRowPrefetchMinN;
+  const bool ahead = a.stream && !a.x_cached && n >= a.tuning.prefetch_min_n;
   for (Index s = 0; s < rows + 2; ++s) {
     const bool do_mean = Center && s < rows;
     const bool do_second = s >= 1 && s - 1 < rows;

@@ -27,17 +27,32 @@ inline constexpr int kLanes = 16;
 // non-temporal stores for y where a row is aligned for them (same values, bypasses the cache).
 // T: the storage type of x and y: float, or bfloat16 / float16 (the same float arithmetic on the exactly
 // widened x, each y rounded once to nearest even: y_T = round(y of the float kernel on widened x)).
-// Whether long fp32 LayerNorm rows out of cache take the kernel of row blocks rather than the pipelined one
-// (forward_pipelined below): on AMD processors. The two machines of docs/PERFORMANCE.md measured the two
-// kernels opposite ways (the same bits): on a Zen 4 the row blocks took 0.73-0.86 of the pipelined kernel's
-// time at D = 2048-16384 ("eighteenth session"), on an Intel Xeon the pipelined kernel 0.74-0.81 of the row
-// blocks' ("twenty-seventh session"); neither kernel was measured on other processors.
-inline bool long_rows_in_blocks() {
-  static const bool amd = [] {
+// The row forward's choices that depend on the machine and never on the bits (each gives the same results).
+// The two machines of docs/PERFORMANCE.md measured them opposite ways (paired, scripts/ab-rows, 1 thread, out
+// of cache): on a Zen 4 the row blocks took 0.73-0.86 of the pipelined kernel's time for fp32 LayerNorm rows
+// of 2048-16384 ("eighteenth session") and the prefetch gained 13-17 % from D = 1024 on but came and went at
+// 512 and 768 and cost 4 % at 256 ("sixteenth session"); on an Intel Xeon the pipelined kernel took 0.74-0.81
+// of the row blocks' time, and the prefetch from D = 256 on 0.79-0.92 of the time of none for fp32 LayerNorm
+// (D = 256-768), 0.82-0.93 for RMSNorm, 0.65-0.80 for bf16 LayerNorm ("twenty-seventh session"). So AMD
+// processors keep the Zen 4 choices and others take the Xeon's; neither was measured on other processors.
+struct RowTuning {
+  // fp32 LayerNorm rows of kUnpipelinedMinN or more out of cache run in row blocks (forward_pipelined).
+  bool long_rows_blocked = false;
+  // Out of cache, the pipelined forward prefetches rows of at least this many elements ahead of the pass
+  // that first reads them (row_kernels-inl.h, kRowPrefetchBytes).
+  Index prefetch_min_n = 256;
+};
+inline const RowTuning& machine_row_tuning() {
+  static const RowTuning t = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
+    RowTuning r;
+    if (__builtin_cpu_is("amd")) {
+      r.long_rows_blocked = true;
+      r.prefetch_min_n = 1024;
+    }
+    return r;
   }();
-  return amd;
+  return t;
 }
 
 template <typename T>
@@ -55,8 +70,8 @@ struct RowsForwardOf {
   // x is in cache (the fused add's s, just written): with stream, the kernel does not prefetch ahead of
   // its rows as it does for rows that come from memory (row_kernels-inl.h, kRowPrefetchBytes).
   bool x_cached = false;
-  // Long fp32 LayerNorm rows out of cache in row blocks (forward_pipelined); the machine's choice unless set.
-  bool long_rows_blocked = long_rows_in_blocks();
+  // The machine's choices (RowTuning above) unless set.
+  RowTuning tuning = machine_row_tuning();
   float* mean = nullptr;
   float* rstd = nullptr;
   Index ld_stats = 0;
@@ -171,7 +186,7 @@ inline bool output_late(const T* y, const T* x) {
 
 // Whether the forward runs the software-pipelined kernel (Σx of row s, the second pass of row s − 1 and the
 // output of row s − 2 in one loop; row_kernels-inl.h): rows of n a multiple of 64 from 256 on, except, where
-// a.long_rows_blocked (long_rows_in_blocks above), fp32 LayerNorm rows of kUnpipelinedMinN or more out of
+// a.tuning.long_rows_blocked (RowTuning above), fp32 LayerNorm rows of kUnpipelinedMinN or more out of
 // cache (stream), which take the kernel of row blocks (each stage over a block of rows before the next; the
 // same bits). Paired runs on transparent huge pages (scripts/ab-rows, 1 thread; docs/PERFORMANCE.md), blocks
 // against pipelined: on a Zen 4 ("eighteenth session", three processes) 0.84-0.86 of the time at D = 2048,
@@ -181,8 +196,8 @@ inline bool output_late(const T* y, const T* x) {
 inline constexpr Index kUnpipelinedMinN = 2048;
 template <typename T>
 inline bool forward_pipelined(const RowsForwardOf<T>& a) {
-  const bool long_fp32_ln_stream =
-      std::is_same_v<T, float> && a.center && a.stream && a.n >= kUnpipelinedMinN && a.long_rows_blocked;
+  const bool long_fp32_ln_stream = std::is_same_v<T, float> && a.center && a.stream &&
+                                   a.n >= kUnpipelinedMinN && a.tuning.long_rows_blocked;
   return a.n % 64 == 0 && a.n >= 256 && !long_fp32_ln_stream;
 }
 

@@ -616,9 +616,9 @@ TEST(LayerNormLayouts, ForwardSameBitsWhereverTheOutputLies) {
 }
 
 // Long fp32 LayerNorm rows out of cache (streaming stores) take the kernel of row blocks instead of the
-// pipelined one (kernels::forward_pipelined) where long_rows_blocked says so (by default on AMD processors,
-// kernels::long_rows_in_blocks): the same y, mean and rstd (and the saved double statistics) bit for bit, on
-// every SIMD target. RMSNorm and the 16-bit types stay pipelined.
+// pipelined one (kernels::forward_pipelined) where tuning.long_rows_blocked says so (by default on AMD
+// processors, kernels::machine_row_tuning): the same y, mean and rstd (and the saved double statistics) bit
+// for bit, on every SIMD target. RMSNorm and the 16-bit types stay pipelined.
 TEST(LayerNormLayouts, LongRowsOutOfCacheTakeTheRowBlocksWithTheSameBits) {
   std::mt19937_64 rng(31);
   const Isa saved = active_isa();
@@ -636,12 +636,13 @@ TEST(LayerNormLayouts, LongRowsOutOfCacheTakeTheRowBlocksWithTheSameBits) {
     a.b = b.data();
     a.eps = 1e-5;
     a.ld_stats = 1;
-    EXPECT_EQ(a.long_rows_blocked, kernels::long_rows_in_blocks());
+    const bool machine_blocked = kernels::machine_row_tuning().long_rows_blocked;
+    EXPECT_EQ(a.tuning.long_rows_blocked, machine_blocked);
     a.stream = true;
-    EXPECT_EQ(kernels::forward_pipelined(a), !kernels::long_rows_in_blocks());
-    a.long_rows_blocked = false;
+    EXPECT_EQ(kernels::forward_pipelined(a), !machine_blocked);
+    a.tuning.long_rows_blocked = false;
     EXPECT_TRUE(kernels::forward_pipelined(a));
-    a.long_rows_blocked = true;
+    a.tuning.long_rows_blocked = true;
     a.stream = false;
     EXPECT_TRUE(kernels::forward_pipelined(a));
     a.stream = true;
@@ -649,7 +650,7 @@ TEST(LayerNormLayouts, LongRowsOutOfCacheTakeTheRowBlocksWithTheSameBits) {
     kernels::RowsForwardOf<bfloat16> a16;
     a16.n = d;
     a16.stream = true;
-    a16.long_rows_blocked = true;
+    a16.tuning.long_rows_blocked = true;
     EXPECT_TRUE(kernels::forward_pipelined(a16));
     a.center = false;
     EXPECT_TRUE(kernels::forward_pipelined(a));

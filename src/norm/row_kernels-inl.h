@@ -510,6 +510,14 @@ NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w
 // srstd. A separate instantiation, so that a plain forward runs the loop it had before NormStats: with the
 // stores compiled in (and never run) the forward measured 6-30 % slower out of cache at 1 thread (D = 64,
 // 80 and 768; 2026-11-30, docs/PERFORMANCE.md).
+// Out of cache, where a.tuning.batched_prefetch (row_kernels.h, RowTuning: 16-bit rows, not on AMD
+// processors), step s of the eight-row forward first prefetches the rows of block s + kBatchPrefetchBlocks
+// (every line of each, into L1), which its Σx pass (RMSNorm: second pass) reads two steps later. Paired runs
+// on an Intel Xeon (scripts/ab-rows, 1 thread; docs/PERFORMANCE.md, "twenty-seventh session"): the bf16
+// LayerNorm forward 0.86-0.93 of the time at D = 32, 64, 80, RMSNorm 0.82-0.97; four blocks ahead 0.88-0.93;
+// the fp32 forward 1.15-1.19 (and on a Zen 4 1.05-1.27, "eighteenth session"), so fp32 rows never do.
+inline constexpr Index kBatchPrefetchBlocks = 2;
+
 template <bool Center, bool W, bool B, int NC, bool Save, typename T>
 void rows_forward_batched(const RowsForwardOf<T>& a) {
   const Index n = NC > 0 ? NC : a.n;
@@ -523,10 +531,21 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
   // Locals: the vector stores to y could alias the argument block, which the loops would then reload.
   const float* const wp = a.w;
   const float* const bp = a.b;
+  const bool ahead = sizeof(T) == 2 && a.tuning.batched_prefetch && a.stream && !a.x_cached;
+  const Index row_lines = (n * Index{sizeof(T)} + 63) / 64;
   for (Index s = 0; s < blocks + 2; ++s) {
     const T* xs[8];
     VD acc[8];
     double t[8];
+    if (ahead && s + kBatchPrefetchBlocks < blocks) {
+      const Index r0 = (s + kBatchPrefetchBlocks) * 8, r1 = std::min<Index>(a.rows, r0 + 8);
+      for (Index r = r0; r < r1; ++r) {
+        // (as an integer: the lines of the row, which may end before its last line does)
+        const std::uintptr_t p = reinterpret_cast<std::uintptr_t>(a.x + r * a.ldx);
+        for (Index l = 0; l < row_lines; ++l)
+          __builtin_prefetch(reinterpret_cast<const void*>(p + 64 * l), 0, 3);
+      }
+    }
     if (s >= 2) {  // the outputs of block s − 2
       const Index blk = s - 2;
       const Stats8& sc = st[blk % 3];

@@ -506,10 +506,6 @@ NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w
 // (computed, never written). NC > 0: n == NC, known at compile time. y may equal x: a block's outputs are
 // written after its statistics are complete. (kBatchMaxN: row_kernels.h.)
 
-// Save (here and in rows_forward_impl / rows_forward_pipelined): the kernel writes NormStats' smean and
-// srstd. A separate instantiation, so that a plain forward runs the loop it had before NormStats: with the
-// stores compiled in (and never run) the forward measured 6-30 % slower out of cache at 1 thread (D = 64,
-// 80 and 768; 2026-11-30, docs/PERFORMANCE.md).
 // Out of cache, where a.tuning.batched_prefetch (row_kernels.h, RowTuning: 16-bit rows, not on AMD
 // processors), step s of the eight-row forward first prefetches the rows of block s + kBatchPrefetchBlocks
 // (every line of each, into L1), which its Σx pass (RMSNorm: second pass) reads two steps later. Paired runs
@@ -518,6 +514,10 @@ NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w
 // the fp32 forward 1.15-1.19 (and on a Zen 4 1.05-1.27, "eighteenth session"), so fp32 rows never do.
 inline constexpr Index kBatchPrefetchBlocks = 2;
 
+// Save (here and in rows_forward_impl / rows_forward_pipelined): the kernel writes NormStats' smean and
+// srstd. A separate instantiation, so that a plain forward runs the loop it had before NormStats: with the
+// stores compiled in (and never run) the forward measured 6-30 % slower out of cache at 1 thread (D = 64,
+// 80 and 768; 2026-11-30, docs/PERFORMANCE.md).
 template <bool Center, bool W, bool B, int NC, bool Save, typename T>
 void rows_forward_batched(const RowsForwardOf<T>& a) {
   const Index n = NC > 0 ? NC : a.n;

@@ -21,12 +21,6 @@ namespace normlab::kernels {
 
 inline constexpr int kLanes = 16;
 
-// Rows of a fused kernel: `rows` rows of n contiguous floats, row r of x at x + r·ldx (likewise y).
-// LayerNorm (center) or RMSNorm (mean ≡ 0). w, b may be null (γ = 1, β = 0). mean and rstd, when not
-// null, receive float(mean) and float(rstd) of row r at r·ld_stats. y may equal x (ldy = ldx). stream:
-// non-temporal stores for y where a row is aligned for them (same values, bypasses the cache).
-// T: the storage type of x and y: float, or bfloat16 / float16 (the same float arithmetic on the exactly
-// widened x, each y rounded once to nearest even: y_T = round(y of the float kernel on widened x)).
 // The row forward's choices that depend on the machine and never on the bits (each gives the same results).
 // The two machines of docs/PERFORMANCE.md measured them opposite ways (paired, scripts/ab-rows, 1 thread, out
 // of cache): on a Zen 4 the row blocks took 0.73-0.86 of the pipelined kernel's time for fp32 LayerNorm rows
@@ -59,6 +53,12 @@ inline const RowTuning& machine_row_tuning() {
   return t;
 }
 
+// Rows of a fused kernel: `rows` rows of n contiguous floats, row r of x at x + r·ldx (likewise y).
+// LayerNorm (center) or RMSNorm (mean ≡ 0). w, b may be null (γ = 1, β = 0). mean and rstd, when not
+// null, receive float(mean) and float(rstd) of row r at r·ld_stats. y may equal x (ldy = ldx). stream:
+// non-temporal stores for y where a row is aligned for them (same values, bypasses the cache).
+// T: the storage type of x and y: float, or bfloat16 / float16 (the same float arithmetic on the exactly
+// widened x, each y rounded once to nearest even: y_T = round(y of the float kernel on widened x)).
 template <typename T>
 struct RowsForwardOf {
   T* y = nullptr;

@@ -539,12 +539,8 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
     double t[8];
     if (ahead && s + kBatchPrefetchBlocks < blocks) {
       const Index r0 = (s + kBatchPrefetchBlocks) * 8, r1 = std::min<Index>(a.rows, r0 + 8);
-      for (Index r = r0; r < r1; ++r) {
-        // (as an integer: the lines of the row, which may end before its last line does)
-        const std::uintptr_t p = reinterpret_cast<std::uintptr_t>(a.x + r * a.ldx);
-        for (Index l = 0; l < row_lines; ++l)
-          __builtin_prefetch(reinterpret_cast<const void*>(p + 64 * l), 0, 3);
-      }
+      for (Index r = r0; r < r1; ++r)
+        prefetch_lines(reinterpret_cast<std::uintptr_t>(a.x + r * a.ldx), row_lines);
     }
     if (s >= 2) {  // the outputs of block s − 2
       const Index blk = s - 2;

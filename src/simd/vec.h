@@ -599,13 +599,18 @@ inline bool stream_ok(const T* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & (sizeof(T) * kF - 1)) == 0;
 }
 
-// Prefetches, for reading into every cache level (locality hint 3), the Lines 64-byte lines that start
-// Bytes past p. The address is formed as an integer: it may lie past the end of the array (a prefetch never
-// faults, and changes no value). Used by the row kernels (prefetch_ahead64) and the channel statistics.
+// Prefetches, for reading into every cache level (locality hint 3), the `lines` 64-byte lines that start at
+// address a, an integer: it may lie past the end of the array (a prefetch never faults, and changes no
+// value).
+NL_FORCE_INLINE inline void prefetch_lines(std::uintptr_t a, Index lines) {
+  for (Index l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const void*>(a + 64 * l), 0, 3);
+}
+
+// prefetch_lines of the Lines lines that start Bytes past p. Used by the row kernels (prefetch_ahead64) and
+// the channel statistics.
 template <Index Bytes, int Lines>
 NL_FORCE_INLINE inline void prefetch_ahead(const void* p) {
-  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p) + Bytes;
-  for (int l = 0; l < Lines; ++l) __builtin_prefetch(reinterpret_cast<const void*>(a + 64 * l), 0, 3);
+  prefetch_lines(reinterpret_cast<std::uintptr_t>(p) + Bytes, Lines);
 }
 
 // ---- Entries of the kernel tables, every target.

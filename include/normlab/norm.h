@@ -360,9 +360,11 @@ void add_rms_norm_backward_saved(BF16View dx, View dweight, ConstBF16View dy, Co
 //
 // The backward without x: x̂ = (y − β)/γ is recovered from the forward's OUTPUT y and the forward's
 // saved rstd (Apex's and Triton's "memory_efficient" LayerNorm), so a training step can free x and
-// keep only y (which the next layer keeps anyway). Per group, in double:
-//     x − mean = (y − β)/(γ·rstd)   (rounded to fp32), x̂ = (x − mean)·rstd,
-//     dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  dγ = Σ dy·x̂,  dβ = Σ dy     (RMSNorm: no mean(g), no β)
+// keep only y (which the next layer keeps anyway). Per group:
+//     x − mean = (y − β)/(γ·rstd)   (in double, rounded to fp32 once),
+//     then dx = rstd·(g − mean(g) − x̂·mean(g·x̂)),  dγ = Σ dy·x̂,  dβ = Σ dy  (RMSNorm: no mean(g), no β)
+// with the arithmetic of the standard backward from saved statistics (layer_norm_backward_saved) on
+// x − mean, the saved mean 0 and the forward's rstd.
 //   dx:      output, like y (written =)
 //   dy, y:   inputs, like x; y exactly as the forward wrote it (same weight and bias)
 //   rstd:    the forward's rstd output (kept axes), required

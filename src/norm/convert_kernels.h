@@ -27,9 +27,14 @@ struct ConvertKernels {
   // dst[i] = round-to-nearest-even(src[i]); non-temporal stores when `stream` (for outputs that do not
   // fit in cache; the caller has no use for them in cache afterwards). dst must not overlap src.
   void (*narrow[2])(std::uint16_t* dst, const float* src, Index n, bool stream);
-  // xc[i] = float((y[i] − b[i]) / (w[i]·rstd)) in double: the centred input x − mean recovered from a
-  // norm's output (w, b may be null: γ = 1, β = 0). xc may equal y.
-  void (*recover_centered)(float* xc, const float* y, Index n, double rstd, const float* w, const float* b);
+  // xc[i] = float(((y[i] − b[i])·inv_w[i])·inv_rstd) in double, with inv_w[i] = 1/γ_i and inv_rstd = 1/rstd
+  // (double): the centred input x − mean = (y − β)/(γ·rstd) recovered from a norm's output, within about
+  // 3 double ulps before the one rounding to fp32 (inv_w, b may be null: γ = 1, β = 0). xc may equal y.
+  // Prefetches y's lines 1 KiB ahead, and those of pf (may be null) as far past pf + i as y's are past y + i,
+  // one line per 16 elements: pf is the caller's next operand, then read from memory along with y instead
+  // of after it.
+  void (*recover_centered)(float* xc, const float* y, Index n, double inv_rstd, const double* inv_w,
+                           const float* b, const float* pf);
   // The fused LayerNorm/RMSNorm row kernels (row_kernels.h) on bf16 / fp16 rows: the same code as
   // RowKernels::rows_forward / rows_backward, reading and writing the 16-bit type directly.
   void (*rows_forward_bf16)(const RowsForwardOf<bfloat16>& args);

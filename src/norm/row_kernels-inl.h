@@ -20,106 +20,6 @@
 namespace normlab::kernels::NL_TARGET {
 namespace {
 
-// Combines the lanes pairwise in a fixed order: (0+8)+(4+12)... for 16 lanes.
-inline double lane_tree(double* acc) {
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
-}
-
-// backward_sums / backward_dx (the memory-efficient backward): double arithmetic on 16 elements at a
-// time, two VD of lanes 0..7 and 8..15, so that element i meets lane i mod 16 as in the scalar definition
-// (row_kernels.h); a tail shorter than 16 runs the scalar code on the lanes.
-template <bool W>
-void backward_sums_impl(double* sums, double* dw, double* db, const float* dy, const float* x, Index n,
-                        double mean, double rstd, const float* w) {
-  using vec::VD;
-  using vec::VF;
-  const VD m = vec::bcastd(mean), rs = vec::bcastd(rstd);
-  VD sg[2] = {vec::zerod(), vec::zerod()}, sgx[2] = {vec::zerod(), vec::zerod()};
-  Index i = 0;
-  // Scalar math: x̂ = (x[i] − mean)·rstd; g = dy[i]·w[i]; Σg[i mod 16] += g; Σgx̂[i mod 16] += g·x̂;
-  //              dw[i] += dy[i]·x̂; db[i] += dy[i]          (all in double)
-  for (; i + vec::kF <= n; i += vec::kF) {
-    const VF xv = vec::load(x + i), dyv = vec::load(dy + i);
-    VF wv{};
-    if constexpr (W) wv = vec::load(w + i);
-    for (int h = 0; h < 2; ++h) {
-      const VD xd = h ? vec::cvt_hi(xv) : vec::cvt_lo(xv);
-      const VD d = h ? vec::cvt_hi(dyv) : vec::cvt_lo(dyv);
-      const VD xh = vec::mul(vec::sub(xd, m), rs);
-      VD g = d;
-      if constexpr (W) g = vec::mul(d, h ? vec::cvt_hi(wv) : vec::cvt_lo(wv));
-      sg[h] = vec::add(sg[h], g);
-      sgx[h] = vec::add(sgx[h], vec::mul(g, xh));
-      const Index j = i + h * vec::kD;
-      if (dw) vec::stored(dw + j, vec::add(vec::loadd(dw + j), vec::mul(d, xh)));
-      if (db) vec::stored(db + j, vec::add(vec::loadd(db + j), d));
-    }
-  }
-  double lg[kLanes], lgx[kLanes];
-  vec::stored(lg, sg[0]);
-  vec::stored(lg + vec::kD, sg[1]);
-  vec::stored(lgx, sgx[0]);
-  vec::stored(lgx + vec::kD, sgx[1]);
-  for (int l = 0; i + l < n; ++l) {
-    const Index k = i + l;
-    const double xh = (static_cast<double>(x[k]) - mean) * rstd;
-    const double d = static_cast<double>(dy[k]);
-    const double g = W ? d * static_cast<double>(w[k]) : d;
-    lg[l] += g;
-    lgx[l] += g * xh;
-    if (dw) dw[k] += d * xh;
-    if (db) db[k] += d;
-  }
-  sums[0] = lane_tree(lg);
-  sums[1] = lane_tree(lgx);
-}
-
-#ifndef NL_ROWS_TEMPLATES_ONLY
-void backward_sums(double* sums, double* dw, double* db, const float* dy, const float* x, Index n,
-                   double mean, double rstd, const float* w) {
-  if (w) return backward_sums_impl<true>(sums, dw, db, dy, x, n, mean, rstd, w);
-  backward_sums_impl<false>(sums, dw, db, dy, x, n, mean, rstd, w);
-}
-#endif
-
-template <bool W>
-void backward_dx_impl(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
-                      const float* w, double mean_g, double mean_gx) {
-  using vec::VD;
-  using vec::VF;
-  const VD m = vec::bcastd(mean), rs = vec::bcastd(rstd), mg = vec::bcastd(mean_g), mgx = vec::bcastd(mean_gx);
-  Index i = 0;
-  // Scalar math: dx[i] = float(rstd·((g − mean_g) − x̂·mean_gx)), x̂ = (x[i] − mean)·rstd, g = dy[i]·w[i]
-  for (; i + vec::kF <= n; i += vec::kF) {
-    const VF xv = vec::load(x + i), dyv = vec::load(dy + i);
-    VF wv{};
-    if constexpr (W) wv = vec::load(w + i);
-    VD out[2];
-    for (int h = 0; h < 2; ++h) {
-      const VD xh = vec::mul(vec::sub(h ? vec::cvt_hi(xv) : vec::cvt_lo(xv), m), rs);
-      VD g = h ? vec::cvt_hi(dyv) : vec::cvt_lo(dyv);
-      if constexpr (W) g = vec::mul(g, h ? vec::cvt_hi(wv) : vec::cvt_lo(wv));
-      out[h] = vec::mul(rs, vec::sub(vec::sub(g, mg), vec::mul(xh, mgx)));
-    }
-    vec::store(dx + i, vec::narrow_pd(out[0], out[1]));
-  }
-  for (; i < n; ++i) {
-    const double xh = (static_cast<double>(x[i]) - mean) * rstd;
-    const double g = W ? static_cast<double>(dy[i]) * static_cast<double>(w[i]) : static_cast<double>(dy[i]);
-    dx[i] = static_cast<float>(rstd * (g - mean_g - xh * mean_gx));
-  }
-}
-
-#ifndef NL_ROWS_TEMPLATES_ONLY
-void backward_dx(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
-                 const float* w, double mean_g, double mean_gx) {
-  if (w) return backward_dx_impl<true>(dx, dy, x, n, mean, rstd, w, mean_g, mean_gx);
-  backward_dx_impl<false>(dx, dy, x, n, mean, rstd, w, mean_g, mean_gx);
-}
-#endif
-
 // ---- Fused row kernels (LayerNorm / RMSNorm over contiguous rows) -------------------------------------
 //
 // Written against simd/vec.h (16-float and 8-double vectors with the same lane semantics on every
@@ -1322,8 +1222,7 @@ void rows_backward(const RowsBackward& a) {
 
 #ifndef NL_ROWS_TEMPLATES_ONLY
 extern const RowKernels kTable;
-const RowKernels kTable = {vec::leave_clean<backward_sums>, vec::leave_clean<backward_dx>,
-                           vec::leave_clean<rows_forward>, vec::leave_clean<rows_backward>};
+const RowKernels kTable = {vec::leave_clean<rows_forward>, vec::leave_clean<rows_backward>};
 #endif
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -5,10 +5,8 @@
 // src/simd/dispatch.cpp hands out the table of the active target. The fused entries rows_forward /
 // rows_backward (LayerNorm and RMSNorm) work in float at full vector width with double accumulation where
 // it matters (docs/numerics.md); they are written against simd/vec.h and give the same bits on every
-// target. backward_sums / backward_dx (the memory-efficient backward from y) accumulate in double over
-// kLanes interleaved lanes (element i goes to lane i % kLanes), combine the lanes by a fixed pairwise
-// tree and do their elementwise math in double with one final rounding to float: also the same bits on
-// every target.
+// target. (The memory-efficient backward from y runs rows_backward too, on x − mean recovered from y;
+// storage_norm.h.)
 #pragma once
 
 #include <normlab/tensor.h>
@@ -18,8 +16,6 @@
 #include <type_traits>
 
 namespace normlab::kernels {
-
-inline constexpr int kLanes = 16;
 
 // The row forward's choices that depend on the machine and never on the bits (each gives the same results).
 // The two machines of docs/PERFORMANCE.md measured them opposite ways (paired, scripts/ab-rows, 1 thread, out
@@ -230,13 +226,6 @@ inline bool backward_batched(const RowsBackwardOf<T>& a) {
 }
 
 struct RowKernels {
-  // With g = dy·w and x̂ = (x − mean)·rstd: sums[0] = Σ g, sums[1] = Σ g·x̂; and, when not null,
-  // dw[i] += dy[i]·x̂[i], db[i] += dy[i] (double accumulators of one chunk of groups).
-  void (*backward_sums)(double* sums, double* dw, double* db, const float* dy, const float* x, Index n,
-                        double mean, double rstd, const float* w);
-  // dx[i] = rstd·(g[i] − mean_g − x̂[i]·mean_gx). dx may equal dy or x.
-  void (*backward_dx)(float* dx, const float* dy, const float* x, Index n, double mean, double rstd,
-                      const float* w, double mean_g, double mean_gx);
   // Fused LayerNorm/RMSNorm forward over rows (docs/numerics.md): one call per block of rows.
   void (*rows_forward)(const RowsForward& args);
   // Fused backward: dx and the dγ/dβ partials of a block of rows.

@@ -19,10 +19,12 @@
 //
 // Scratch (the memory-efficient backward, which has no x to recompute from): every group is brought into
 // an fp32 scratch row (widened exactly from bf16/fp16, or the fp32 data itself, gathered through its
-// strides when it is not contiguous), x − mean is recovered from y, the row kernels backward_sums /
-// backward_dx (row_kernels.h) run on it, and dx is narrowed once into the storage type. dγ/dβ there: one
-// double partial row per fixed chunk of groups, the chunks summed in chunk order. Units: runs of up to
-// kUnitElems elements of consecutive groups when the layout is flat, else one group at a time.
+// strides when it is not contiguous), x − mean is recovered from y into another (recover_centered,
+// convert_kernels.h), and the fused fp32 row kernel runs on it with saved statistics (mean 0, the
+// forward's rstd): dx and dγ/dβ are then the standard backward's arithmetic on the recovered x − mean. dx
+// is narrowed once into the storage type. dγ/dβ there: one double partial row per fixed chunk of groups,
+// the chunks summed in chunk order. Units: runs of up to kUnitElems elements of consecutive groups when
+// the layout is flat, else one group at a time.
 //
 // Units and tasks only change the schedule, never the arithmetic: the same bits for any thread count and
 // SIMD target.
@@ -420,8 +422,9 @@ struct BwdNames {
 //   standard     (x given):            statistics recomputed from x in double, as row_norm.cpp; when ds
 //                                      is given (the fused add + norm), dx = dnorm + ds (the residual
 //                                      stream's gradient), added in fp32 before the one rounding to T;
-//   from output  (y and rstd given):   x − mean recovered as (y − β)/(γ·rstd), rstd taken as saved
-//                                      (fp32 storage, no ds: the memory-efficient backward).
+//   from output  (y and rstd given):   x − mean recovered as (y − β)/(γ·rstd), rstd taken as saved, then
+//                                      the saved route's arithmetic on it (fp32 storage, no ds: the
+//                                      memory-efficient backward).
 //   saved        (x and stats given):  as standard, with the forward's statistics (NormStats) instead of
 //                                      recomputing them (same bits; with or without ds).
 template <typename T>
@@ -507,7 +510,6 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   }
   const kernels::RowKernels& k = kernels::row_kernels();
   const kernels::ConvertKernels& cv = kernels::convert_kernels();
-  const double n = static_cast<double>(s.n);
   const bool stream = src.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
   const float* rstd_base = pr.defined ? reinterpret_cast<const float*>(pr.base) : nullptr;
 
@@ -543,28 +545,49 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
       bwd(a);
     });
   }
+  // The memory-efficient backward (the only user of this route), unit by unit: x − mean of every group
+  // recovered from y into a scratch row, then the fused row kernel with saved statistics (mean 0 around the
+  // recovered values, the forward's rstd) on it, adding into the chunk's zeroed partial rows.
+  std::vector<double> inv_w;  // 1/γ in double, once per call
+  if (!direct && wp) {
+    inv_w.resize(static_cast<std::size_t>(s.n));
+    for (std::size_t j = 0; j < inv_w.size(); ++j) inv_w[j] = 1.0 / static_cast<double>(wp[j]);
+  }
   if (!direct) parallel::parallel_for(ch.count, [&](Index c) {
     const Index t0 = c * ch.size, t1 = std::min(s.groups, t0 + ch.size);
     Scratch& sc = Scratch::get(flat ? std::min((t1 - t0) * s.n, std::max(kUnitElems, s.n)) : s.n);
-    double* dwc = part.dw_row(c);
-    double* dbc = part.db_row(c);
+    thread_local std::vector<double> unit_stats;  // per unit: the rows' mean (0), then their rstd
+    kernels::RowsBackward a;
+    a.n = s.n;
+    a.ldx = a.lddy = a.lddx = s.n;
+    a.w = wp;
+    a.center = nm.center;
+    a.dw = part.dw_row(c);
+    a.db = part.db_row(c);
     for_units(t0, t1, s.n, flat, [&](Index g0, Index g1) {
-      const Index len = (g1 - g0) * s.n;
+      const Index len = (g1 - g0) * s.n, rows = g1 - g0;
       const Where wsrc = where(so, g0, flat, s.n, s.k_shape), wdy = where(dyo, g0, flat, s.n, s.k_shape);
       const Where wdx = where(dxo, g0, flat, s.n, s.k_shape);
       const float* in = load(so, wsrc, len, s.n_shape, sc.f[0], sc.h, cv);
       const float* dyr = load(dyo, wdy, len, s.n_shape, sc.f[1], sc.h, cv);
       float* out = out_row(dxo, wdx, sc.f[2]);
-      float* xc = sc.f[3];  // x − mean of one group
-      // The memory-efficient backward (the only user of this route): per group, x − mean recovered from y.
+      float* xc = sc.f[3];  // x − mean of the unit's groups
+      unit_stats.assign(static_cast<std::size_t>(2 * rows), 0.0);
+      double* srstd = unit_stats.data() + rows;
       for (Index g = g0; g < g1; ++g) {
         const Index o = (g - g0) * s.n;
-        const double rs = static_cast<double>(rstd_base[plan::group_offset(g, s.k_shape, pr.strides)]);
-        cv.recover_centered(xc, in + o, s.n, rs, wp, bp);
-        double sums[2];
-        k.backward_sums(sums, dwc, dbc, dyr + o, xc, s.n, 0.0, rs, wp);
-        k.backward_dx(out + o, dyr + o, xc, s.n, 0.0, rs, wp, nm.center ? sums[0] / n : 0.0, sums[1] / n);
+        srstd[g - g0] = static_cast<double>(rstd_base[plan::group_offset(g, s.k_shape, pr.strides)]);
+        cv.recover_centered(xc + o, in + o, s.n, 1.0 / srstd[g - g0], wp ? inv_w.data() : nullptr, bp,
+                            dyr + o);
       }
+      a.rows = rows;
+      a.x = xc;
+      a.dy = dyr;
+      a.dx = out;
+      a.stream = stream && out != sc.f[2];
+      a.smean = unit_stats.data();
+      a.srstd = srstd;
+      k.rows_backward(a);
       store(dxo, wdx, len, s.n_shape, out, sc.h, stream, cv);
     });
   });

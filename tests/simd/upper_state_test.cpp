@@ -149,19 +149,6 @@ std::vector<Call> calls() {
                                                        kernels::InputGradConsts{}, false);
                }});
   v.push_back({"channel fence", [] { kernels::channel_kernels().fence(); }});
-  // The row table's per-row entries (the fused entries are reached by the operations above).
-  v.push_back({"row backward_sums", [] {
-                 const Tensor x = filled({37}), dy = filled({37}), w = filled({37});
-                 std::vector<double> sums(2), dw(37), db(37);
-                 kernels::row_kernels().backward_sums(sums.data(), dw.data(), db.data(), dy.data(), x.data(),
-                                                      37, 0.5, 2.0, w.data());
-               }});
-  v.push_back({"row backward_dx", [] {
-                 const Tensor x = filled({37}), dy = filled({37}), w = filled({37});
-                 Tensor dx({37});
-                 kernels::row_kernels().backward_dx(dx.data(), dy.data(), x.data(), 37, 0.5, 2.0, w.data(),
-                                                    0.25, 0.125);
-               }});
   // The conversion table's own entries.
   v.push_back({"convert narrow", [] {
                  const kernels::ConvertKernels& k = kernels::convert_kernels();
@@ -178,7 +165,8 @@ std::vector<Call> calls() {
   v.push_back({"convert recover_centered", [] {
                  const kernels::ConvertKernels& k = kernels::convert_kernels();
                  std::vector<float> f(37, 1.5f), g(37);
-                 k.recover_centered(g.data(), f.data(), 37, 2.0, nullptr, nullptr);
+                 const std::vector<double> iw(37, 0.5);
+                 k.recover_centered(g.data(), f.data(), 37, 2.0, iw.data(), f.data(), f.data());
                }});
   // The speech front end's per-target functions (window, power spectrum and mel banks, log).
   v.push_back({"fbank", [] {

@@ -69,9 +69,8 @@ void recover_centered_impl(float* xc, const float* y, Index n, double inv_rstd, 
                            const float* b, const float* pf) {
   const vec::VD ir = vec::bcastd(inv_rstd);
   Index i = 0;
-  // Scalar math: xc[i] = float(((y[i] − b[i])·inv_w[i])·inv_rstd) in double (without inv_w: (y[i] −
-  // b[i])·inv_rstd;
-  //              without b: y[i])
+  // Scalar math: xc[i] = float(((y[i] − b[i])·inv_w[i])·inv_rstd) in double
+  //              (without inv_w: (y[i] − b[i])·inv_rstd; without b: y[i] in place of y[i] − b[i])
   for (; i + kW <= n; i += kW) {
     if (pf) vec::prefetch_lines(reinterpret_cast<std::uintptr_t>(pf + i) + kRecoverPrefetchBytes, 1);
     vec::prefetch_lines(reinterpret_cast<std::uintptr_t>(y + i) + kRecoverPrefetchBytes, 1);

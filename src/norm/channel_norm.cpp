@@ -214,17 +214,38 @@ Dims stats_shape(const Plan& p) {
   return s;
 }
 
-std::vector<double> group_counts(const Plan& p) {
+namespace {
+
+// Segments per statistic group: 1 (kInstance), channels per group (kGroup); kBatch's groups span the batch.
+Index segments_per_group(const Plan& p) {
+  return p.grouping == Grouping::kGroup ? p.cpg : 1;
+}
+
+// Calls f(b, c) for the segments of statistic group g in segment order (b major, c minor): channel g of
+// every batch item (kBatch), or the group's channels of its batch item (kInstance, kGroup; Plan::group_of).
+template <typename F>
+void for_group_segments(const Plan& p, Index g, F&& f) {
   if (p.grouping == Grouping::kBatch) {
-    // Every channel gets the same sum ((0 + valid(0)) + valid(1)) + ..., formed once.
-    double t = 0.0;
-    for (Index b = 0; b < p.B; ++b) t += static_cast<double>(p.valid(b));
-    return std::vector<double>(static_cast<std::size_t>(p.groups), t);
+    for (Index b = 0; b < p.B; ++b) f(b, g);
+    return;
   }
-  std::vector<double> n(static_cast<std::size_t>(p.groups), 0.0);
-  for (Index b = 0; b < p.B; ++b)
-    for (Index c = 0; c < p.C; ++c)
-      n[static_cast<std::size_t>(p.group_of(b, c))] += static_cast<double>(p.valid(b));
+  const Index spg = segments_per_group(p), per_batch = p.C / spg;
+  const Index b = g / per_batch, c0 = (g % per_batch) * spg;
+  for (Index c = c0; c < c0 + spg; ++c) f(b, c);
+}
+
+// Group g's element count: ((0 + n_0) + n_1) + ... over its segments in segment order.
+double group_count(const Plan& p, Index g) {
+  double n = 0.0;
+  for_group_segments(p, g, [&](Index b, Index) { n += static_cast<double>(p.valid(b)); });
+  return n;
+}
+
+}  // namespace
+
+std::vector<double> group_counts(const Plan& p) {
+  std::vector<double> n(static_cast<std::size_t>(p.groups));
+  for (Index g = 0; g < p.groups; ++g) n[static_cast<std::size_t>(g)] = group_count(p, g);
   return n;
 }
 
@@ -236,29 +257,49 @@ struct SegmentArrays {
   void put(Index s, const kernels::SegmentStats& t) const;
 };
 
-// Per-group moments from the per-segment statistics st (entries 0 .. B·C) (Σx, mean_s = Σx/n_s, M2_s; see
-// channel_norm.h), combined in segment order (b major, c minor; empty segments hold zeros).
-Moments combine_moments(const Plan& p, const SegmentArrays& st) {
-  Moments m;
-  m.count = group_counts(p);
-  m.mean.assign(m.count.size(), 0.0);
-  const bool batch = p.grouping == Grouping::kBatch;
-  for (Index b = 0; b < p.B; ++b)
-    for (Index c = 0; c < p.C; ++c)
-      m.mean[static_cast<std::size_t>(batch ? c : p.group_of(b, c))] += st.sum[b * p.C + c];
-  for (std::size_t g = 0; g < m.mean.size(); ++g) m.mean[g] = m.count[g] > 0 ? m.mean[g] / m.count[g] : 0.0;
-  m.var.assign(m.mean.size(), 0.0);
-  for (Index b = 0; b < p.B; ++b) {
+// One group's moments (channel_norm.h's Moments).
+struct GroupMoments {
+  double count = 0, mean = 0, var = 0;
+};
+
+// Group g's moments from its segments' statistics in st (Σx, mean_s = Σx/n_s, M2_s; see channel_norm.h),
+// combined in segment order (for_group_segments; empty segments hold zeros). Every pass forms a group's
+// moments here, so the bits do not depend on the pass (separate, blocked, or group by group).
+GroupMoments combine_group(const Plan& p, Index g, const SegmentArrays& st) {
+  GroupMoments m;
+  m.count = group_count(p, g);
+  for_group_segments(p, g, [&](Index b, Index c) { m.mean += st.sum[b * p.C + c]; });
+  m.mean = m.count > 0 ? m.mean / m.count : 0.0;
+  for_group_segments(p, g, [&](Index b, Index c) {
     const double ns = static_cast<double>(p.valid(b));
-    if (ns == 0) continue;
-    for (Index c = 0; c < p.C; ++c) {
-      const Index s = b * p.C + c;
-      const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c));
-      const double d = st.mean[s] - m.mean[g];
-      m.var[g] += st.m2[s] + ns * d * d;
-    }
-  }
-  for (std::size_t g = 0; g < m.var.size(); ++g) m.var[g] = m.count[g] > 0 ? m.var[g] / m.count[g] : 0.0;
+    if (ns == 0) return;
+    const Index s = b * p.C + c;
+    const double d = st.mean[s] - m.mean;
+    m.var += st.m2[s] + ns * d * d;
+  });
+  m.var = m.count > 0 ? m.var / m.count : 0.0;
+  return m;
+}
+
+// Moments with room for `groups` groups, and group g's entries set.
+Moments sized_moments(Index groups) {
+  Moments m;
+  m.count.assign(static_cast<std::size_t>(groups), 0.0);
+  m.mean.assign(m.count.size(), 0.0);
+  m.var.assign(m.count.size(), 0.0);
+  return m;
+}
+void store(Moments& m, Index g, const GroupMoments& gm) {
+  const std::size_t i = static_cast<std::size_t>(g);
+  m.count[i] = gm.count;
+  m.mean[i] = gm.mean;
+  m.var[i] = gm.var;
+}
+
+// Every group's moments (combine_group).
+Moments combine_moments(const Plan& p, const SegmentArrays& st) {
+  Moments m = sized_moments(p.groups);
+  for (Index g = 0; g < p.groups; ++g) store(m, g, combine_group(p, g, st));
   return m;
 }
 
@@ -295,6 +336,32 @@ void mean_pair(double mean, float& mh, float& ml) {
 // rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy).
 double segment_sdyxh(double rstd, double sdyd, double mean_s, double mean, double sdy) {
   return rstd * (sdyd + (mean_s - mean) * sdy);
+}
+
+// A group's mean(g) and mean(g·x̂) of a training backward (GradStats in channel_norm.h).
+struct GroupGrads {
+  double mg = 0, mgx = 0;
+};
+
+// Group g's GroupGrads from its segments' Σdy, Σdy·(x − mean_s) and mean_s in st and its moments m and
+// rstd, in segment order (for_group_segments); f(b, c, s, sdyxh) receives each segment's Σdy·x̂ (0 for an
+// empty segment). Every training backward forms them here (separate, blocked, or group by group).
+template <typename F>
+GroupGrads group_grads(const Plan& p, Index g, const SegmentArrays& st, const GroupMoments& m, double rstd,
+                       const float* w, F&& f) {
+  GroupGrads r;
+  for_group_segments(p, g, [&](Index b, Index c) {
+    const Index s = b * p.C + c;
+    const double sdy = st.sdy[s];
+    const double sdyxh = p.valid(b) == 0 ? 0.0 : segment_sdyxh(rstd, st.sdyd[s], st.mean[s], m.mean, sdy);
+    const double wc = w ? static_cast<double>(w[c]) : 1.0;
+    r.mg += wc * sdy;
+    r.mgx += wc * sdyxh;
+    f(b, c, s, sdyxh);
+  });
+  r.mg = m.count > 0 ? r.mg / m.count : 0.0;
+  r.mgx = m.count > 0 ? r.mgx / m.count : 0.0;
+  return r;
 }
 
 // The fp32 constants of the elementwise kernels for channel c of a group with these statistics, as every
@@ -349,36 +416,27 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const
                  st.put(s, t);
                });
   GradStats r;
-  r.m = combine_moments(p, st);
-  const std::size_t ng = r.m.var.size(), nc = static_cast<std::size_t>(p.C);
-  r.rstd.resize(ng);
-  for (std::size_t g = 0; g < ng; ++g) r.rstd[g] = r.m.count[g] > 0 ? 1.0 / std::sqrt(r.m.var[g] + eps) : 0.0;
+  r.m = sized_moments(p.groups);
+  const std::size_t ng = static_cast<std::size_t>(p.groups), nc = static_cast<std::size_t>(p.C);
+  r.rstd.assign(ng, 0.0);
   r.mg.assign(ng, 0.0);
   r.mgx.assign(ng, 0.0);
   r.dweight.assign(nc, 0.0);
   r.dbias.assign(nc, 0.0);
-  const bool batch = p.grouping == Grouping::kBatch;
-  // In segment order (b major, c minor), per segment: Σdy·x̂ = rstd·Σdy·(x − mean)
-  // = rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy) (0 for an empty segment); Σ γ_c·Σdy and
-  // Σ γ_c·Σdy·x̂ per group; Σ_b Σdy·x̂ and Σ_b Σdy per channel.
-  for (Index b = 0; b < p.B; ++b) {
-    const bool empty = p.valid(b) == 0;
-    for (Index c = 0; c < p.C; ++c) {
-      const Index s = b * p.C + c;
-      const std::size_t g = static_cast<std::size_t>(batch ? c : p.group_of(b, c)),
-                        ci = static_cast<std::size_t>(c);
-      const double sdy = st.sdy[s];
-      const double sdyxh = empty ? 0.0 : segment_sdyxh(r.rstd[g], st.sdyd[s], st.mean[s], r.m.mean[g], sdy);
-      const double wc = w ? static_cast<double>(w[c]) : 1.0;
-      r.mg[g] += wc * sdy;
-      r.mgx[g] += wc * sdyxh;
-      r.dweight[ci] += sdyxh;
-      r.dbias[ci] += sdy;
-    }
-  }
-  for (std::size_t g = 0; g < ng; ++g) {
-    r.mg[g] = r.m.count[g] > 0 ? r.mg[g] / r.m.count[g] : 0.0;
-    r.mgx[g] = r.m.count[g] > 0 ? r.mgx[g] / r.m.count[g] : 0.0;
+  // Group by group; a channel's Σ_b Σdy·x̂ and Σ_b Σdy in b order whatever the grouping (kBatch: a group's
+  // segments are its channel's, in b order; per sample: groups in b order).
+  for (Index g = 0; g < p.groups; ++g) {
+    const GroupMoments gm = combine_group(p, g, st);
+    const std::size_t gi = static_cast<std::size_t>(g);
+    store(r.m, g, gm);
+    r.rstd[gi] = group_rstd(gm.count, gm.var, eps);
+    const GroupGrads gg =
+        group_grads(p, g, st, gm, r.rstd[gi], w, [&](Index, Index c, Index s, double sdyxh) {
+          r.dweight[static_cast<std::size_t>(c)] += sdyxh;
+          r.dbias[static_cast<std::size_t>(c)] += st.sdy[s];
+        });
+    r.mg[gi] = gg.mg;
+    r.mgx[gi] = gg.mgx;
   }
   return r;
 }
@@ -510,28 +568,6 @@ struct Block {
   Index c0 = 0, c1 = 0;
 };
 
-// The block's per-channel moments and rstd from the segment arrays, exactly as combine_moments, group_counts
-// and rstd_of form them (the same operations in the same order for each channel, so the same bits).
-void combine_block(const Plan& p, const Block& bl, const SegmentArrays& st, double eps, Moments& m,
-                   std::vector<double>& rstd) {
-  for (Index c = bl.c0; c < bl.c1; ++c) {
-    const std::size_t g = static_cast<std::size_t>(c);
-    double mean = 0.0;
-    for (Index b = 0; b < p.B; ++b) mean += st.sum[b * p.C + c];
-    m.mean[g] = m.count[g] > 0 ? mean / m.count[g] : 0.0;
-    double var = 0.0;
-    for (Index b = 0; b < p.B; ++b) {
-      const double ns = static_cast<double>(p.valid(b));
-      if (ns == 0) continue;
-      const Index s = b * p.C + c;
-      const double d = st.mean[s] - m.mean[g];
-      var += st.m2[s] + ns * d * d;
-    }
-    m.var[g] = m.count[g] > 0 ? var / m.count[g] : 0.0;
-    rstd[g] = m.count[g] > 0 ? 1.0 / std::sqrt(m.var[g] + eps) : 0.0;
-  }
-}
-
 // The statistics pass over the block's segments, batch item by batch item (the block's segments of one
 // item are one run of memory when the channel stride is S); dy null in a forward. The kernel's prefetches
 // follow the run to its end and then go on at the start of the next item's run, and past that run's end at
@@ -606,16 +642,18 @@ Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, doub
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
   const SegmentArrays st = segment_workspace(p);
-  Moments m;
-  m.count = group_counts(p);
-  m.mean.assign(m.count.size(), 0.0);
-  m.var.assign(m.count.size(), 0.0);
+  Moments m = sized_moments(p.groups);
   rstd.assign(m.count.size(), 0.0);
   const float* xb = reinterpret_cast<const float*>(xo.base);
   float* yb = reinterpret_cast<float*>(yo.base);
   for_blocks(p, kc, stream, [&](const Block& bl) {
     block_stats(k, p, bl, xo, nullptr, st);
-    combine_block(p, bl, st, eps, m, rstd);
+    for (Index c = bl.c0; c < bl.c1; ++c) {
+      const std::size_t g = static_cast<std::size_t>(c);
+      const GroupMoments gm = combine_group(p, c, st);
+      store(m, c, gm);
+      rstd[g] = group_rstd(gm.count, gm.var, eps);
+    }
     // The elementwise pass over the block, its inputs now in cache.
     for (Index c = bl.c0; c < bl.c1; ++c) {
       const std::size_t g = static_cast<std::size_t>(c);
@@ -637,10 +675,8 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
   const bool stream = stream_output(p);
   const SegmentArrays st = segment_workspace(p);
   GradStats r;
-  r.m.count = group_counts(p);
+  r.m = sized_moments(p.groups);
   const std::size_t nc = static_cast<std::size_t>(p.C);
-  r.m.mean.assign(nc, 0.0);
-  r.m.var.assign(nc, 0.0);
   r.rstd.assign(nc, 0.0);
   r.mg.assign(nc, 0.0);
   r.mgx.assign(nc, 0.0);
@@ -651,28 +687,19 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
   float* dxb = reinterpret_cast<float*>(dxo.base);
   for_blocks(p, kc, stream, [&](const Block& bl) {
     block_stats(k, p, bl, xo, &dyo, st);
-    combine_block(p, bl, st, eps, r.m, r.rstd);
     for (Index c = bl.c0; c < bl.c1; ++c) {
       const std::size_t g = static_cast<std::size_t>(c);
-      // As grad_stats forms them, channel by channel in b order.
-      double mg = 0.0, mgx = 0.0, dw = 0.0, db = 0.0;
-      for (Index b = 0; b < p.B; ++b) {
-        const Index s = b * p.C + c;
-        const double sdy = st.sdy[s];
-        const double sdyxh =
-            p.valid(b) == 0 ? 0.0 : segment_sdyxh(r.rstd[g], st.sdyd[s], st.mean[s], r.m.mean[g], sdy);
-        const double wc = w ? static_cast<double>(w[c]) : 1.0;
-        mg += wc * sdy;
-        mgx += wc * sdyxh;
-        dw += sdyxh;
-        db += sdy;
-      }
-      r.mg[g] = r.m.count[g] > 0 ? mg / r.m.count[g] : 0.0;
-      r.mgx[g] = r.m.count[g] > 0 ? mgx / r.m.count[g] : 0.0;
-      r.dweight[g] = dw;
-      r.dbias[g] = db;
+      const GroupMoments gm = combine_group(p, c, st);
+      store(r.m, c, gm);
+      r.rstd[g] = group_rstd(gm.count, gm.var, eps);
+      const GroupGrads gg = group_grads(p, c, st, gm, r.rstd[g], w, [&](Index, Index, Index s, double sdyxh) {
+        r.dweight[g] += sdyxh;
+        r.dbias[g] += st.sdy[s];
+      });
+      r.mg[g] = gg.mg;
+      r.mgx[g] = gg.mgx;
       // The elementwise pass over the channel's segments, its inputs in cache.
-      const kernels::InputGradConsts t = input_grad_consts(r.m.mean[g], r.rstd[g], w, c, r.mg[g], r.mgx[g]);
+      const kernels::InputGradConsts t = input_grad_consts(gm.mean, r.rstd[g], w, c, gg.mg, gg.mgx);
       for (Index b = 0; b < p.B; ++b) {
         float* dxs = dxb + seg_offset(dxo, p, b, c);
         if (const Index n = p.valid(b))
@@ -688,12 +715,11 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
 
 namespace {
 
-// Runs f(g, b, c0, scratch) for every group of a per-sample grouping (group g = batch item b, channels
-// c0 .. c0 + segs_per_group − 1); tasks are fixed chunks of groups (shape only).
+// Runs f(g, b, c0, spg, scratch) for every group of a per-sample grouping (group g = batch item b,
+// channels c0 .. c0 + spg − 1, spg = segments_per_group); tasks are fixed chunks of groups (shape only).
 template <typename F>
 void for_groups(const Plan& p, int buffers, bool need_scratch, F&& f, bool stream) {
-  const Index per_batch = p.grouping == Grouping::kInstance ? p.C : p.G;
-  const Index spg = p.grouping == Grouping::kInstance ? 1 : p.cpg;
+  const Index spg = segments_per_group(p), per_batch = p.C / spg;
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / (p.S * spg));
   const Index tasks = (p.groups + per_task - 1) / per_task;
   parallel::parallel_for(tasks, [&](Index t) {
@@ -705,27 +731,18 @@ void for_groups(const Plan& p, int buffers, bool need_scratch, F&& f, bool strea
   });
 }
 
-// The group's moments from its segments' sums, exactly as group_counts and combine_moments form them
-// (the same operations in the same order, so the same bits).
-void combine_group(const Plan& p, Index b, Index c0, Index spg, const std::vector<double>& sum,
-                   const std::vector<double>& mean_s, const std::vector<double>& m2, double& count,
-                   double& mean, double& var) {
-  const double ns = static_cast<double>(p.valid(b));
-  count = 0;
-  mean = 0;
+// The statistics of the group's segments (batch item b, channels c0 .. c0 + spg − 1) into st, dy null in
+// a forward; zeros for empty segments.
+void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand& xo, const Operand* dyo,
+                 Index b, Index c0, Index spg, const SegmentArrays& st, float* scratch) {
+  const Index n = p.valid(b);
   for (Index c = c0; c < c0 + spg; ++c) {
-    count += ns;
-    mean += sum[static_cast<std::size_t>(b * p.C + c)];
+    kernels::SegmentStats t;
+    if (n)
+      k.segment_stats(&t, seg_in(xo, p, b, c, scratch), dyo ? seg_in(*dyo, p, b, c, scratch + p.S) : nullptr,
+                      n, kernels::StatsPrefetch{});
+    st.put(b * p.C + c, t);
   }
-  mean = count > 0 ? mean / count : 0.0;
-  var = 0;
-  if (ns != 0)
-    for (Index c = c0; c < c0 + spg; ++c) {
-      const std::size_t s = static_cast<std::size_t>(b * p.C + c);
-      const double d = mean_s[s] - mean;
-      var += m2[s] + ns * d * d;
-    }
-  var = count > 0 ? var / count : 0.0;
 }
 
 }  // namespace
@@ -735,30 +752,19 @@ Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const
   const Operand xo = operand(x, p), yo = operand(y, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
-  const std::size_t nseg = static_cast<std::size_t>(p.segments()), ng = static_cast<std::size_t>(p.groups);
-  std::vector<double> sum(nseg, 0.0), mean_s(nseg, 0.0), m2(nseg, 0.0);
-  Moments m;
-  m.count.assign(ng, 0.0);
-  m.mean.assign(ng, 0.0);
-  m.var.assign(ng, 0.0);
-  rstd.assign(ng, 0.0);
+  const SegmentArrays st = segment_workspace(p);
+  Moments m = sized_moments(p.groups);
+  rstd.assign(m.count.size(), 0.0);
   for_groups(
       p, 2, needs_gather(xo, p) || needs_gather(yo, p),
       [&](Index g, Index bi, Index c0, Index spg, float* scratch) {
-        const Index n = p.valid(bi);
+        group_stats(k, p, xo, nullptr, bi, c0, spg, st, scratch);
+        const GroupMoments gm = combine_group(p, g, st);
         const std::size_t gi = static_cast<std::size_t>(g);
-        for (Index c = c0; n && c < c0 + spg; ++c) {
-          const std::size_t s = static_cast<std::size_t>(bi * p.C + c);
-          kernels::SegmentStats st;
-          k.segment_stats(&st, seg_in(xo, p, bi, c, scratch), nullptr, n, kernels::StatsPrefetch{});
-          sum[s] = st.sum;
-          mean_s[s] = st.mean;
-          m2[s] = st.m2;
-        }
-        combine_group(p, bi, c0, spg, sum, mean_s, m2, m.count[gi], m.mean[gi], m.var[gi]);
-        rstd[gi] = m.count[gi] > 0 ? 1.0 / std::sqrt(m.var[gi] + eps) : 0.0;
+        store(m, g, gm);
+        rstd[gi] = group_rstd(gm.count, gm.var, eps);
         for (Index c = c0; c < c0 + spg; ++c)
-          normalize_seg(k, p, yo, xo, bi, c, m.mean[gi], rstd[gi], w, b, scratch, stream);
+          normalize_seg(k, p, yo, xo, bi, c, gm.mean, rstd[gi], w, b, scratch, stream);
       },
       stream);
   return m;
@@ -771,40 +777,20 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
   const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
   const bool stream = stream_output(p);
   const std::size_t nseg = static_cast<std::size_t>(p.segments());
-  std::vector<double> sum(nseg, 0.0), mean_s(nseg, 0.0), m2(nseg, 0.0), sdyd(nseg, 0.0);
   sdy.assign(nseg, 0.0);
   sdyxh.assign(nseg, 0.0);
+  SegmentArrays st = segment_workspace(p);
+  st.sdy = sdy.data();  // the segments' Σdy go straight to the caller
   for_groups(
       p, 3, gather,
-      [&](Index, Index b, Index c0, Index spg, float* scratch) {
-        const Index n = p.valid(b);
-        for (Index c = c0; n && c < c0 + spg; ++c) {
-          const std::size_t s = static_cast<std::size_t>(b * p.C + c);
-          kernels::SegmentStats st;
-          k.segment_stats(&st, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n,
-                          kernels::StatsPrefetch{});
-          sum[s] = st.sum;
-          mean_s[s] = st.mean;
-          m2[s] = st.m2;
-          sdy[s] = st.sdy;
-          sdyd[s] = st.sdyd;
-        }
-        // As grad_stats forms them, in the same order.
-        double count, mean, var;
-        combine_group(p, b, c0, spg, sum, mean_s, m2, count, mean, var);
-        const double rstd = count > 0 ? 1.0 / std::sqrt(var + eps) : 0.0;
-        double mg = 0, mgx = 0;
-        for (Index c = c0; c < c0 + spg; ++c) {
-          const std::size_t s = static_cast<std::size_t>(b * p.C + c);
-          if (n) sdyxh[s] = segment_sdyxh(rstd, sdyd[s], mean_s[s], mean, sdy[s]);
-          const double wc = w ? static_cast<double>(w[c]) : 1.0;
-          mg += wc * sdy[s];
-          mgx += wc * sdyxh[s];
-        }
-        mg = count > 0 ? mg / count : 0.0;
-        mgx = count > 0 ? mgx / count : 0.0;
+      [&](Index g, Index b, Index c0, Index spg, float* scratch) {
+        group_stats(k, p, xo, &dyo, b, c0, spg, st, scratch);
+        const GroupMoments gm = combine_group(p, g, st);
+        const double rstd = group_rstd(gm.count, gm.var, eps);
+        const GroupGrads gg =
+            group_grads(p, g, st, gm, rstd, w, [&](Index, Index, Index s, double v) { sdyxh[s] = v; });
         for (Index c = c0; c < c0 + spg; ++c)
-          input_grad_seg(k, p, dxo, dyo, xo, b, c, mean, rstd, w, mg, mgx, scratch, stream);
+          input_grad_seg(k, p, dxo, dyo, xo, b, c, gm.mean, rstd, w, gg.mg, gg.mgx, scratch, stream);
       },
       stream);
 }

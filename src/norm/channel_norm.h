@@ -27,6 +27,7 @@
 #include <normlab/norm.h>
 #include <normlab/tensor.h>
 
+#include <cmath>
 #include <initializer_list>
 #include <span>
 #include <vector>
@@ -178,7 +179,11 @@ void check_full_output(View out, ConstView x, ConstView other, const char* name,
 // Checks an optional output of shape `expect` (shape, writable, no overlap with x / other).
 void check_part_output(View out, const Dims& expect, ConstView x, ConstView other, const char* name,
                        const char* op);
-// rstd per group, 1/√(var + eps); empty groups (n = 0) get 0 (their elements are all padding).
+// A group's rstd, 1/√(var + eps); an empty group (count 0) gets 0 (its elements are all padding).
+inline double group_rstd(double count, double var, double eps) {
+  return count > 0 ? 1.0 / std::sqrt(var + eps) : 0.0;
+}
+// rstd per group (group_rstd).
 std::vector<double> rstd_of(const Moments& m, double eps);
 // BatchNorm's option checks: eps (check_eps) and momentum in [0, 1] when given.
 void check_bn_options(const BatchNormOptions& opt, const char* op);

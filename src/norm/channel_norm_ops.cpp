@@ -144,7 +144,7 @@ namespace chnorm {
 
 std::vector<double> rstd_of(const Moments& m, double eps) {
   std::vector<double> r(m.var.size());
-  for (std::size_t g = 0; g < r.size(); ++g) r[g] = m.count[g] > 0 ? 1.0 / std::sqrt(m.var[g] + eps) : 0.0;
+  for (std::size_t g = 0; g < r.size(); ++g) r[g] = group_rstd(m.count[g], m.var[g], eps);
   return r;
 }
 

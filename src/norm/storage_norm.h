@@ -22,9 +22,10 @@
 // strides when it is not contiguous), x − mean is recovered from y into another (recover_centered,
 // convert_kernels.h), and the fused fp32 row kernel runs on it with saved statistics (mean 0, the
 // forward's rstd): dx and dγ/dβ are then the standard backward's arithmetic on the recovered x − mean. dx
-// is narrowed once into the storage type. dγ/dβ there: one double partial row per fixed chunk of groups,
-// the chunks summed in chunk order. Units: runs of up to kUnitElems elements of consecutive groups when
-// the layout is flat, else one group at a time.
+// is narrowed once into the storage type. dγ/dβ there: one double partial row per chunk of groups (the
+// fused kernel's chunks, fused_row_chunks), the chunks summed in chunk order. Units: runs of whole row
+// groups of the fused backward, up to kUnitElems elements, when the layout is flat, else one group at a
+// time.
 //
 // Units and tasks only change the schedule, never the arithmetic: the same bits for any thread count and
 // SIMD target.
@@ -226,11 +227,18 @@ void store(const Operand<T>& o, Where w, Index len, const Dims& n_shape, const f
   }
 }
 
-// Runs unit(g0, g1, flat) over the groups of one task [t0, t1): runs of consecutive groups of at most
-// kUnitElems elements when every operand is flat, else one group at a time.
+// Runs unit(g0, g1) over the groups of one task [t0, t1): runs of unit_groups consecutive groups (the
+// last one shorter).
+// Groups per unit: as many whole row groups of the fused backward (kernels::kParamGradRowGroup) as fit in
+// kUnitElems elements, at least one, when the layout is flat; else one group. With chunks of whole row
+// groups (fused_row_chunks) every call then starts a row group where the chunk's own grouping does.
+inline Index unit_groups(Index n, bool flat) {
+  constexpr Index rg = kernels::kParamGradRowGroup;
+  return flat ? std::max<Index>(rg, kUnitElems / n / rg * rg) : 1;
+}
 template <typename Unit>
 void for_units(Index t0, Index t1, Index n, bool flat, Unit&& unit) {
-  const Index per = flat ? std::max<Index>(1, kUnitElems / n) : 1;
+  const Index per = unit_groups(n, flat);
   for (Index g = t0; g < t1; g += per) unit(g, std::min(t1, g + per));
 }
 
@@ -517,9 +525,12 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   // rounded once at the store; with ds, dx = dnorm + ds added in float before that rounding,
   // RowsBackwardOf::ds), in row_norm_backward's chunks, each chunk's first row group assigning its partial
   // rows: dx, dγ, dβ the same arithmetic as the fp32 function on the widened inputs.
+  // Both routes: row_norm_backward's chunks, each chunk's first call assigning its partial rows (init), so
+  // the buffer is reused unzeroed.
   const bool direct = flat && !from_output;
-  const plan::Chunks ch = direct ? fused_row_chunks(s.groups, s.n) : plan::param_grad_chunks(s.groups, s.n);
-  const plan::PartialRows part(ch.count, s.n, dw.defined, db.defined);
+  const plan::Chunks ch = fused_row_chunks(s.groups, s.n);
+  thread_local std::vector<double> partials;
+  const plan::PartialRows part(partials, ch.count, s.n, dw.defined, db.defined);
   if (direct) {
     kernels::RowsBackwardOf<T> args;
     args.n = s.n;
@@ -547,7 +558,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   }
   // The memory-efficient backward (the only user of this route), unit by unit: x − mean of every group
   // recovered from y into a scratch row, then the fused row kernel with saved statistics (mean 0 around the
-  // recovered values, the forward's rstd) on it, adding into the chunk's zeroed partial rows.
+  // recovered values, the forward's rstd) on it, the chunk's first unit assigning its partial rows.
   std::vector<double> inv_w;  // 1/γ in double, once per call
   if (!direct && wp) {
     inv_w.resize(static_cast<std::size_t>(s.n));
@@ -555,7 +566,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   }
   if (!direct) parallel::parallel_for(ch.count, [&](Index c) {
     const Index t0 = c * ch.size, t1 = std::min(s.groups, t0 + ch.size);
-    Scratch& sc = Scratch::get(flat ? std::min((t1 - t0) * s.n, std::max(kUnitElems, s.n)) : s.n);
+    Scratch& sc = Scratch::get(std::min(t1 - t0, unit_groups(s.n, flat)) * s.n);
     thread_local std::vector<double> unit_stats;  // per unit: the rows' mean (0), then their rstd
     kernels::RowsBackward a;
     a.n = s.n;
@@ -587,6 +598,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
       a.stream = stream && out != sc.f[2];
       a.smean = unit_stats.data();
       a.srstd = srstd;
+      a.init = g0 == t0;
       k.rows_backward(a);
       store(dxo, wdx, len, s.n_shape, out, sc.h, stream, cv);
     });

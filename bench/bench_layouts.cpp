@@ -18,8 +18,14 @@
 //                        normlab recomputes them from x, as its contract says
 //   BM_LayerNorm{Fwd,Bwd}/normlab/32000x80                the BFT problem's bytes as contiguous rows over
 //                        the last axis: what the strided path is measured against (normlab only)
-//   BM_Copy/copy/{64x256x400,32000x80}, BM_CopyStream/...  the copy roofline at those shapes (the BFT
-//                        shape's copies are in bench_norm.cpp)
+//   BM_LayerNorm{Fwd,Bwd}Permuted/{normlab,aten}/32x1024x1024  over C of a [B, T, C] view of [T, B, C]
+//                        memory (sequence-first activations seen batch-first; the backward recomputing
+//                        in normlab, from one forward's mean/rstd in ATen). ATen's
+//                        native_layer_norm(_backward) on the permuted tensor makes its contiguous copy itself
+//                        and returns contiguous [B, T, C] (permuted back for the self-check, untimed)
+//   BM_LayerNorm{Fwd,Bwd}/normlab/32768x1024              that memory as the contiguous rows it is
+//   BM_Copy/copy/{64x256x400,32000x80,32768x1024}, BM_CopyStream/...  the copy roofline at those shapes
+//                        (the BFT shape's copies are in bench_norm.cpp)
 // Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).
 // Threads: whatever main set (NORMLAB_BENCH_THREADS) for normlab, ATen, oneDNN and the copies.
 // Before timing, each peer's output is compared once with normlab's on the benchmark's own shape; a peer
@@ -66,7 +72,8 @@ struct Shape {
     for (Index d : dims) n *= d;
     return n;
   }
-  Index channels() const { return dims[1]; }  // F of [B,F,T], C of [N,C,T]
+  int channel_dim = 1;  // the axis of γ, β: F of [B,F,T], C of [N,C,T]; C of the permuted [B,T,C]
+  Index channels() const { return dims[static_cast<std::size_t>(channel_dim)]; }
 };
 
 struct Data {
@@ -98,6 +105,10 @@ Data& GetData(const Shape& s) {
 const Shape kBft{"32x80x1000", {32, 80, 1000}};
 const Shape kRows{"32000x80", {32000, 80}};  // the BFT problem's bytes as contiguous rows over the last axis
 const Shape kBn{"64x256x400", {64, 256, 400}};
+// A [B, T, C] view of [T, B, C] memory (sequence-first activations seen batch-first), over C; its memory
+// holds T·B rows of C, and kPermRows is that memory as the contiguous rows it is.
+const Shape kPerm{"32x1024x1024", {32, 1024, 1024}, 2};
+const Shape kPermRows{"32768x1024", {32768, 1024}};
 
 // ---- implementations: Run() is timed; Result() gives the main output and (backward) dγ, dβ ----------
 
@@ -162,7 +173,17 @@ memory::desc BftDesc(const Shape& s) {
   return memory::desc({B, T, F}, memory::data_type::f32, memory::dims{F * T, 1, T});
 }
 
-enum class Bench { kLnBwdBft, kLnBwdBftSaved, kRmsFwdBft, kBnFwd, kBnBwd, kLnFwdRows, kLnBwdRows };
+enum class Bench {
+  kLnBwdBft,
+  kLnBwdBftSaved,
+  kRmsFwdBft,
+  kBnFwd,
+  kBnBwd,
+  kLnFwdRows,
+  kLnBwdRows,
+  kLnFwdPerm,
+  kLnBwdPerm
+};
 
 std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
   Data& d = GetData(s);
@@ -193,6 +214,67 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
         },
         [&d, st] {
           return Result{d.dx.get(), st->a.data(), st->b.data()};
+        });
+  }
+  if (b == Bench::kLnFwdPerm || b == Bench::kLnBwdPerm) {
+    // x, y, dy, dx hold [T, B, C] memory; the problem is its [B, T, C] view. Results compared in memory
+    // order (ATen's outputs, contiguous [B, T, C], are permuted back outside the timed call).
+    const Index B = s.dims[0], T = s.dims[1];
+    const std::vector<Index> mem{T, B, C};
+    const bool fwd = b == Bench::kLnFwdPerm;
+    if (impl == "normlab") {
+      st->a.resize(static_cast<std::size_t>(fwd ? B * T : C));
+      st->b.resize(static_cast<std::size_t>(fwd ? B * T : C));
+      const auto view = [mem](float* p) { return normlab::View(p, D(mem)).permute({1, 0, 2}); };
+      const auto cview = [mem](const float* p) { return normlab::ConstView(p, D(mem)).permute({1, 0, 2}); };
+      if (fwd)
+        return std::make_unique<Lambda>(
+            [&d, st, B, T, C, view, cview] {
+              normlab::layer_norm_forward(view(d.y.get()), normlab::View(st->a.data(), D({B, T})),
+                                          normlab::View(st->b.data(), D({B, T})), cview(d.x.get()),
+                                          normlab::ConstView(d.gamma.get(), D({C})),
+                                          normlab::ConstView(d.beta.get(), D({C})), {2}, kEps);
+            },
+            [&d] { return Result{d.y.get()}; });
+      return std::make_unique<Lambda>(
+          [&d, st, C, view, cview] {
+            normlab::layer_norm_backward(
+                view(d.dx.get()), normlab::View(st->a.data(), D({C})), normlab::View(st->b.data(), D({C})),
+                cview(d.dy.get()), cview(d.x.get()), normlab::ConstView(d.gamma.get(), D({C})), {2}, kEps);
+          },
+          [&d, st] {
+            return Result{d.dx.get(), st->a.data(), st->b.data()};
+          });
+    }
+    // ATen: native_layer_norm on the permuted tensor (it makes the contiguous copy itself); the backward
+    // takes mean and rstd of one forward made here.
+    st->t0 = Wrap(d.x.get(), mem).permute({1, 0, 2});
+    st->t1 = Wrap(d.dy.get(), mem).permute({1, 0, 2});
+    st->t2 = Wrap(d.gamma.get(), cs);
+    st->t3 = Wrap(d.beta.get(), cs);
+    if (fwd)
+      return std::make_unique<Lambda>(
+          [st, C] {
+            st->out = at::native_layer_norm(st->t0, {C}, st->t2, st->t3, kEps);
+            benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
+          },
+          [st] {
+            st->t6 = std::get<0>(st->out).permute({1, 0, 2}).contiguous();
+            return Result{st->t6.data_ptr<float>()};
+          });
+    auto f = at::native_layer_norm(st->t0, {C}, st->t2, st->t3, kEps);
+    st->t4 = std::get<1>(f);
+    st->t5 = std::get<2>(f);
+    return std::make_unique<Lambda>(
+        [st, C] {
+          st->out = at::native_layer_norm_backward(st->t1, st->t0, {C}, st->t4, st->t5, st->t2, st->t3,
+                                                   {true, true, true});
+          benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
+        },
+        [st] {
+          st->t6 = std::get<0>(st->out).permute({1, 0, 2}).contiguous();
+          return Result{st->t6.data_ptr<float>(), std::get<1>(st->out).data_ptr<float>(),
+                        std::get<2>(st->out).data_ptr<float>()};
         });
   }
   if (b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved) {
@@ -445,7 +527,8 @@ Copy3 Snapshot(Impl& impl, const Shape& s, bool grads) {
 }
 
 bool IsBackward(Bench b) {
-  return b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved || b == Bench::kBnBwd || b == Bench::kLnBwdRows;
+  return b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved || b == Bench::kBnBwd ||
+         b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm;
 }
 
 // The bytes the ideal kernel moves: forward x, y; backward x, dy, dx.
@@ -525,6 +608,19 @@ const bool kRegistered = [] {
   for (const char* impl : {"normlab", "aten", "onednn"})
     Register(std::string("BM_BatchNormBwd/") + impl + "/" + kBn.name,
              [impl](benchmark::State& st) { Run(st, Bench::kBnBwd, impl, kBn); });
+  for (const char* impl : {"normlab", "aten"}) {
+    Register(std::string("BM_LayerNormFwdPermuted/") + impl + "/" + kPerm.name,
+             [impl](benchmark::State& st) { Run(st, Bench::kLnFwdPerm, impl, kPerm); });
+    Register(std::string("BM_LayerNormBwdPermuted/") + impl + "/" + kPerm.name,
+             [impl](benchmark::State& st) { Run(st, Bench::kLnBwdPerm, impl, kPerm); });
+  }
+  Register("BM_Copy/copy/" + kPermRows.name, [](benchmark::State& st) { RunCopy(st, false, kPermRows); });
+  Register("BM_CopyStream/copy/" + kPermRows.name,
+           [](benchmark::State& st) { RunCopy(st, true, kPermRows); });
+  Register("BM_LayerNormFwd/normlab/" + kPermRows.name,
+           [](benchmark::State& st) { Run(st, Bench::kLnFwdRows, "normlab", kPermRows); });
+  Register("BM_LayerNormBwd/normlab/" + kPermRows.name,
+           [](benchmark::State& st) { Run(st, Bench::kLnBwdRows, "normlab", kPermRows); });
   return true;
 }();
 

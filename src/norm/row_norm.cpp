@@ -9,18 +9,18 @@
 //             double mean and rstd, the same values); g = dy·γ, x̂ = d·rstd;
 //             dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) in float; dγ = Σ_groups dy·x̂; dβ = Σ_groups dy in
 //             double. (RMSNorm: dx = rstd·(g − x̂·mean(g·x̂)).)
-// Contiguous rows at a fixed stride (the common case) go to the fused kernels (RowKernels::rows_forward,
-// rows_backward) a block of rows per call; any other layout gathers each group into a contiguous row,
-// runs the same kernels on it, and scatters the result.
+// Contiguous rows go to the fused kernels (RowKernels::rows_forward, rows_backward) a block of rows per
+// call: all at one stride (the common case), or, when the kept axes do not collapse, in runs of rows at
+// one stride (Runs below); groups whose elements are not consecutive floats are gathered into a
+// contiguous row one at a time, and the result scattered.
 // Parallelism: groups are independent (any schedule gives the same bits). dγ/dβ are reduced per fixed
-// chunk of groups (row_chunks or plan::param_grad_chunks, functions of the shape only) and the chunk
-// partials are then summed in chunk order, in parallel over columns.
+// chunk of groups (row_chunks, a function of the shape only) and the chunk partials are then summed in
+// chunk order, in parallel over columns.
 #include "norm/row_norm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
-#include <optional>
 #include <vector>
 
 #include "norm/column_norm.h"
@@ -53,9 +53,10 @@ GroupOutput group_output(const plan::FullOperand& op, Index koff, float* scratch
 // cache anyway (same values either way).
 constexpr Index kStreamMinBytes = Index{16} << 20;
 
-// True when group g of an operand starts at g·ld for every g (the kept axes collapse to one stride);
-// size-1 axes are ignored, and a single group gives ld = 0.
-bool linear_groups(const Dims& k_shape, const Dims& k_strides, Index* ld) {
+// The trailing kept axes (size-1 axes ignored) along which this operand's groups lie at one fixed stride:
+// returns how many consecutive groups they span (1 when there is no such axis, all of them when every kept
+// axis collapses), and in *ld the stride between consecutive groups there (0 for a single group).
+Index collapsed_run(const Dims& k_shape, const Dims& k_strides, Index* ld) {
   *ld = 0;
   Index span = 0;  // groups covered by the axes seen so far (0: none yet)
   for (int d = k_shape.size() - 1; d >= 0; --d) {
@@ -64,11 +65,104 @@ bool linear_groups(const Dims& k_shape, const Dims& k_strides, Index* ld) {
       *ld = k_strides[d];
       span = k_shape[d];
     } else {
-      if (k_strides[d] != *ld * span) return false;
+      if (k_strides[d] != *ld * span) break;
       span *= k_shape[d];
     }
   }
-  return true;
+  return std::max<Index>(span, 1);
+}
+
+// True when group g of an operand starts at g·ld for every g (the kept axes collapse to one stride);
+// size-1 axes are ignored, and a single group gives ld = 0.
+bool linear_groups(const Dims& k_shape, const Dims& k_strides, Index* ld) {
+  Index groups = 1;
+  for (Index e : k_shape) groups *= e;
+  return collapsed_run(k_shape, k_strides, ld) == groups;
+}
+
+// How the paths for layouts other than linear rows visit the groups: in an order h = 0 .. groups − 1 cut
+// into runs of `len` consecutive groups that lie at one stride in every operand, a run per kernel call.
+// The order is the groups' own (row-major over the kept axes) unless x's kept axis of smallest stride is
+// not its last one; then that axis goes innermost, the others keep their order. The runs are the trailing
+// axes of that order that collapse to one stride in every operand. (The rows of a [B, T, C] view of
+// [T, B, C] memory: visited t by t, b by b, which is their order in memory, one run of every group; in the
+// groups' own order they would be runs of T rows B·C floats apart.) Groups whose elements are not
+// consecutive floats are gathered: runs of one.
+struct Runs {
+  Index len = 1;
+  bool reordered = false;      // the visiting order is not the groups' own
+  Dims vshape;                 // the kept axes' sizes in visiting order (outermost first)
+  std::vector<int> order;      // the kept axis at each visiting position
+  std::vector<Index> gstride;  // the group-number stride of the axis at each visiting position
+
+  // The group number of the h-th group visited.
+  Index group(Index h) const {
+    if (!reordered) return h;
+    Index g = 0;
+    for (int d = static_cast<int>(vshape.size()) - 1; d >= 0; --d) {
+      g += (h % vshape[d]) * gstride[static_cast<std::size_t>(d)];
+      h /= vshape[d];
+    }
+    return g;
+  }
+  // An operand's kept strides in visiting order.
+  Dims visiting(const Dims& k_strides) const {
+    Dims v = vshape;
+    for (std::size_t d = 0; d < order.size(); ++d) v[d] = k_strides[order[d]];
+    return v;
+  }
+  // The element stride between consecutive groups of a run in an operand with these kept strides.
+  Index step(const Dims& k_strides) const {
+    Index ld = 0;
+    collapsed_run(vshape, visiting(k_strides), &ld);
+    return ld;
+  }
+};
+
+// The runs for operands with these kept strides (x's first); runs of one when `gathered`.
+Runs make_runs(const Dims& k_shape, const std::vector<const Dims*>& strides, bool gathered) {
+  const int rank = static_cast<int>(k_shape.size());
+  std::vector<Index> gs(static_cast<std::size_t>(rank), 1);
+  Index groups = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    gs[static_cast<std::size_t>(d)] = groups;
+    groups *= k_shape[d];
+  }
+  const Dims& xs = *strides.front();
+  int last = -1, smallest = -1;
+  for (int d = 0; d < rank; ++d) {
+    if (k_shape[d] == 1) continue;
+    last = d;
+    if (smallest < 0 || std::abs(xs[d]) <= std::abs(xs[smallest])) smallest = d;
+  }
+  Runs r;
+  r.reordered = !gathered && smallest != last;
+  for (int d = 0; d < rank; ++d)
+    if (!r.reordered || d != smallest) r.order.push_back(d);
+  if (r.reordered) r.order.push_back(smallest);
+  r.vshape = k_shape;
+  for (std::size_t d = 0; d < r.order.size(); ++d) {
+    r.vshape[d] = k_shape[r.order[d]];
+    r.gstride.push_back(gs[static_cast<std::size_t>(r.order[d])]);
+  }
+  if (gathered) return r;
+  r.len = groups;
+  for (const Dims* st : strides) {
+    Index ld = 0;
+    r.len = std::min(r.len, collapsed_run(r.vshape, r.visiting(*st), &ld));
+  }
+  return r;
+}
+
+// Calls f(h0, h1) for the runs of consecutive groups in [t0, t1) of the visiting order that lie within
+// one run of `len` (h0 / len == (h1 − 1) / len).
+template <typename F>
+void for_runs(Index t0, Index t1, Index len, F&& f) {
+  for (Index h = t0; h < t1;) {
+    const Index e = std::min(t1, (h / len + 1) * len);
+    f(h, e);
+    h = e;
+  }
 }
 
 // Chunks of contiguous rows for the fused backward (a function of the shape only): at most 64 chunks
@@ -210,26 +304,50 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
     return;
   }
 
-  args.stream = false;
-  args.rows = 1;
+  // Any other layout: the groups in runs at one stride in every operand (Runs), a run per call; groups
+  // whose elements are not consecutive floats one at a time, gathered (y scattered).
+  std::vector<const Dims*> strides{&xo.k_strides, &yo.k_strides};
+  if (pm.defined) strides.push_back(&pm.strides);
+  if (pr.defined) strides.push_back(&pr.strides);
+  Runs runs = make_runs(s.k_shape, strides, scratch_needed);
+  if (pm.defined && pr.defined && runs.step(pm.strides) != runs.step(pr.strides))
+    runs = make_runs(s.k_shape, strides, true);  // the kernel takes one stride for mean and rstd
+  if (scratch_needed) args.stream = false;
+  const Index lx = runs.step(xo.k_strides), ly = runs.step(yo.k_strides);
+  const Index lstats = pm.defined ? runs.step(pm.strides) : pr.defined ? runs.step(pr.strides) : 0;
   parallel::parallel_for(tasks, [&](Index t) {
     std::vector<float> xs(scratch_needed ? static_cast<std::size_t>(s.n) : 0);
     std::vector<float> ys(scratch_needed ? static_cast<std::size_t>(s.n) : 0);
-    const Index g_end = std::min(s.groups, (t + 1) * per_task);
-    for (Index g = t * per_task; g < g_end; ++g) {
+    // NormStats' double statistics of a run in visiting order, when that is not the groups' order.
+    const Index most = std::min(runs.len, per_task);
+    std::vector<double> saved(runs.reordered && (smean || srstd) ? static_cast<std::size_t>(2 * most) : 0);
+    for_runs(t * per_task, std::min(s.groups, (t + 1) * per_task), runs.len, [&](Index h0, Index h1) {
+      const Index g0 = runs.group(h0);
       kernels::RowsForward a = args;
-      a.x = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());
-      const GroupOutput yr = group_output(yo, plan::group_offset(g, s.k_shape, yo.k_strides), ys.data());
+      a.rows = h1 - h0;
+      a.x = group_input(xo, plan::group_offset(g0, s.k_shape, xo.k_strides), s, xs.data());
+      a.ldx = lx;
+      const Index yoff = plan::group_offset(g0, s.k_shape, yo.k_strides);
+      const GroupOutput yr = group_output(yo, yoff, ys.data());
       a.y = yr.ptr;
-      if (pm.defined) a.mean = reinterpret_cast<float*>(pm.base) + plan::group_offset(g, s.k_shape, pm.strides);
-      if (pr.defined) a.rstd = reinterpret_cast<float*>(pr.base) + plan::group_offset(g, s.k_shape, pr.strides);
-      if (smean) a.smean = smean + g;
-      if (srstd) a.srstd = srstd + g;
+      a.ldy = ly;
+      a.ld_stats = lstats;
+      if (pm.defined)
+        a.mean = reinterpret_cast<float*>(pm.base) + plan::group_offset(g0, s.k_shape, pm.strides);
+      if (pr.defined)
+        a.rstd = reinterpret_cast<float*>(pr.base) + plan::group_offset(g0, s.k_shape, pr.strides);
+      const bool via = !saved.empty();
+      if (smean) a.smean = via ? saved.data() : smean + g0;
+      if (srstd) a.srstd = via ? saved.data() + most : srstd + g0;
       k.rows_forward(a);
+      for (Index r = 0; via && r < a.rows; ++r) {
+        const Index g = runs.group(h0 + r);
+        if (smean) smean[g] = saved[static_cast<std::size_t>(r)];
+        if (srstd) srstd[g] = saved[static_cast<std::size_t>(most + r)];
+      }
       if (yr.needs_scatter)
-        plan::scatter(reinterpret_cast<float*>(yo.base) + plan::group_offset(g, s.k_shape, yo.k_strides), yr.ptr,
-                      s.n_shape, yo.n_strides);
-    }
+        plan::scatter(reinterpret_cast<float*>(yo.base) + yoff, yr.ptr, s.n_shape, yo.n_strides);
+    });
   });
 }
 
@@ -280,73 +398,68 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   const bool param_grads = dw.defined || db.defined;
   const std::size_t nn = static_cast<std::size_t>(s.n);
 
-  Index ldx = 0, lddy = 0, lddx = 0;
-  const bool rows_path = xo.n_contiguous && dyo.n_contiguous && dxo.n_contiguous &&
-                         linear_groups(s.k_shape, xo.k_strides, &ldx) && linear_groups(s.k_shape, dyo.k_strides, &lddy) &&
-                         linear_groups(s.k_shape, dxo.k_strides, &lddx);
   kernels::RowsBackward args;
   args.n = s.n;
   args.w = wp;
   args.eps = eps;
   args.center = kind.center;
 
-  // Chunks of groups: each owns one partial row of dγ and dβ (double) when they are wanted. The
-  // partials of chunk c are part->dw_row(c) and db_row(c) (plan::PartialRows: 64-byte aligned rows).
-  plan::Chunks ch;
-  std::optional<plan::PartialRows> part;
-  if (rows_path) {
-    ch = row_chunks(s.groups, s.n);
-    args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
-    // Every chunk's first row group assigns its partial rows (init), so the buffer is reused unzeroed.
-    thread_local std::vector<double> partials;
-    part.emplace(partials, ch.count, s.n, dw.defined, db.defined);
-    parallel::parallel_for(ch.count, [&](Index c) {
-      const Index g0 = c * ch.size;
+  // The groups in runs at one stride in x, dy and dx (Runs: every group in one run when the normalized
+  // axes are last and contiguous, the common case), a run per call; groups whose elements are not
+  // consecutive floats one at a time, gathered (dx scattered).
+  const Runs runs = make_runs(s.k_shape, {&xo.k_strides, &dyo.k_strides, &dxo.k_strides}, scratch_needed);
+  if (!scratch_needed) args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
+  const Index ldx = runs.step(xo.k_strides), lddy = runs.step(dyo.k_strides), lddx = runs.step(dxo.k_strides);
+  // Chunks of the visiting order (row_chunks, shape only): each owns one partial row of dγ and dβ (double)
+  // when they are wanted, part.dw_row(c) and db_row(c) (plan::PartialRows: 64-byte aligned rows). Every
+  // chunk's first call assigns its partial rows (init), so the buffer is reused unzeroed.
+  const plan::Chunks ch = row_chunks(s.groups, s.n);
+  thread_local std::vector<double> partials;
+  const plan::PartialRows part(partials, ch.count, s.n, dw.defined, db.defined);
+  parallel::parallel_for(ch.count, [&](Index c) {
+    std::vector<float> xs(scratch_needed ? nn : 0), dys(scratch_needed ? nn : 0),
+        dxs(scratch_needed ? nn : 0);
+    // The saved statistics of a run in visiting order, when given and that is not the groups' order.
+    const Index most = std::min(runs.len, ch.size);
+    std::vector<double> saved(runs.reordered && srstd ? static_cast<std::size_t>(2 * most) : 0);
+    const Index h_begin = c * ch.size;
+    for_runs(h_begin, std::min(s.groups, h_begin + ch.size), runs.len, [&](Index h0, Index h1) {
+      const Index g0 = runs.group(h0);
       kernels::RowsBackward a = args;
-      a.rows = std::min(s.groups, g0 + ch.size) - g0;
-      a.x = reinterpret_cast<const float*>(xo.base) + g0 * ldx;
+      a.rows = h1 - h0;
+      a.dw = part.dw_row(c);
+      a.db = part.db_row(c);
+      a.init = h0 == h_begin;
+      a.x = group_input(xo, plan::group_offset(g0, s.k_shape, xo.k_strides), s, xs.data());
       a.ldx = ldx;
-      a.dy = reinterpret_cast<const float*>(dyo.base) + g0 * lddy;
+      a.dy = group_input(dyo, plan::group_offset(g0, s.k_shape, dyo.k_strides), s, dys.data());
       a.lddy = lddy;
-      a.dx = reinterpret_cast<float*>(dxo.base) + g0 * lddx;
+      const Index dxoff = plan::group_offset(g0, s.k_shape, dxo.k_strides);
+      const GroupOutput dxr = group_output(dxo, dxoff, dxs.data());
+      a.dx = dxr.ptr;
       a.lddx = lddx;
-      a.dw = part->dw_row(c);
-      a.db = part->db_row(c);
-      a.init = true;
-      a.smean = smean ? smean + g0 : nullptr;
-      a.srstd = srstd ? srstd + g0 : nullptr;
-      k.rows_backward(a);
-    });
-  } else {
-    ch = plan::param_grad_chunks(s.groups, s.n);
-    part.emplace(ch.count, s.n, dw.defined, db.defined);
-    args.rows = 1;
-    parallel::parallel_for(ch.count, [&](Index c) {
-      std::vector<float> xs(scratch_needed ? nn : 0), dys(scratch_needed ? nn : 0), dxs(scratch_needed ? nn : 0);
-      kernels::RowsBackward a = args;
-      a.dw = part->dw_row(c);
-      a.db = part->db_row(c);
-      const Index g_end = std::min(s.groups, (c + 1) * ch.size);
-      for (Index g = c * ch.size; g < g_end; ++g) {
-        a.x = group_input(xo, plan::group_offset(g, s.k_shape, xo.k_strides), s, xs.data());
-        a.dy = group_input(dyo, plan::group_offset(g, s.k_shape, dyo.k_strides), s, dys.data());
-        const Index dxoff = plan::group_offset(g, s.k_shape, dxo.k_strides);
-        const GroupOutput dxr = group_output(dxo, dxoff, dxs.data());
-        a.dx = dxr.ptr;
-        if (srstd) {
-          a.smean = smean ? smean + g : nullptr;
-          a.srstd = srstd + g;
+      if (!saved.empty()) {
+        for (Index r = 0; r < a.rows; ++r) {
+          const Index g = runs.group(h0 + r);
+          if (smean) saved[static_cast<std::size_t>(r)] = smean[g];
+          saved[static_cast<std::size_t>(most + r)] = srstd[g];
         }
-        k.rows_backward(a);
-        if (dxr.needs_scatter) plan::scatter(reinterpret_cast<float*>(dxo.base) + dxoff, dxr.ptr, s.n_shape, dxo.n_strides);
+        a.smean = smean ? saved.data() : nullptr;
+        a.srstd = saved.data() + most;
+      } else {
+        a.smean = smean ? smean + g0 : nullptr;
+        a.srstd = srstd ? srstd + g0 : nullptr;
       }
+      k.rows_backward(a);
+      if (dxr.needs_scatter)
+        plan::scatter(reinterpret_cast<float*>(dxo.base) + dxoff, dxr.ptr, s.n_shape, dxo.n_strides);
     });
-  }
+  });
   if (!param_grads) return;
 
   // Sum the chunk partials in chunk order (per column: 0 + p_0 + p_1 + ...), round once, write or add.
-  if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, part->dw(), ch.count, mode);
-  if (db.defined) plan::write_chunk_sums(db, s.n_shape, part->db(), ch.count, mode);
+  if (dw.defined) plan::write_chunk_sums(dw, s.n_shape, part.dw(), ch.count, mode);
+  if (db.defined) plan::write_chunk_sums(db, s.n_shape, part.db(), ch.count, mode);
 }
 
 StatsOut prepare_stats(NormStats* stats, bool center, const Dims& x_shape, const plan::AxisSplit& s,

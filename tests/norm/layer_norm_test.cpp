@@ -765,6 +765,83 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheTakeTheRowGroupsWithTheSameBits) {
   }
 }
 
+// Kept axes in another order than memory's: a [B, T, C] view of [T, B, C] memory normalized over C. The
+// engine visits the groups in memory order (row_norm.cpp, Runs), so y, dx and dγ/dβ have the bits of the
+// same calls on the memory's own [T, B, C] layout; mean and rstd land in their own [B, T] layout and
+// NormStats holds the statistics by group number. With B not a multiple of four (the kernels' row groups)
+// and rows from one element to several vectors; LayerNorm and RMSNorm; 1 and 3 threads; the backward
+// recomputing the statistics and from NormStats.
+TEST(LayerNormLayouts, PermutedKeptAxesGiveTheBitsOfTheMemoryLayout) {
+  std::mt19937_64 rng(41);
+  const int saved_threads = num_threads();
+  constexpr Index T = 37, B = 6;
+  const int bt[3] = {1, 0, 2};
+  for (const Index c : {Index{1}, Index{7}, Index{80}, Index{300}}) {
+    const Tensor x = testing::random_tensor({T, B, c}, rng, 2.0, 1.0),
+                 dy = testing::random_tensor({T, B, c}, rng, 1.0, 0.0);
+    const Tensor w = testing::random_tensor({c}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({c}, rng, 1.0, 0.0);
+    const ConstView xp = x.cview().permute(bt), dyp = dy.cview().permute(bt);
+    for (const bool center : {true, false}) {
+      for (const int threads : {1, 3}) {
+        set_num_threads(threads);
+        const std::string what =
+            fmt::format("{} C={} {} threads", center ? "LayerNorm" : "RMSNorm", c, threads);
+        Tensor y0({T, B, c}), m0({T, B}), r0({T, B}), y1({T, B, c}), m1({B, T}), r1({B, T});
+        NormStats s0, s1;
+        if (center) {
+          layer_norm_forward(y0.view(), m0.view(), r0.view(), x.cview(), w.cview(), b.cview(), {2}, 1e-5,
+                             &s0);
+          layer_norm_forward(y1.view().permute(bt), m1.view(), r1.view(), xp, w.cview(), b.cview(), {2}, 1e-5,
+                             &s1);
+          EXPECT_TRUE(bitwise_equal(m1.cview(), m0.cview().permute({1, 0}), what + " mean"));
+        } else {
+          rms_norm_forward(y0.view(), r0.view(), x.cview(), w.cview(), {2}, 1e-5, &s0);
+          rms_norm_forward(y1.view().permute(bt), r1.view(), xp, w.cview(), {2}, 1e-5, &s1);
+        }
+        EXPECT_TRUE(bitwise_equal(y1.cview(), y0.cview(), what + " y"));
+        EXPECT_TRUE(bitwise_equal(r1.cview(), r0.cview().permute({1, 0}), what + " rstd"));
+        bool stats_equal = true;
+        for (Index i = 0; i < B; ++i) {
+          for (Index t = 0; t < T; ++t) {
+            const std::size_t g1 = static_cast<std::size_t>(i * T + t),
+                              g0 = static_cast<std::size_t>(t * B + i);
+            stats_equal =
+                stats_equal && s1.rstd[g1] == s0.rstd[g0] && (!center || s1.mean[g1] == s0.mean[g0]);
+          }
+        }
+        EXPECT_TRUE(stats_equal) << what << " NormStats";
+        for (const bool from_saved : {false, true}) {
+          Tensor dx0({T, B, c}), dx1({T, B, c}), dw0({c}), dw1({c}), db0({c}), db1({c});
+          if (center && from_saved) {
+            layer_norm_backward_saved(dx0.view(), dw0.view(), db0.view(), dy.cview(), x.cview(), w.cview(),
+                                      s0);
+            layer_norm_backward_saved(dx1.view().permute(bt), dw1.view(), db1.view(), dyp, xp, w.cview(), s1);
+          } else if (center) {
+            layer_norm_backward(dx0.view(), dw0.view(), db0.view(), dy.cview(), x.cview(), w.cview(), {2},
+                                1e-5);
+            layer_norm_backward(dx1.view().permute(bt), dw1.view(), db1.view(), dyp, xp, w.cview(), {2},
+                                1e-5);
+          } else if (from_saved) {
+            rms_norm_backward_saved(dx0.view(), dw0.view(), dy.cview(), x.cview(), w.cview(), s0);
+            rms_norm_backward_saved(dx1.view().permute(bt), dw1.view(), dyp, xp, w.cview(), s1);
+          } else {
+            rms_norm_backward(dx0.view(), dw0.view(), dy.cview(), x.cview(), w.cview(), {2}, 1e-5);
+            rms_norm_backward(dx1.view().permute(bt), dw1.view(), dyp, xp, w.cview(), {2}, 1e-5);
+          }
+          const std::string tag = what + (from_saved ? " from NormStats" : " recomputing");
+          EXPECT_TRUE(bitwise_equal(dx1.cview(), dx0.cview(), tag + " dx"));
+          EXPECT_TRUE(bitwise_equal(dw1.cview(), dw0.cview(), tag + " dγ"));
+          if (center) {
+            EXPECT_TRUE(bitwise_equal(db1.cview(), db0.cview(), tag + " dβ"));
+          }
+        }
+      }
+    }
+  }
+  set_num_threads(saved_threads);
+}
+
 // ---- aliasing, NaN policy -----------------------------------------------------------------------
 
 TEST(LayerNormAliasing, InPlaceEqualsOutOfPlace) {

@@ -47,6 +47,49 @@ inline double dx_scale(const BasicTensor<double>& dx, const BasicTensor<double>&
   return std::max(max_abs(dx), max_abs(rstd) * max_abs(dy) * wmax);
 }
 
+// The scales of dγ and dβ of a LayerNorm/RMSNorm over `axes` (negative counts from the end): per normalized
+// element j the sums over the groups of the magnitudes of the terms the kernels add up, Σ_g |dy·x̂| and
+// Σ_g |dy| (x̂ from the reference's double mean, rstd per group; mean empty for RMSNorm), their maxima over
+// j. docs/numerics.md bounds dγ's error by ≈ 4.75ε and dβ's by 1.5ε of these sums; when the terms cancel,
+// max|dγ| and max|dβ| are no scale.
+struct ParamGradScales {
+  double dw = 0, db = 0;
+};
+inline ParamGradScales param_grad_scales(ConstView dy, ConstView x, const BasicTensor<double>& mean,
+                                         const BasicTensor<double>& rstd, const std::vector<int>& axes) {
+  const int rank = x.rank();
+  std::vector<bool> normalized(static_cast<std::size_t>(rank), false);
+  for (int a : axes) normalized[static_cast<std::size_t>(a < 0 ? a + rank : a)] = true;
+  Index n = 1;
+  for (int d = 0; d < rank; ++d)
+    if (normalized[static_cast<std::size_t>(d)]) n *= x.size(d);
+  std::vector<double> sw(static_cast<std::size_t>(n), 0.0), sb(static_cast<std::size_t>(n), 0.0);
+  std::vector<Index> idx(static_cast<std::size_t>(rank), 0);
+  for (Index e = 0; e < x.numel(); ++e) {
+    Index g = 0, j = 0, xo = 0, dyo = 0;
+    for (int d = 0; d < rank; ++d) {
+      const Index i = idx[static_cast<std::size_t>(d)];
+      if (normalized[static_cast<std::size_t>(d)])
+        j = j * x.size(d) + i;
+      else
+        g = g * x.size(d) + i;
+      xo += i * x.stride(d);
+      dyo += i * dy.stride(d);
+    }
+    const double m = mean.numel() ? mean[g] : 0.0, dyv = dy.data()[dyo];
+    sw[static_cast<std::size_t>(j)] += std::fabs(dyv * (double{x.data()[xo]} - m) * rstd[g]);
+    sb[static_cast<std::size_t>(j)] += std::fabs(dyv);
+    for (int d = rank - 1; d >= 0 && ++idx[static_cast<std::size_t>(d)] == x.size(d); --d)
+      idx[static_cast<std::size_t>(d)] = 0;
+  }
+  ParamGradScales s;
+  for (std::size_t j = 0; j < sw.size(); ++j) {
+    s.dw = std::max(s.dw, sw[j]);
+    s.db = std::max(s.db, sb[j]);
+  }
+  return s;
+}
+
 // Compares every element of `actual` (any strided float view) with `ref` (contiguous double, same
 // shape), reporting the worst element. Returns the worst error in units of the bound.
 template <typename Ref>

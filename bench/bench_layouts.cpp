@@ -16,6 +16,9 @@
 //   BM_BatchNormBwd/{normlab,aten,onednn}/64x256x400       training backward: dx, dγ, dβ. ATen and oneDNN
 //                        take the saved mean and rstd (variance) of one forward made outside the loop;
 //                        normlab recomputes them from x, as its contract says
+//   BM_BatchNorm{Fwd,Bwd}ChannelsLast/{normlab,aten,onednn}/64x400x256  the same BatchNorm on [N, T, C]
+//                        memory, channels innermost (normlab channel_axis 2; ATen on the [N, C, T] view of
+//                        that memory; oneDNN format nwc)
 //   BM_LayerNorm{Fwd,Bwd}/normlab/32000x80                the BFT problem's bytes as contiguous rows over
 //                        the last axis: what the strided path is measured against (normlab only)
 //   BM_LayerNorm{Fwd,Bwd}Permuted/{normlab,aten}/32x1024x1024  over C of a [B, T, C] view of [T, B, C]
@@ -105,6 +108,7 @@ Data& GetData(const Shape& s) {
 const Shape kBft{"32x80x1000", {32, 80, 1000}};
 const Shape kRows{"32000x80", {32000, 80}};  // the BFT problem's bytes as contiguous rows over the last axis
 const Shape kBn{"64x256x400", {64, 256, 400}};
+const Shape kBnLast{"64x400x256", {64, 400, 256}, 2};  // the same problem with the channels innermost
 // A [B, T, C] view of [T, B, C] memory (sequence-first activations seen batch-first), over C; its memory
 // holds T·B rows of C, and kPermRows is that memory as the contiguous rows it is.
 const Shape kPerm{"32x1024x1024", {32, 1024, 1024}, 2};
@@ -148,7 +152,7 @@ class Lambda : public Impl {
 
 struct State {  // what an implementation keeps alive between calls
   std::vector<float> a, b, c, d;
-  at::Tensor t0, t1, t2, t3, t4, t5, t6, t7;
+  at::Tensor t0, t1, t2, t3, t4, t5, t6, t7, t8;
   std::tuple<at::Tensor, at::Tensor, at::Tensor> out;
   std::unordered_map<int, dnnl::memory> args;
   dnnl::primitive prim;
@@ -390,38 +394,47 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
         },
         [st] { return Result{st->t2.data_ptr<float>()}; });
   }
-  // BatchNorm, training.
+  // BatchNorm, training; [N, C, T], or [N, T, C] with the channels innermost (channel_dim 2).
   const bool fwd = b == Bench::kBnFwd;
+  const bool last = s.channel_dim == 2;
+  normlab::BatchNormOptions bn_opt;
+  bn_opt.channel_axis = s.channel_dim;
   if (impl == "normlab") {
     for (auto* v : {&st->a, &st->b, &st->c, &st->d}) v->assign(static_cast<std::size_t>(C), 0.0f);
     std::fill(st->d.begin(), st->d.end(), 1.0f);  // running_var
     if (fwd)
       return std::make_unique<Lambda>(
-          [&d, st, s, C] {
+          [&d, st, s, C, bn_opt] {
             // save_mean, save_rstd, running_mean, running_var
             normlab::batch_norm_forward(
                 normlab::View(d.y.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
                 normlab::View(st->b.data(), D({C})), normlab::View(st->c.data(), D({C})),
                 normlab::View(st->d.data(), D({C})), nullptr, normlab::ConstView(d.x.get(), D(s.dims)),
                 normlab::ConstView(d.gamma.get(), D({C})), normlab::ConstView(d.beta.get(), D({C})), {},
-                normlab::BatchNormOptions{});
+                bn_opt);
           },
           [&d] { return Result{d.y.get()}; });
     return std::make_unique<Lambda>(
-        [&d, st, s, C] {
+        [&d, st, s, C, bn_opt] {
           normlab::batch_norm_backward(
               normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
               normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
               normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), {}, {}, {},
-              normlab::BatchNormOptions{});
+              bn_opt);
         },
         [&d, st] {
           return Result{d.dx.get(), st->a.data(), st->b.data()};
         });
   }
   if (impl == "aten") {
+    // Channels innermost: ATen takes the [N, C, T] view of the [N, T, C] memory (its own layout handling);
+    // its output, for the self-check, goes back to [N, T, C] order outside the timed call.
     st->t0 = Wrap(d.x.get(), s.dims);
     st->t1 = Wrap(d.dy.get(), s.dims);
+    if (last) {
+      st->t0 = st->t0.permute({0, 2, 1});
+      st->t1 = st->t1.permute({0, 2, 1});
+    }
     st->t2 = Wrap(d.gamma.get(), cs);
     st->t3 = Wrap(d.beta.get(), cs);
     st->t4 = at::zeros({C});
@@ -429,27 +442,35 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
     auto f = at::native_batch_norm(st->t0, st->t2, st->t3, st->t4, st->t5, true, 0.1, kEps);
     st->t6 = std::get<1>(f);
     st->t7 = std::get<2>(f);
+    auto main_out = [st, last] {
+      st->t8 =
+          last ? std::get<0>(st->out).permute({0, 2, 1}).contiguous() : std::get<0>(st->out).contiguous();
+      return st->t8.data_ptr<float>();
+    };
     if (fwd)
       return std::make_unique<Lambda>(
           [st] {
             st->out = at::native_batch_norm(st->t0, st->t2, st->t3, st->t4, st->t5, true, 0.1, kEps);
             benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
           },
-          [st] { return Result{std::get<0>(st->out).data_ptr<float>()}; });
+          [main_out] { return Result{main_out()}; });
     return std::make_unique<Lambda>(
         [st] {
           st->out = at::native_batch_norm_backward(st->t1, st->t0, st->t2, st->t4, st->t5, st->t6, st->t7,
                                                    true, kEps, {true, true, true});
           benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
         },
-        [st] {
-          return Result{std::get<0>(st->out).data_ptr<float>(), std::get<1>(st->out).data_ptr<float>(),
+        [st, main_out] {
+          return Result{main_out(), std::get<1>(st->out).data_ptr<float>(),
                         std::get<2>(st->out).data_ptr<float>()};
         });
   }
-  // oneDNN batch_normalization, ncw.
+  // oneDNN batch_normalization, ncw (nwc with the channels innermost).
   dnnl::engine& e = Engine();
-  const memory::desc data(s.dims, memory::data_type::f32, memory::format_tag::ncw),
+  const memory::dims logical =
+      last ? memory::dims{s.dims[0], s.dims[2], s.dims[1]} : memory::dims(s.dims.begin(), s.dims.end());
+  const memory::desc data(logical, memory::data_type::f32,
+                          last ? memory::format_tag::nwc : memory::format_tag::ncw),
       stat({C}, memory::data_type::f32, memory::format_tag::a);
   for (auto* v : {&st->a, &st->b, &st->c, &st->d}) v->assign(static_cast<std::size_t>(C), 0.0f);
   const memory x(data, e, d.x.get()), mean(stat, e, st->a.data()), var(stat, e, st->b.data());
@@ -608,6 +629,12 @@ const bool kRegistered = [] {
   for (const char* impl : {"normlab", "aten", "onednn"})
     Register(std::string("BM_BatchNormBwd/") + impl + "/" + kBn.name,
              [impl](benchmark::State& st) { Run(st, Bench::kBnBwd, impl, kBn); });
+  for (const char* impl : {"normlab", "aten", "onednn"})
+    Register(std::string("BM_BatchNormFwdChannelsLast/") + impl + "/" + kBnLast.name,
+             [impl](benchmark::State& st) { Run(st, Bench::kBnFwd, impl, kBnLast); });
+  for (const char* impl : {"normlab", "aten", "onednn"})
+    Register(std::string("BM_BatchNormBwdChannelsLast/") + impl + "/" + kBnLast.name,
+             [impl](benchmark::State& st) { Run(st, Bench::kBnBwd, impl, kBnLast); });
   for (const char* impl : {"normlab", "aten"}) {
     Register(std::string("BM_LayerNormFwdPermuted/") + impl + "/" + kPerm.name,
              [impl](benchmark::State& st) { Run(st, Bench::kLnFwdPerm, impl, kPerm); });

@@ -234,12 +234,130 @@ void fence() {
   stream_fence();
 }
 
+// ---- channel rows (channel_kernels.h) ----------------------------------------------------------------
+
+// How many rows ahead the channel-rows kernels prefetch their inputs' lines (x, dy). With two threads
+// each sweeping half of every row the hardware prefetchers fall behind: BatchNorm's backward on
+// [64, 400, 256] channels-last took 9.8 ms at 2 threads without, 5.9 with (docs/PERFORMANCE.md,
+// twenty-ninth session); 1 thread the same either way.
+inline constexpr Index kRowsAhead = 8;
+
+// f(row r, channel i, k valid lanes) for every block of kF channels of every row, rows outer; prefetching
+// the inputs' lines of row r + kRowsAhead.
+template <typename F>
+inline void each_row_block(const ChannelRows& a, F&& f) {
+  const Index lines = (a.nc * Index{sizeof(float)} + 63) / 64;
+  for (Index r = 0; r < a.rows; ++r) {
+    if (r + kRowsAhead < a.rows) {
+      if (a.x) prefetch_lines(reinterpret_cast<std::uintptr_t>(a.x + a.xo[r + kRowsAhead]), lines);
+      if (a.dy) prefetch_lines(reinterpret_cast<std::uintptr_t>(a.dy + a.dyo[r + kRowsAhead]), lines);
+    }
+    Index i = 0;
+    for (; i + kF <= a.nc; i += kF) f(r, i, kF);
+    if (i < a.nc) f(r, i, static_cast<int>(a.nc - i));
+  }
+}
+
+void rows_sum(double* sum, const ChannelRows& a) {
+  for (Index i = 0; i < a.nc; i += kF) {
+    stored(sum + i, zerod());
+    stored(sum + i + kD, zerod());
+  }
+  // Scalar math: sum[c] += double(x[r][c]), r in order
+  each_row_block(a, [&](Index r, Index i, int k) {
+    const VF v = load_k(a.x + a.xo[r], i, k);
+    stored(sum + i, add(loadd(sum + i), cvt_lo(v)));
+    stored(sum + i + kD, add(loadd(sum + i + kD), cvt_hi(v)));
+  });
+}
+
+void rows_sqdev(double* q, const double* mean, const ChannelRows& a) {
+  for (Index i = 0; i < a.nc; i += kF) {
+    stored(q + i, zerod());
+    stored(q + i + kD, zerod());
+  }
+  // Scalar math: d = double(x[r][c]) − mean[c]; q[c] += d·d, r in order
+  each_row_block(a, [&](Index r, Index i, int k) {
+    const VF v = load_k(a.x + a.xo[r], i, k);
+    const VD d0 = sub(cvt_lo(v), loadd(mean + i)), d1 = sub(cvt_hi(v), loadd(mean + i + kD));
+    stored(q + i, add(loadd(q + i), mul(d0, d0)));
+    stored(q + i + kD, add(loadd(q + i + kD), mul(d1, d1)));
+  });
+}
+
+void rows_grads(const RowGradSums& g, const double* mean, const double* rstd, const double* w,
+                const ChannelRows& a) {
+  const bool means = g.mg != nullptr;
+  for (Index i = 0; i < a.nc; i += kF) {
+    for (double* p : {g.mg, g.mgx, g.dw, g.db}) {
+      if (!p) continue;
+      stored(p + i, zerod());
+      stored(p + i + kD, zerod());
+    }
+  }
+  const VD one = bcastd(1.0);
+  // Scalar math: sdy = double(dy[r][c]); sdyxh = rstd[c]·(0 + (double(x[r][c]) − mean[c])·sdy);
+  //   mg[c] += w[c]·sdy; mgx[c] += w[c]·sdyxh; dw[c] += sdyxh; db[c] += sdy, r in order
+  each_row_block(a, [&](Index r, Index i, int k) {
+    const VF xv = load_k(a.x + a.xo[r], i, k), dyv = load_k(a.dy + a.dyo[r], i, k);
+    for (int h = 0; h < 2; ++h) {
+      const Index j = i + h * kD;
+      const VD sdy = h ? cvt_hi(dyv) : cvt_lo(dyv);
+      const VD d = sub(h ? cvt_hi(xv) : cvt_lo(xv), loadd(mean + j));
+      const VD sdyxh = mul(loadd(rstd + j), add(zerod(), mul(d, sdy)));
+      stored(g.dw + j, add(loadd(g.dw + j), sdyxh));
+      stored(g.db + j, add(loadd(g.db + j), sdy));
+      if (means) {
+        const VD wv = w ? loadd(w + j) : one;
+        stored(g.mg + j, add(loadd(g.mg + j), mul(wv, sdy)));
+        stored(g.mgx + j, add(loadd(g.mgx + j), mul(wv, sdyxh)));
+      }
+    }
+  });
+}
+
+// out[r][i..i+k) = f(r, i, k) for every row, streamed where use_stream and the row's block is a whole
+// aligned vector, else ordinary (masked) stores: the same lane-wise values either way.
+template <typename F>
+inline void rows_elementwise(const ChannelRows& a, bool use_stream, F&& f) {
+  each_row_block(a, [&](Index r, Index i, int k) {
+    float* o = a.out + a.oo[r] + i;
+    const VF v = f(r, i, k);
+    if (k < kF)
+      store_n(o, v, k);
+    else if (use_stream && (reinterpret_cast<std::uintptr_t>(o) & 63) == 0)
+      stream(o, v);
+    else
+      store(o, v);
+  });
+}
+
+void rows_normalize(const RowNormalizeConsts& c, const ChannelRows& a, bool use_stream) {
+  // Scalar math: out[r][c] = ((x[r][c] − mh[c]) − ml[c])·s[c] + b[c], all in fp32
+  rows_elementwise(a, use_stream, [&](Index r, Index i, int k) {
+    const VF d = sub(sub(load_k(a.x + a.xo[r], i, k), load(c.mh + i)), load(c.ml + i));
+    return add(mul(d, load(c.s + i)), load(c.b + i));
+  });
+}
+
+void rows_input_grad(const RowInputGradConsts& c, const ChannelRows& a, bool use_stream) {
+  // Scalar math: out[r][c] = r[c]·((dy[r][c]·w[c] − c0[c]) − ((x[r][c] − mh[c]) − ml[c])·c2[c]), fp32
+  rows_elementwise(a, use_stream, [&](Index r, Index i, int k) {
+    const VF d = sub(sub(load_k(a.x + a.xo[r], i, k), load(c.mh + i)), load(c.ml + i));
+    const VF g = sub(mul(load_k(a.dy + a.dyo[r], i, k), load(c.w + i)), load(c.c0 + i));
+    return mul(load(c.r + i), sub(g, mul(d, load(c.c2 + i))));
+  });
+}
+
 }  // namespace
 }  // namespace chan
 
 extern const ChannelKernels kChannelTable;
-const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
-                                      vec::leave_clean<chan::normalize>, vec::leave_clean<chan::input_grad>,
-                                      vec::leave_clean<chan::fence>};
+const ChannelKernels kChannelTable = {
+    vec::leave_clean<chan::segment_stats>,  vec::leave_clean<chan::normalize>,
+    vec::leave_clean<chan::input_grad>,     vec::leave_clean<chan::fence>,
+    vec::leave_clean<chan::rows_sum>,       vec::leave_clean<chan::rows_sqdev>,
+    vec::leave_clean<chan::rows_grads>,     vec::leave_clean<chan::rows_normalize>,
+    vec::leave_clean<chan::rows_input_grad>};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -54,6 +54,36 @@ struct StatsPrefetch {
   Index x_step = 0, dy_step = 0;
 };
 
+// Channel rows: BatchNorm with the channels innermost (every segment a single element, channel_norm.cpp):
+// the channels [0, nc) of `rows` rows, row r of x at x + xo[r] (of dy at dy + dyo[r], of the output at
+// out + oo[r]). The per-channel arrays (sums in double, constants in fp32) hold a multiple of kRowsPad
+// entries (the lanes past nc are scratch). Every per-channel sum starts at 0.0 and adds row after row, so
+// channel c's sum is the one the segment path forms over its one-element segments, operation for
+// operation (for one element, SegmentStats gives sum = mean = x, m2 = 0, sdy = dy, sdyd = 0).
+inline constexpr Index kRowsPad = 16;
+struct ChannelRows {
+  const float* x = nullptr;
+  const Index* xo = nullptr;
+  const float* dy = nullptr;
+  const Index* dyo = nullptr;
+  float* out = nullptr;
+  const Index* oo = nullptr;
+  Index rows = 0, nc = 0;
+};
+// Per-channel sums of a training backward from the group statistics mean, rstd and γ (w, double; null:
+// 1): with sdy = double(dy), sdyxh = rstd·(0 + (double(x) − mean)·sdy),
+//   mg += w·sdy, mgx += w·sdyxh, dw += sdyxh, db += sdy      (mg, mgx may be null)
+struct RowGradSums {
+  double *mg = nullptr, *mgx = nullptr, *dw = nullptr, *db = nullptr;
+};
+// Per-channel fp32 constants of the elementwise row passes, as NormalizeConsts / InputGradConsts.
+struct RowNormalizeConsts {
+  const float *mh, *ml, *s, *b;
+};
+struct RowInputGradConsts {
+  const float *mh, *ml, *r, *w, *c0, *c2;
+};
+
 struct ChannelKernels {
   // dy may be null (then sdy = sdyd = 0). The first pass prefetches its inputs 4 KiB ahead (pf).
   void (*segment_stats)(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf);
@@ -65,6 +95,15 @@ struct ChannelKernels {
   void (*input_grad)(float* dx, const float* dy, const float* x, Index n, const InputGradConsts& k,
                      bool stream);
   void (*fence)();
+  // Channel rows (above). rows_sum: sum[c] = Σ_r double(x). rows_sqdev: q[c] = Σ_r d·d, d = double(x) −
+  // mean[c]. rows_grads: RowGradSums. rows_normalize, rows_input_grad: the elementwise passes into out
+  // (which may equal x or dy), stream as for normalize (per row).
+  void (*rows_sum)(double* sum, const ChannelRows& a);
+  void (*rows_sqdev)(double* q, const double* mean, const ChannelRows& a);
+  void (*rows_grads)(const RowGradSums& g, const double* mean, const double* rstd, const double* w,
+                     const ChannelRows& a);
+  void (*rows_normalize)(const RowNormalizeConsts& k, const ChannelRows& a, bool stream);
+  void (*rows_input_grad)(const RowInputGradConsts& k, const ChannelRows& a, bool stream);
 };
 
 // The table for the active instruction set (see normlab/simd.h).

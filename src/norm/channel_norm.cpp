@@ -234,8 +234,11 @@ void for_group_segments(const Plan& p, Index g, F&& f) {
   for (Index c = c0; c < c0 + spg; ++c) f(b, c);
 }
 
-// Group g's element count: ((0 + n_0) + n_1) + ... over its segments in segment order.
+// Group g's element count: Σ n_s over its segments (integers, so their sum in double is exact in any
+// order below 2^53: unmasked it is the product, without a pass over the segments).
 double group_count(const Plan& p, Index g) {
+  if (!p.masked())
+    return static_cast<double>((p.grouping == Grouping::kBatch ? p.B : segments_per_group(p)) * p.S);
   double n = 0.0;
   for_group_segments(p, g, [&](Index b, Index) { n += static_cast<double>(p.valid(b)); });
   return n;
@@ -245,6 +248,10 @@ double group_count(const Plan& p, Index g) {
 
 std::vector<double> group_counts(const Plan& p) {
   std::vector<double> n(static_cast<std::size_t>(p.groups));
+  if (p.grouping == Grouping::kBatch) {  // every channel has the same count
+    std::fill(n.begin(), n.end(), group_count(p, 0));
+    return n;
+  }
   for (Index g = 0; g < p.groups; ++g) n[static_cast<std::size_t>(g)] = group_count(p, g);
   return n;
 }
@@ -385,10 +392,201 @@ kernels::InputGradConsts input_grad_consts(double mean, double rstd, const float
   return t;
 }
 
+// Per-channel arrays for the kernels: C entries padded to a multiple of kernels::kRowsPad.
+Index rows_padded(Index c) {
+  return (c + kernels::kRowsPad - 1) / kernels::kRowsPad * kernels::kRowsPad;
+}
+
+// normalize_consts / input_grad_consts of every channel as the channel-rows kernels take them (arrays
+// padded to kRowsPad).
+struct RowsNormalize {
+  std::vector<float> mh, ml, s, b;
+  explicit RowsNormalize(Index C)
+      : mh(static_cast<std::size_t>(rows_padded(C))), ml(mh.size()), s(mh.size()), b(mh.size()) {}
+  void set(Index c, const kernels::NormalizeConsts& t) {
+    const std::size_t i = static_cast<std::size_t>(c);
+    mh[i] = t.mh, ml[i] = t.ml, s[i] = t.s, b[i] = t.b;
+  }
+  kernels::RowNormalizeConsts at(Index c0) const {
+    const std::size_t i = static_cast<std::size_t>(c0);
+    return {mh.data() + i, ml.data() + i, s.data() + i, b.data() + i};
+  }
+};
+struct RowsInputGrad {
+  std::vector<float> mh, ml, r, w, c0, c2;
+  explicit RowsInputGrad(Index C)
+      : mh(static_cast<std::size_t>(rows_padded(C))),
+        ml(mh.size()),
+        r(mh.size()),
+        w(mh.size()),
+        c0(mh.size()),
+        c2(mh.size()) {}
+  void set(Index c, const kernels::InputGradConsts& t) {
+    const std::size_t i = static_cast<std::size_t>(c);
+    mh[i] = t.mh, ml[i] = t.ml, r[i] = t.r, w[i] = t.w, c0[i] = t.c0, c2[i] = t.c2;
+  }
+  kernels::RowInputGradConsts at(Index c) const {
+    const std::size_t i = static_cast<std::size_t>(c);
+    return {mh.data() + i, ml.data() + i, r.data() + i, w.data() + i, c0.data() + i, c2.data() + i};
+  }
+};
+
 }  // namespace
+
+// ---- BatchNorm on channel rows ----------------------------------------------------------------------
+//
+// When every segment is a single element (S = 1: the channel axis last, e.g. [N, T, C] or [N, C]) and the
+// channels are consecutive floats in every operand, x is rows of C channels, row b at b_off[b]. The
+// per-segment passes would then run one kernel call per element; the channel-rows kernels
+// (channel_kernels.h) instead sweep the rows once per pass, vectorized over the channels, each channel's
+// sums in b order from 0.0: Σx, then Σ(x − mean)² (the moments), and Σdy, Σdy·x̂ and their γ-weighted
+// sums (the backward's). For one element SegmentStats gives sum = mean = x, m2 = 0, sdy = dy, sdyd = 0,
+// so these are combine_group's and group_grads' operations on the segment path's values, and the bits
+// are the segment path's. Threads take blocks of channels (whole rows' lines apart), never split a sum.
+
+namespace {
+
+bool on_channel_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
+  if (p.grouping != Grouping::kBatch || p.masked() || p.S != 1) return false;
+  for (const Operand* o : operands)
+    if (o->c_stride != 1) return false;
+  return true;
+}
+
+// Runs f(c0, nc) over blocks of channels in parallel: one block per thread, of at least 64 channels (a
+// row's whole cache lines per thread) and a multiple of kRowsPad; a function of C and the thread count
+// only, and no sum is split, so the bits do not depend on it.
+template <typename F>
+void for_channel_blocks(const Plan& p, bool stream, F&& f) {
+  const Index blocks = std::clamp<Index>(p.C / 64, 1, std::max(1, normlab::num_threads()));
+  const Index per = rows_padded((p.C + blocks - 1) / blocks);
+  parallel::parallel_for((p.C + per - 1) / per, [&](Index i) {
+    f(i * per, std::min(p.C, (i + 1) * per) - i * per);
+    if (stream) kernels::channel_kernels().fence();
+  });
+}
+
+// The rows of the operands at channel c0 (x, dy inputs, out the output; any may be null).
+kernels::ChannelRows channel_rows_at(const Plan& p, Index c0, Index nc, const Operand* x, const Operand* dy,
+                                     const Operand* out) {
+  kernels::ChannelRows a;
+  if (x) {
+    a.x = reinterpret_cast<const float*>(x->base) + c0;
+    a.xo = x->b_off.data();
+  }
+  if (dy) {
+    a.dy = reinterpret_cast<const float*>(dy->base) + c0;
+    a.dyo = dy->b_off.data();
+  }
+  if (out) {
+    a.out = reinterpret_cast<float*>(out->base) + c0;
+    a.oo = out->b_off.data();
+  }
+  a.rows = p.B;
+  a.nc = nc;
+  return a;
+}
+
+// The moments (as combine_group forms them) on channel rows. Each block's accumulators are its own (the
+// kernels store them every row: shared lines between two threads' blocks would bounce).
+Moments rows_moments(const Plan& p, const Operand& xo) {
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  Moments m = sized_moments(p.groups);
+  m.count = group_counts(p);
+  for_channel_blocks(p, false, [&](Index c0, Index nc) {
+    const kernels::ChannelRows a = channel_rows_at(p, c0, nc, &xo, nullptr, nullptr);
+    std::vector<double> acc(static_cast<std::size_t>(rows_padded(nc))), mean(acc.size(), 0.0);
+    k.rows_sum(acc.data(), a);
+    for (Index c = 0; c < nc; ++c) {
+      const std::size_t i = static_cast<std::size_t>(c0 + c), j = static_cast<std::size_t>(c);
+      mean[j] = m.mean[i] = m.count[i] > 0 ? acc[j] / m.count[i] : 0.0;
+    }
+    k.rows_sqdev(acc.data(), mean.data(), a);
+    for (Index c = 0; c < nc; ++c) {
+      const std::size_t i = static_cast<std::size_t>(c0 + c);
+      m.var[i] = m.count[i] > 0 ? acc[static_cast<std::size_t>(c)] / m.count[i] : 0.0;
+    }
+  });
+  return m;
+}
+
+// A per-channel double vector padded for the kernels (w: γ in double, or empty for none).
+std::vector<double> rows_vector(const std::vector<double>& v, Index C) {
+  std::vector<double> r(static_cast<std::size_t>(rows_padded(C)), 0.0);
+  std::copy(v.begin(), v.end(), r.begin());
+  return r;
+}
+
+// The backward's per-channel sums on channel rows from the group statistics (mean, rstd): dweight, dbias,
+// and with mg_out (training) mean(g), mean(g·x̂) as group_grads forms them.
+void rows_grad_sums(const Plan& p, const Operand& xo, const Operand& dyo, const std::vector<double>& mean,
+                    const std::vector<double>& rstd, const float* w, const std::vector<double>* count,
+                    std::vector<double>& dweight, std::vector<double>& dbias, std::vector<double>* mg_out,
+                    std::vector<double>* mgx_out) {
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const std::size_t np = static_cast<std::size_t>(rows_padded(p.C));
+  const std::vector<double> mp = rows_vector(mean, p.C), rp = rows_vector(rstd, p.C);
+  std::vector<double> wp;
+  if (w) {
+    wp.assign(np, 0.0);
+    for (Index c = 0; c < p.C; ++c) wp[static_cast<std::size_t>(c)] = static_cast<double>(w[c]);
+  }
+  std::vector<double> dw(np), db(np), mg(mg_out ? np : 0), mgx(mg_out ? np : 0);
+  for_channel_blocks(p, false, [&](Index c0, Index nc) {
+    // The block's own accumulators (as in rows_moments), copied out at the end.
+    const std::size_t nb = static_cast<std::size_t>(rows_padded(nc));
+    std::vector<double> acc((mg_out ? 4 : 2) * nb);
+    kernels::RowGradSums g;
+    g.dw = acc.data();
+    g.db = acc.data() + nb;
+    if (mg_out) {
+      g.mg = acc.data() + 2 * nb;
+      g.mgx = acc.data() + 3 * nb;
+    }
+    k.rows_grads(g, mp.data() + c0, rp.data() + c0, w ? wp.data() + c0 : nullptr,
+                 channel_rows_at(p, c0, nc, &xo, &dyo, nullptr));
+    for (std::size_t c = 0; c < static_cast<std::size_t>(nc); ++c) {
+      const std::size_t i = static_cast<std::size_t>(c0) + c;
+      dw[i] = g.dw[c];
+      db[i] = g.db[c];
+      if (mg_out) {
+        mg[i] = g.mg[c];
+        mgx[i] = g.mgx[c];
+      }
+    }
+  });
+  dweight.assign(dw.begin(), dw.begin() + p.C);
+  dbias.assign(db.begin(), db.begin() + p.C);
+  if (mg_out) {
+    mg_out->assign(static_cast<std::size_t>(p.C), 0.0);
+    mgx_out->assign(static_cast<std::size_t>(p.C), 0.0);
+    for (std::size_t c = 0; c < mg_out->size(); ++c) {
+      (*mg_out)[c] = (*count)[c] > 0 ? mg[c] / (*count)[c] : 0.0;
+      (*mgx_out)[c] = (*count)[c] > 0 ? mgx[c] / (*count)[c] : 0.0;
+    }
+  }
+}
+
+}  // namespace
+
+bool channel_rows(const Plan& p, std::initializer_list<ConstView> operands) {
+  std::vector<Operand> ops;
+  for (const ConstView& v : operands) ops.push_back(operand(v, p));
+  for (const Operand& o : ops)
+    if (!on_channel_rows(p, {&o})) return false;
+  return true;
+}
+
+void channel_param_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
+                        const std::vector<double>& rstd, std::vector<double>& dweight,
+                        std::vector<double>& dbias) {
+  const Operand xo = operand(x, p), dyo = operand(dy, p);
+  rows_grad_sums(p, xo, dyo, mean, rstd, nullptr, nullptr, dweight, dbias, nullptr, nullptr);
+}
 
 Moments moments(const Plan& p, ConstView x) {
   const Operand xo = operand(x, p);
+  if (on_channel_rows(p, {&xo})) return rows_moments(p, xo);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const SegmentArrays st = segment_workspace(p);
   for_segments(p, 1, needs_gather(xo, p), [&](Index b, Index c, Index s, float* scratch) {
@@ -404,6 +602,14 @@ Moments moments(const Plan& p, ConstView x) {
 
 GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const float* w) {
   const Operand xo = operand(x, p), dyo = operand(dy, p);
+  if (on_channel_rows(p, {&xo, &dyo})) {
+    GradStats r;
+    r.m = rows_moments(p, xo);
+    r.rstd.resize(r.m.var.size());
+    for (std::size_t c = 0; c < r.rstd.size(); ++c) r.rstd[c] = group_rstd(r.m.count[c], r.m.var[c], eps);
+    rows_grad_sums(p, xo, dyo, r.m.mean, r.rstd, w, &r.m.count, r.dweight, r.dbias, &r.mg, &r.mgx);
+    return r;
+  }
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const SegmentArrays st = segment_workspace(p);
   for_segments(p, 2, needs_gather(xo, p) || needs_gather(dyo, p),
@@ -474,6 +680,16 @@ void normalize(const Plan& p, View y, ConstView x, const std::vector<double>& me
   const Operand xo = operand(x, p), yo = operand(y, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
+  if (on_channel_rows(p, {&xo, &yo})) {
+    RowsNormalize kc(p.C);
+    for (Index c = 0; c < p.C; ++c)
+      kc.set(c,
+             normalize_consts(mean[static_cast<std::size_t>(c)], rstd[static_cast<std::size_t>(c)], w, b, c));
+    for_channel_blocks(p, stream, [&](Index c0, Index nc) {
+      k.rows_normalize(kc.at(c0), channel_rows_at(p, c0, nc, &xo, nullptr, &yo), stream);
+    });
+    return;
+  }
   if (p.grouping == Grouping::kBatch && !p.masked() && xo.s_contiguous && yo.s_contiguous) {
     // Every segment is S consecutive floats in x and y: the constants once per channel (as
     // normalize_seg forms them), then the kernel alone per segment.
@@ -529,6 +745,17 @@ void input_grad(const Plan& p, View dx, ConstView dy, ConstView x, const std::ve
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
   const bool stream = stream_output(p);
+  if (on_channel_rows(p, {&xo, &dyo, &dxo})) {
+    RowsInputGrad kc(p.C);
+    for (Index c = 0; c < p.C; ++c) {
+      const std::size_t g = static_cast<std::size_t>(c);
+      kc.set(c, input_grad_consts(mean[g], rstd[g], w, c, mean_g[g], mean_gx[g]));
+    }
+    for_channel_blocks(p, stream, [&](Index c0, Index nc) {
+      k.rows_input_grad(kc.at(c0), channel_rows_at(p, c0, nc, &xo, &dyo, &dxo), stream);
+    });
+    return;
+  }
   if (p.grouping == Grouping::kBatch && !p.masked() && xo.s_contiguous && dyo.s_contiguous &&
       dxo.s_contiguous) {
     // Every segment is S consecutive floats in x, dy and dx: the constants once per channel (as
@@ -625,6 +852,7 @@ Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView>
   if (p.grouping != Grouping::kBatch || (p.masked() && !p.time_leading)) return 0;
   for (const ConstView& v : operands)
     if (!operand(v, p).s_contiguous) return 0;
+  if (channel_rows(p, operands)) return 0;  // the channel-rows passes
   const Index per_channel = p.B * p.S * Index{sizeof(float)} * inputs;
   // A quarter of L2: on the Intel Xeon of docs/PERFORMANCE.md's twenty-fifth session (2 MiB) the best blocks
   // of [64, 256, 400] were 300-600 KB (3 channels forward, 2-3 backward); a whole L2's half was slower.
@@ -799,6 +1027,16 @@ void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<do
   const Operand dyo = operand(dy, p), dxo = operand(dx, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
+  if (on_channel_rows(p, {&dyo, &dxo})) {
+    // dx = ((dy − 0) − 0)·float(rstd·γ) + 0, as below
+    RowsNormalize kc(p.C);
+    for (Index c = 0; c < p.C; ++c)
+      kc.set(c, normalize_consts(0.0, rstd[static_cast<std::size_t>(c)], w, nullptr, c));
+    for_channel_blocks(p, stream, [&](Index c0, Index nc) {
+      k.rows_normalize(kc.at(c0), channel_rows_at(p, c0, nc, &dyo, nullptr, &dxo), stream);
+    });
+    return;
+  }
   for_segments(
       p, 2, needs_gather(dyo, p) || needs_gather(dxo, p),
       [&](Index b, Index c, Index, float* scratch) {

@@ -208,7 +208,13 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
     chnorm::channel_vector(running_mean, p.C, "running_mean", op);
     chnorm::channel_vector(running_var, p.C, "running_var", op);
     const RunningStats r = read_running(running_mean, running_var, p.C, opt.eps);
-    if (dweight.defined() || dbias.defined()) {
+    if ((dweight.defined() || dbias.defined()) && chnorm::channel_rows(p, {x, dy, dx})) {
+      // Channel rows: the per-channel sums, then dx (which may alias x or dy), the same bits.
+      std::vector<double> sw, sb;
+      chnorm::channel_param_sums(p, dy, x, r.mean, r.rstd, sw, sb);
+      chnorm::input_grad_const(p, dx, dy, r.rstd, ptr_or_null(w));
+      chnorm::write_channel_grads(dweight, dbias, sw, sb, mode);
+    } else if (dweight.defined() || dbias.defined()) {
       // One pass: each segment's sums, then its dx (the bits of grad_sums + input_grad_const).
       std::vector<double> sdy, sdyxh;
       chnorm::grad_sums_input_grad_const(p, dx, dy, x, r.mean, r.rstd, ptr_or_null(w), sdy, sdyxh);

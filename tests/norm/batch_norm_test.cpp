@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 
+#include "norm/channel_norm.h"
 #include "support/finite_diff.h"
 #include "support/random.h"
 #include "support/tolerance.h"
@@ -468,6 +469,80 @@ TEST(BatchNormDeterminism, SameBitsOnEverySimdTarget) {
     for (std::size_t i = 0; i < out[0].size(); ++i)
       EXPECT_TRUE(bitwise_equal(out[0][i].cview(), out[t][i].cview(),
                                 fmt::format("{}, output {}", isa_name(supported_isas()[t]), i)));
+}
+
+// Channels innermost ([N, T, C], [N, C]: every segment a single element): the channel-rows passes
+// (chnorm::channel_rows) give the segment path's bits. The same values with every other float of a wider
+// buffer (channel stride 2) take the segment path; y, the statistics, the running statistics, dx, dγ and
+// dβ are compared bitwise, training and eval, with and without γ/β, on every SIMD target and at 1 and 3
+// threads; channel counts around the 16-float vectors and the 64-channel thread blocks.
+TEST(BatchNormChannelRows, SameBitsAsTheSegmentPath) {
+  std::mt19937_64 rng(43);
+  const Isa saved_isa = active_isa();
+  const int saved_threads = num_threads();
+  for (const Dims& shape :
+       {Dims{2, 1}, Dims{5, 7}, Dims{3, 11, 16}, Dims{4, 9, 80}, Dims{2, 33, 300}, Dims{3, 5, 129}}) {
+    const int ca = shape.size() - 1;
+    const Index C = shape[ca];
+    Dims wide = shape;
+    wide[ca] = 2 * C;
+    const Tensor x = testing::random_tensor(shape, rng, 2.0, 3.0),
+                 dy = testing::random_tensor(shape, rng, 1.0, 0.0);
+    Tensor xw(wide), dyw(wide);
+    Dims wst = xw.view().strides();
+    wst[ca] = 2;
+    const View xs(xw.data(), shape, wst), dys(dyw.data(), shape, wst);
+    {
+      const Tensor xc = Tensor::copy_of(x.cview()), dyc = Tensor::copy_of(dy.cview());
+      Index i = 0;
+      for_each_offset(xs.shape(), xs.strides(), [&](Index off) { xs.data()[off] = xc.data()[i++]; });
+      i = 0;
+      for_each_offset(dys.shape(), dys.strides(), [&](Index off) { dys.data()[off] = dyc.data()[i++]; });
+    }
+    const Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({C}, rng, 0.5, 0.0);
+    Tensor rm0 = testing::random_tensor({C}, rng, 0.5, 0.0),
+           rv0 = testing::random_tensor({C}, rng, 0.25, 1.0);
+    BatchNormOptions opt;
+    opt.channel_axis = ca;
+    const chnorm::Plan p = chnorm::make_plan(shape, ca, chnorm::Grouping::kBatch, 1, {}, -1, "test");
+    ASSERT_TRUE(chnorm::channel_rows(p, {x.cview(), dy.cview()})) << shape.str();
+    ASSERT_FALSE(chnorm::channel_rows(p, {ConstView(xs)})) << shape.str();
+    for (const Isa isa : supported_isas()) {
+      set_isa(isa);
+      for (const int threads : {1, 3}) {
+        set_num_threads(threads);
+        for (const bool affine : {true, false}) {
+          const ConstView wv = affine ? w.cview() : ConstView{}, bv = affine ? b.cview() : ConstView{};
+          for (const bool training : {true, false}) {
+            opt.training = training;
+            const std::string what = fmt::format("{} {} {} threads{}{}", shape.str(), isa_name(isa), threads,
+                                                 affine ? " affine" : "", training ? " training" : " eval");
+            BnFwd f[2] = {bn_forward(x.cview(), wv, bv, &rm0, &rv0, {}, opt),
+                          bn_forward(xs, wv, bv, &rm0, &rv0, {}, opt)};
+            EXPECT_TRUE(bitwise_equal(f[0].y.cview(), f[1].y.cview(), what + " y"));
+            EXPECT_TRUE(bitwise_equal(f[0].mean.cview(), f[1].mean.cview(), what + " mean"));
+            EXPECT_TRUE(bitwise_equal(f[0].rstd.cview(), f[1].rstd.cview(), what + " rstd"));
+            EXPECT_TRUE(bitwise_equal(f[0].rm.cview(), f[1].rm.cview(), what + " running_mean"));
+            EXPECT_TRUE(bitwise_equal(f[0].rv.cview(), f[1].rv.cview(), what + " running_var"));
+            Grads g[2] = {bn_backward(dy.cview(), x.cview(), wv, rm0.cview(), rv0.cview(), {}, opt),
+                          bn_backward(dys, xs, wv, rm0.cview(), rv0.cview(), {}, opt)};
+            EXPECT_TRUE(bitwise_equal(g[0].dx.cview(), g[1].dx.cview(), what + " dx"));
+            EXPECT_TRUE(bitwise_equal(g[0].dw.cview(), g[1].dw.cview(), what + " dγ"));
+            EXPECT_TRUE(bitwise_equal(g[0].db.cview(), g[1].db.cview(), what + " dβ"));
+            if (!training) {  // eval without dγ/dβ: dx alone
+              Tensor dx(shape);
+              batch_norm_backward(dx.view(), {}, {}, dy.cview(), x.cview(), wv, rm0.cview(), rv0.cview(), {},
+                                  opt);
+              EXPECT_TRUE(bitwise_equal(dx.cview(), g[1].dx.cview(), what + " dx alone"));
+            }
+          }
+        }
+      }
+    }
+  }
+  set_isa(saved_isa);
+  set_num_threads(saved_threads);
 }
 
 // Segment lengths around the channel kernels' blocks (16-float vectors, blocks of 32, 64 and 128) on

@@ -149,6 +149,49 @@ std::vector<Call> calls() {
                                                        kernels::InputGradConsts{}, false);
                }});
   v.push_back({"channel fence", [] { kernels::channel_kernels().fence(); }});
+  // The channel-rows entries: 3 rows of 37 channels (per-channel arrays padded to 48).
+  struct Rows {
+    Tensor x = filled({3, 37}), dy = filled({3, 37}), out{Dims{3, 37}};
+    std::vector<Index> off{0, 37, 74};
+    std::vector<double> d0 = std::vector<double>(48, 0.5), d1 = std::vector<double>(48, 1.0);
+    std::vector<double> a0 = std::vector<double>(48), a1 = a0, a2 = a0, a3 = a0;
+    std::vector<float> f = std::vector<float>(48, 1.0f);
+    kernels::ChannelRows rows() {
+      kernels::ChannelRows a;
+      a.x = x.data();
+      a.xo = off.data();
+      a.dy = dy.data();
+      a.dyo = off.data();
+      a.out = out.data();
+      a.oo = off.data();
+      a.rows = 3;
+      a.nc = 37;
+      return a;
+    }
+  };
+  v.push_back({"channel rows_sum", [] {
+                 Rows r;
+                 kernels::channel_kernels().rows_sum(r.a0.data(), r.rows());
+               }});
+  v.push_back({"channel rows_sqdev", [] {
+                 Rows r;
+                 kernels::channel_kernels().rows_sqdev(r.a0.data(), r.d0.data(), r.rows());
+               }});
+  v.push_back({"channel rows_grads", [] {
+                 Rows r;
+                 kernels::channel_kernels().rows_grads({r.a0.data(), r.a1.data(), r.a2.data(), r.a3.data()},
+                                                       r.d0.data(), r.d1.data(), r.d1.data(), r.rows());
+               }});
+  v.push_back({"channel rows_normalize", [] {
+                 Rows r;
+                 const float* f = r.f.data();
+                 kernels::channel_kernels().rows_normalize({f, f, f, f}, r.rows(), false);
+               }});
+  v.push_back({"channel rows_input_grad", [] {
+                 Rows r;
+                 const float* f = r.f.data();
+                 kernels::channel_kernels().rows_input_grad({f, f, f, f, f, f}, r.rows(), false);
+               }});
   // The conversion table's own entries.
   v.push_back({"convert narrow", [] {
                  const kernels::ConvertKernels& k = kernels::convert_kernels();

@@ -4,6 +4,7 @@
 #include <normlab/dist.h>
 #include <normlab/error.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <vector>
@@ -170,17 +171,26 @@ void sync_batch_norm_backward(const Comm& comm, View dx, View dweight, View dbia
   const std::vector<double> rstd = chnorm::rstd_of(m, opt.eps);
   // Per segment (b, c): Σ dy and Σ dy·x̂ with the merged statistics. Per channel, as batch_norm_backward forms
   // them (chnorm::grad_stats): Σ_b γ_c·Σdy and Σ_b γ_c·Σdy·x̂ in b order; then over ranks in rank order.
-  std::vector<double> sdy, sdyxh;
-  chnorm::grad_sums(p, dy, x, m.mean, rstd, sdy, sdyxh);
+  // (Channels innermost, every segment one element: the channel-rows sums, the same values.)
   const std::size_t C = static_cast<std::size_t>(p.C);
   std::vector<double> sums(2 * C, 0.0);
-  for (Index bi = 0; bi < p.B; ++bi)
-    for (std::size_t c = 0; c < C; ++c) {
-      const std::size_t seg = static_cast<std::size_t>(bi) * C + c;
-      const double wc = w.empty() ? 1.0 : static_cast<double>(w[c]);
-      sums[c] += wc * sdy[seg];
-      sums[C + c] += wc * sdyxh[seg];
-    }
+  std::vector<double> sdy, sdyxh;
+  chnorm::ChannelSums rows;
+  const bool on_rows = chnorm::channel_rows(p, {x, dy});
+  if (on_rows) {
+    rows = chnorm::channel_grad_sums(p, dy, x, m.mean, rstd, ptr_or_null(w), true);
+    std::copy(rows.wdy.begin(), rows.wdy.end(), sums.begin());
+    std::copy(rows.wdyxh.begin(), rows.wdyxh.end(), sums.begin() + static_cast<std::ptrdiff_t>(C));
+  } else {
+    chnorm::grad_sums(p, dy, x, m.mean, rstd, sdy, sdyxh);
+    for (Index bi = 0; bi < p.B; ++bi)
+      for (std::size_t c = 0; c < C; ++c) {
+        const std::size_t seg = static_cast<std::size_t>(bi) * C + c;
+        const double wc = w.empty() ? 1.0 : static_cast<double>(w[c]);
+        sums[c] += wc * sdy[seg];
+        sums[C + c] += wc * sdyxh[seg];
+      }
+  }
   comm.allreduce_sum(sums);
   // mean(g) and mean(g·x̂) per channel, g = dy·γ_c.
   std::vector<double> mg(C), mgx(C);
@@ -189,8 +199,11 @@ void sync_batch_norm_backward(const Comm& comm, View dx, View dweight, View dbia
     mgx[c] = m.count[c] > 0 ? sums[C + c] / m.count[c] : 0.0;
   }
   chnorm::input_grad(p, dx, dy, x, m.mean, rstd, ptr_or_null(w), mg, mgx);
-  chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh,
-                            mode);  // this rank's sums (PyTorch's SyncBatchNorm)
+  // This rank's sums (PyTorch's SyncBatchNorm).
+  if (on_rows)
+    chnorm::write_channel_grads(dweight, dbias, rows.dweight, rows.dbias, mode);
+  else
+    chnorm::write_param_grads(p, dweight, dbias, sdy, sdyxh, mode);
 }
 
 }  // namespace normlab::dist

@@ -517,54 +517,50 @@ std::vector<double> rows_vector(const std::vector<double>& v, Index C) {
   return r;
 }
 
-// The backward's per-channel sums on channel rows from the group statistics (mean, rstd): dweight, dbias,
-// and with mg_out (training) mean(g), mean(g·x̂) as group_grads forms them.
-void rows_grad_sums(const Plan& p, const Operand& xo, const Operand& dyo, const std::vector<double>& mean,
-                    const std::vector<double>& rstd, const float* w, const std::vector<double>* count,
-                    std::vector<double>& dweight, std::vector<double>& dbias, std::vector<double>* mg_out,
-                    std::vector<double>* mgx_out) {
+// The backward's per-channel sums on channel rows from the group statistics (mean, rstd): ChannelSums,
+// Σ_b γ_c·Σdy and Σ_b γ_c·Σdy·x̂ (as group_grads adds them) only when `weighted`.
+ChannelSums rows_grad_sums(const Plan& p, const Operand& xo, const Operand& dyo,
+                           const std::vector<double>& mean, const std::vector<double>& rstd, const float* w,
+                           bool weighted) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
-  const std::size_t np = static_cast<std::size_t>(rows_padded(p.C));
+  const std::size_t np = static_cast<std::size_t>(rows_padded(p.C)), nc = static_cast<std::size_t>(p.C);
   const std::vector<double> mp = rows_vector(mean, p.C), rp = rows_vector(rstd, p.C);
   std::vector<double> wp;
   if (w) {
     wp.assign(np, 0.0);
     for (Index c = 0; c < p.C; ++c) wp[static_cast<std::size_t>(c)] = static_cast<double>(w[c]);
   }
-  std::vector<double> dw(np), db(np), mg(mg_out ? np : 0), mgx(mg_out ? np : 0);
-  for_channel_blocks(p, false, [&](Index c0, Index nc) {
+  ChannelSums r;
+  r.dweight.assign(nc, 0.0);
+  r.dbias.assign(nc, 0.0);
+  if (weighted) {
+    r.wdy.assign(nc, 0.0);
+    r.wdyxh.assign(nc, 0.0);
+  }
+  for_channel_blocks(p, false, [&](Index c0, Index n) {
     // The block's own accumulators (as in rows_moments), copied out at the end.
-    const std::size_t nb = static_cast<std::size_t>(rows_padded(nc));
-    std::vector<double> acc((mg_out ? 4 : 2) * nb);
+    const std::size_t nb = static_cast<std::size_t>(rows_padded(n));
+    std::vector<double> acc((weighted ? 4 : 2) * nb);
     kernels::RowGradSums g;
     g.dw = acc.data();
     g.db = acc.data() + nb;
-    if (mg_out) {
+    if (weighted) {
       g.mg = acc.data() + 2 * nb;
       g.mgx = acc.data() + 3 * nb;
     }
     k.rows_grads(g, mp.data() + c0, rp.data() + c0, w ? wp.data() + c0 : nullptr,
-                 channel_rows_at(p, c0, nc, &xo, &dyo, nullptr));
-    for (std::size_t c = 0; c < static_cast<std::size_t>(nc); ++c) {
+                 channel_rows_at(p, c0, n, &xo, &dyo, nullptr));
+    for (std::size_t c = 0; c < static_cast<std::size_t>(n); ++c) {
       const std::size_t i = static_cast<std::size_t>(c0) + c;
-      dw[i] = g.dw[c];
-      db[i] = g.db[c];
-      if (mg_out) {
-        mg[i] = g.mg[c];
-        mgx[i] = g.mgx[c];
+      r.dweight[i] = g.dw[c];
+      r.dbias[i] = g.db[c];
+      if (weighted) {
+        r.wdy[i] = g.mg[c];
+        r.wdyxh[i] = g.mgx[c];
       }
     }
   });
-  dweight.assign(dw.begin(), dw.begin() + p.C);
-  dbias.assign(db.begin(), db.begin() + p.C);
-  if (mg_out) {
-    mg_out->assign(static_cast<std::size_t>(p.C), 0.0);
-    mgx_out->assign(static_cast<std::size_t>(p.C), 0.0);
-    for (std::size_t c = 0; c < mg_out->size(); ++c) {
-      (*mg_out)[c] = (*count)[c] > 0 ? mg[c] / (*count)[c] : 0.0;
-      (*mgx_out)[c] = (*count)[c] > 0 ? mgx[c] / (*count)[c] : 0.0;
-    }
-  }
+  return r;
 }
 
 }  // namespace
@@ -577,11 +573,9 @@ bool channel_rows(const Plan& p, std::initializer_list<ConstView> operands) {
   return true;
 }
 
-void channel_param_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
-                        const std::vector<double>& rstd, std::vector<double>& dweight,
-                        std::vector<double>& dbias) {
-  const Operand xo = operand(x, p), dyo = operand(dy, p);
-  rows_grad_sums(p, xo, dyo, mean, rstd, nullptr, nullptr, dweight, dbias, nullptr, nullptr);
+ChannelSums channel_grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
+                              const std::vector<double>& rstd, const float* w, bool weighted) {
+  return rows_grad_sums(p, operand(x, p), operand(dy, p), mean, rstd, w, weighted);
 }
 
 Moments moments(const Plan& p, ConstView x) {
@@ -607,7 +601,15 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const
     r.m = rows_moments(p, xo);
     r.rstd.resize(r.m.var.size());
     for (std::size_t c = 0; c < r.rstd.size(); ++c) r.rstd[c] = group_rstd(r.m.count[c], r.m.var[c], eps);
-    rows_grad_sums(p, xo, dyo, r.m.mean, r.rstd, w, &r.m.count, r.dweight, r.dbias, &r.mg, &r.mgx);
+    ChannelSums cs = rows_grad_sums(p, xo, dyo, r.m.mean, r.rstd, w, true);
+    r.dweight = std::move(cs.dweight);
+    r.dbias = std::move(cs.dbias);
+    r.mg.resize(r.rstd.size());
+    r.mgx.resize(r.rstd.size());
+    for (std::size_t c = 0; c < r.mg.size(); ++c) {  // as group_grads
+      r.mg[c] = r.m.count[c] > 0 ? cs.wdy[c] / r.m.count[c] : 0.0;
+      r.mgx[c] = r.m.count[c] > 0 ? cs.wdyxh[c] / r.m.count[c] : 0.0;
+    }
     return r;
   }
   const kernels::ChannelKernels& k = kernels::channel_kernels();

@@ -137,13 +137,16 @@ void grad_sums_input_grad_const(const Plan& p, View dx, ConstView dy, ConstView 
 // [N, C]) and the channels consecutive floats in every operand, unmasked. moments, grad_stats, normalize,
 // input_grad and input_grad_const then sweep rows of C channels with the channel-rows kernels
 // (channel_kernels.h), with the bits of the segment passes; block_channels declines. channel_rows says
-// whether that holds for the listed operands. channel_param_sums: the constant-statistics backward's dγ,
-// dβ per channel on channel rows, Σ_b of the segments' Σdy·x̂ and Σdy in b order (write_param_grads'
-// sums of grad_sums' values), for write_channel_grads.
+// whether that holds for the listed operands. channel_grad_sums: a backward's per-channel sums on channel
+// rows with given statistics (mean, rstd per channel), each from 0.0 in b order: dweight = Σ_b Σdy·x̂ and
+// dbias = Σ_b Σdy (write_param_grads' sums of grad_sums' values, for write_channel_grads), and when
+// `weighted` wdy = Σ_b γ_c·Σdy and wdyxh = Σ_b γ_c·Σdy·x̂ (w null: γ = 1).
+struct ChannelSums {
+  std::vector<double> dweight, dbias, wdy, wdyxh;
+};
 bool channel_rows(const Plan& p, std::initializer_list<ConstView> operands);
-void channel_param_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
-                        const std::vector<double>& rstd, std::vector<double>& dweight,
-                        std::vector<double>& dbias);
+ChannelSums channel_grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
+                              const std::vector<double>& rstd, const float* w, bool weighted);
 
 // BatchNorm's training passes blocked over channels. The channels are cut into blocks of kc whose segments
 // (every batch item's) of the inputs fill at most a quarter of this core's L2 cache; per block the statistics

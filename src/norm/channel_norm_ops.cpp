@@ -210,10 +210,9 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
     const RunningStats r = read_running(running_mean, running_var, p.C, opt.eps);
     if ((dweight.defined() || dbias.defined()) && chnorm::channel_rows(p, {x, dy, dx})) {
       // Channel rows: the per-channel sums, then dx (which may alias x or dy), the same bits.
-      std::vector<double> sw, sb;
-      chnorm::channel_param_sums(p, dy, x, r.mean, r.rstd, sw, sb);
+      const chnorm::ChannelSums sums = chnorm::channel_grad_sums(p, dy, x, r.mean, r.rstd, nullptr, false);
       chnorm::input_grad_const(p, dx, dy, r.rstd, ptr_or_null(w));
-      chnorm::write_channel_grads(dweight, dbias, sw, sb, mode);
+      chnorm::write_channel_grads(dweight, dbias, sums.dweight, sums.dbias, mode);
     } else if (dweight.defined() || dbias.defined()) {
       // One pass: each segment's sums, then its dx (the bits of grad_sums + input_grad_const).
       std::vector<double> sdy, sdyxh;

@@ -107,6 +107,7 @@ struct BnCase {
   Dims shape;                  // whole batch [B, C, T]
   std::vector<Index> lengths;  // empty: unmasked
   bool permuted;               // x stored [B, T, C] and seen as [B, C, T]
+  bool channels_last = false;  // x and dy [B, T, C] with the channel axis last (channel rows)
 };
 
 class SyncBatchNorm : public ::testing::TestWithParam<BnCase> {};
@@ -117,13 +118,15 @@ TEST_P(SyncBatchNorm, EqualsBatchNormOnTheWholeBatch) {
   const Index B = cs.shape[0], C = cs.shape[1], T = cs.shape[2];
   if (B < comm.size()) GTEST_SKIP() << "needs at least one batch item per rank";
   std::mt19937_64 rng(21);
-  const Tensor xs = testing::random_tensor(cs.permuted ? Dims{B, T, C} : Dims{B, C, T}, rng, 2.0, 3.0);
+  const Dims stored = cs.permuted || cs.channels_last ? Dims{B, T, C} : Dims{B, C, T};
+  const Tensor xs = testing::random_tensor(stored, rng, 2.0, 3.0);
   const ConstView x = cs.permuted ? xs.cview().permute({0, 2, 1}) : xs.cview();
-  const Tensor dy = testing::random_tensor(Dims{B, C, T}, rng, 1.0, 0.0);
+  const Tensor dy = testing::random_tensor(cs.channels_last ? stored : Dims{B, C, T}, rng, 1.0, 0.0);
   const Tensor w = testing::random_tensor(Dims{C}, rng, 0.5, 1.0),
                b = testing::random_tensor(Dims{C}, rng, 1.0, 0.0);
   BatchNormOptions opt;
   opt.time_axis = 2;
+  if (cs.channels_last) opt.channel_axis = 2;
 
   // The whole batch on one process.
   Tensor y(x.shape()), mean({C}), rstd({C}), rm({C}), rv({C}), dx(x.shape()), dw({C}), db({C});
@@ -185,7 +188,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, SyncBatchNorm,
                          ::testing::Values(BnCase{Dims{7, 5, 13}, {}, false},  //
                                            BnCase{Dims{6, 3, 33}, {}, true},   // strided channels
                                            BnCase{Dims{7, 4, 9}, {9, 0, 5, 9, 1, 7, 2}, false},  // padding
-                                           BnCase{Dims{3, 2, 1025}, {}, false}));
+                                           BnCase{Dims{3, 2, 1025}, {}, false},
+                                           BnCase{Dims{5, 37, 11}, {}, false, true}));  // channels last
 
 TEST(SyncBatchNormErrors, ABadWeightOnOneRankStopsEveryRank) {
   const Comm comm = Comm::world();

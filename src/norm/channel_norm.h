@@ -16,6 +16,8 @@
 // passes apply (batch_forward_blocked, batch_backward_blocked: channel block by channel block, the second
 // read from cache); InstanceNorm and GroupNorm, whose groups are whole segments of one batch item, run both
 // passes group by group and read their inputs from memory once (per_sample_forward, per_sample_backward).
+// BatchNorm whose segments are single elements with the channels consecutive (channel axis last) sweeps
+// rows of channels instead (channel_rows below; the same bits).
 // Outputs larger than the last-level cache are written with streaming (non-temporal) stores. Numerics
 // (docs/numerics.md): sums in double, elementwise work in fp32 at full vector width, as in the fused
 // LayerNorm kernels.

@@ -265,14 +265,19 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   const kernels::RowKernels& k = kernels::row_kernels();
   const bool scratch_needed = !xo.n_contiguous || !yo.n_contiguous;
 
-  // Fast path: contiguous rows at a fixed stride (the last axes normalized, the kept axes collapsing to
-  // one stride), as are mean and rstd: one fused kernel call per block of rows.
-  Index ldx = 0, ldy = 0, ldm = 0, ldr = 0;
-  const bool rows_path = xo.n_contiguous && yo.n_contiguous && linear_groups(s.k_shape, xo.k_strides, &ldx) &&
-                         linear_groups(s.k_shape, yo.k_strides, &ldy) &&
-                         (!pm.defined || linear_groups(s.k_shape, pm.strides, &ldm)) &&
-                         (!pr.defined || linear_groups(s.k_shape, pr.strides, &ldr)) &&
-                         (!pm.defined || !pr.defined || ldm == ldr);
+  // The groups in runs at one stride in every operand (Runs), a run per call; groups whose elements are not
+  // consecutive floats one at a time, gathered (y scattered). The kernel takes one stride for mean and rstd.
+  std::vector<const Dims*> strides{&xo.k_strides, &yo.k_strides};
+  if (pm.defined) strides.push_back(&pm.strides);
+  if (pr.defined) strides.push_back(&pr.strides);
+  Runs runs = make_runs(s.k_shape, strides, scratch_needed);
+  if (pm.defined && pr.defined && runs.step(pm.strides) != runs.step(pr.strides))
+    runs = make_runs(s.k_shape, strides, true);
+  const Index ldx = runs.step(xo.k_strides), ldy = runs.step(yo.k_strides);
+  const Index lstats = pm.defined ? runs.step(pm.strides) : pr.defined ? runs.step(pr.strides) : 0;
+  // Fast path: every group in one run in its own order (the last axes normalized, the kept axes collapsing
+  // to one stride in every operand): the rows split evenly between the threads.
+  const bool rows_path = !scratch_needed && !runs.reordered && runs.len == s.groups;
   kernels::RowsForward args;
   args.n = s.n;
   args.w = wp;
@@ -294,9 +299,9 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
       a.ldx = ldx;
       a.y = reinterpret_cast<float*>(yo.base) + g0 * ldy;
       a.ldy = ldy;
-      a.ld_stats = pm.defined ? ldm : ldr;
-      a.mean = pm.defined ? reinterpret_cast<float*>(pm.base) + g0 * ldm : nullptr;
-      a.rstd = pr.defined ? reinterpret_cast<float*>(pr.base) + g0 * ldr : nullptr;
+      a.ld_stats = lstats;
+      a.mean = pm.defined ? reinterpret_cast<float*>(pm.base) + g0 * lstats : nullptr;
+      a.rstd = pr.defined ? reinterpret_cast<float*>(pr.base) + g0 * lstats : nullptr;
       a.smean = smean ? smean + g0 : nullptr;
       a.srstd = srstd ? srstd + g0 : nullptr;
       k.rows_forward(a);
@@ -304,17 +309,8 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
     return;
   }
 
-  // Any other layout: the groups in runs at one stride in every operand (Runs), a run per call; groups
-  // whose elements are not consecutive floats one at a time, gathered (y scattered).
-  std::vector<const Dims*> strides{&xo.k_strides, &yo.k_strides};
-  if (pm.defined) strides.push_back(&pm.strides);
-  if (pr.defined) strides.push_back(&pr.strides);
-  Runs runs = make_runs(s.k_shape, strides, scratch_needed);
-  if (pm.defined && pr.defined && runs.step(pm.strides) != runs.step(pr.strides))
-    runs = make_runs(s.k_shape, strides, true);  // the kernel takes one stride for mean and rstd
+  // Any other layout: a run per call, in visiting order.
   if (scratch_needed) args.stream = false;
-  const Index lx = runs.step(xo.k_strides), ly = runs.step(yo.k_strides);
-  const Index lstats = pm.defined ? runs.step(pm.strides) : pr.defined ? runs.step(pr.strides) : 0;
   parallel::parallel_for(tasks, [&](Index t) {
     std::vector<float> xs(scratch_needed ? static_cast<std::size_t>(s.n) : 0);
     std::vector<float> ys(scratch_needed ? static_cast<std::size_t>(s.n) : 0);
@@ -326,11 +322,11 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
       kernels::RowsForward a = args;
       a.rows = h1 - h0;
       a.x = group_input(xo, plan::group_offset(g0, s.k_shape, xo.k_strides), s, xs.data());
-      a.ldx = lx;
+      a.ldx = ldx;
       const Index yoff = plan::group_offset(g0, s.k_shape, yo.k_strides);
       const GroupOutput yr = group_output(yo, yoff, ys.data());
       a.y = yr.ptr;
-      a.ldy = ly;
+      a.ldy = ldy;
       a.ld_stats = lstats;
       if (pm.defined)
         a.mean = reinterpret_cast<float*>(pm.base) + plan::group_offset(g0, s.k_shape, pm.strides);

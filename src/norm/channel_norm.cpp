@@ -446,8 +446,13 @@ struct RowsInputGrad {
 
 namespace {
 
+// BatchNorm whose segments are single elements (S = 1, unmasked): channel rows where the channels are
+// consecutive floats.
+bool single_element_segments(const Plan& p) {
+  return p.grouping == Grouping::kBatch && !p.masked() && p.S == 1;
+}
 bool on_channel_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
-  if (p.grouping != Grouping::kBatch || p.masked() || p.S != 1) return false;
+  if (!single_element_segments(p)) return false;
   for (const Operand* o : operands)
     if (o->c_stride != 1) return false;
   return true;
@@ -566,10 +571,9 @@ ChannelSums rows_grad_sums(const Plan& p, const Operand& xo, const Operand& dyo,
 }  // namespace
 
 bool channel_rows(const Plan& p, std::initializer_list<ConstView> operands) {
-  std::vector<Operand> ops;
-  for (const ConstView& v : operands) ops.push_back(operand(v, p));
-  for (const Operand& o : ops)
-    if (!on_channel_rows(p, {&o})) return false;
+  if (!single_element_segments(p)) return false;
+  for (const ConstView& v : operands)  // (the channel strides alone: no operand's offsets needed)
+    if (v.stride(p.channel_axis) != 1) return false;
   return true;
 }
 

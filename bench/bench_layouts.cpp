@@ -33,8 +33,6 @@
 // Threads: whatever main set (NORMLAB_BENCH_THREADS) for normlab, ATen, oneDNN and the copies.
 // Before timing, each peer's output is compared once with normlab's on the benchmark's own shape; a peer
 // that differs by more than 1e-4 (relative to the largest value) is reported as an error, not timed.
-#include "bench_copy.h"
-#include "bench_support.h"
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
@@ -47,6 +45,7 @@
 #include <cstdint>
 #include <dnnl.hpp>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <new>
@@ -54,6 +53,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench_copy.h"
+#include "bench_support.h"
 
 namespace {
 
@@ -606,48 +607,39 @@ void Register(const std::string& name, F&& fn) {
       ->Unit(benchmark::kMicrosecond);
 }
 
+// BM_<op>/<impl>/<shape> for each implementation.
+void RegisterImpls(const char* op, std::initializer_list<const char*> impls, Bench b, const Shape& s) {
+  for (const char* impl : impls)
+    Register(std::string("BM_") + op + "/" + impl + "/" + s.name,
+             [impl, b, &s](benchmark::State& st) { Run(st, b, impl, s); });
+}
+
+// The copy roofline at a shape (ordinary and streaming stores).
+void RegisterCopies(const Shape& s) {
+  Register("BM_Copy/copy/" + s.name, [&s](benchmark::State& st) { RunCopy(st, false, s); });
+  Register("BM_CopyStream/copy/" + s.name, [&s](benchmark::State& st) { RunCopy(st, true, s); });
+}
+
+// Contiguous rows as the reference of a layout path: the copies and normlab's LayerNorm forward, backward.
+void RegisterRowsReference(const Shape& s) {
+  RegisterCopies(s);
+  RegisterImpls("LayerNormFwd", {"normlab"}, Bench::kLnFwdRows, s);
+  RegisterImpls("LayerNormBwd", {"normlab"}, Bench::kLnBwdRows, s);
+}
+
 const bool kRegistered = [] {
-  for (const char* impl : {"normlab", "aten", "onednn"})
-    Register(std::string("BM_LayerNormBwdBFT/") + impl + "/" + kBft.name,
-             [impl](benchmark::State& st) { Run(st, Bench::kLnBwdBft, impl, kBft); });
-  Register("BM_LayerNormBwdBFTSaved/normlab/" + kBft.name,
-           [](benchmark::State& st) { Run(st, Bench::kLnBwdBftSaved, "normlab", kBft); });
-  Register("BM_Copy/copy/" + kRows.name, [](benchmark::State& st) { RunCopy(st, false, kRows); });
-  Register("BM_CopyStream/copy/" + kRows.name, [](benchmark::State& st) { RunCopy(st, true, kRows); });
-  Register("BM_LayerNormFwd/normlab/" + kRows.name,
-           [](benchmark::State& st) { Run(st, Bench::kLnFwdRows, "normlab", kRows); });
-  Register("BM_LayerNormBwd/normlab/" + kRows.name,
-           [](benchmark::State& st) { Run(st, Bench::kLnBwdRows, "normlab", kRows); });
-  for (const char* impl : {"normlab", "aten"})
-    Register(std::string("BM_RMSNormFwdBFT/") + impl + "/" + kBft.name,
-             [impl](benchmark::State& st) { Run(st, Bench::kRmsFwdBft, impl, kBft); });
-  Register("BM_Copy/copy/" + kBn.name, [](benchmark::State& st) { RunCopy(st, false, kBn); });
-  Register("BM_CopyStream/copy/" + kBn.name, [](benchmark::State& st) { RunCopy(st, true, kBn); });
-  for (const char* impl : {"normlab", "aten", "onednn"})
-    Register(std::string("BM_BatchNormFwd/") + impl + "/" + kBn.name,
-             [impl](benchmark::State& st) { Run(st, Bench::kBnFwd, impl, kBn); });
-  for (const char* impl : {"normlab", "aten", "onednn"})
-    Register(std::string("BM_BatchNormBwd/") + impl + "/" + kBn.name,
-             [impl](benchmark::State& st) { Run(st, Bench::kBnBwd, impl, kBn); });
-  for (const char* impl : {"normlab", "aten", "onednn"})
-    Register(std::string("BM_BatchNormFwdChannelsLast/") + impl + "/" + kBnLast.name,
-             [impl](benchmark::State& st) { Run(st, Bench::kBnFwd, impl, kBnLast); });
-  for (const char* impl : {"normlab", "aten", "onednn"})
-    Register(std::string("BM_BatchNormBwdChannelsLast/") + impl + "/" + kBnLast.name,
-             [impl](benchmark::State& st) { Run(st, Bench::kBnBwd, impl, kBnLast); });
-  for (const char* impl : {"normlab", "aten"}) {
-    Register(std::string("BM_LayerNormFwdPermuted/") + impl + "/" + kPerm.name,
-             [impl](benchmark::State& st) { Run(st, Bench::kLnFwdPerm, impl, kPerm); });
-    Register(std::string("BM_LayerNormBwdPermuted/") + impl + "/" + kPerm.name,
-             [impl](benchmark::State& st) { Run(st, Bench::kLnBwdPerm, impl, kPerm); });
-  }
-  Register("BM_Copy/copy/" + kPermRows.name, [](benchmark::State& st) { RunCopy(st, false, kPermRows); });
-  Register("BM_CopyStream/copy/" + kPermRows.name,
-           [](benchmark::State& st) { RunCopy(st, true, kPermRows); });
-  Register("BM_LayerNormFwd/normlab/" + kPermRows.name,
-           [](benchmark::State& st) { Run(st, Bench::kLnFwdRows, "normlab", kPermRows); });
-  Register("BM_LayerNormBwd/normlab/" + kPermRows.name,
-           [](benchmark::State& st) { Run(st, Bench::kLnBwdRows, "normlab", kPermRows); });
+  RegisterImpls("LayerNormBwdBFT", {"normlab", "aten", "onednn"}, Bench::kLnBwdBft, kBft);
+  RegisterImpls("LayerNormBwdBFTSaved", {"normlab"}, Bench::kLnBwdBftSaved, kBft);
+  RegisterRowsReference(kRows);
+  RegisterImpls("RMSNormFwdBFT", {"normlab", "aten"}, Bench::kRmsFwdBft, kBft);
+  RegisterCopies(kBn);
+  RegisterImpls("BatchNormFwd", {"normlab", "aten", "onednn"}, Bench::kBnFwd, kBn);
+  RegisterImpls("BatchNormBwd", {"normlab", "aten", "onednn"}, Bench::kBnBwd, kBn);
+  RegisterImpls("BatchNormFwdChannelsLast", {"normlab", "aten", "onednn"}, Bench::kBnFwd, kBnLast);
+  RegisterImpls("BatchNormBwdChannelsLast", {"normlab", "aten", "onednn"}, Bench::kBnBwd, kBnLast);
+  RegisterImpls("LayerNormFwdPermuted", {"normlab", "aten"}, Bench::kLnFwdPerm, kPerm);
+  RegisterImpls("LayerNormBwdPermuted", {"normlab", "aten"}, Bench::kLnBwdPerm, kPerm);
+  RegisterRowsReference(kPermRows);
   return true;
 }();
 

@@ -258,11 +258,16 @@ inline void each_row_block(const ChannelRows& a, F&& f) {
   }
 }
 
-void rows_sum(double* sum, const ChannelRows& a) {
-  for (Index i = 0; i < a.nc; i += kF) {
-    stored(sum + i, zerod());
-    stored(sum + i + kD, zerod());
+// Zeroes the per-channel sums p[0 .. nc rounded up to kF) (the arrays' padding, channel_kernels.h).
+inline void zero_sums(double* p, Index nc) {
+  for (Index i = 0; i < nc; i += kF) {
+    stored(p + i, zerod());
+    stored(p + i + kD, zerod());
   }
+}
+
+void rows_sum(double* sum, const ChannelRows& a) {
+  zero_sums(sum, a.nc);
   // Scalar math: sum[c] += double(x[r][c]), r in order
   each_row_block(a, [&](Index r, Index i, int k) {
     const VF v = load_k(a.x + a.xo[r], i, k);
@@ -272,10 +277,7 @@ void rows_sum(double* sum, const ChannelRows& a) {
 }
 
 void rows_sqdev(double* q, const double* mean, const ChannelRows& a) {
-  for (Index i = 0; i < a.nc; i += kF) {
-    stored(q + i, zerod());
-    stored(q + i + kD, zerod());
-  }
+  zero_sums(q, a.nc);
   // Scalar math: d = double(x[r][c]) − mean[c]; q[c] += d·d, r in order
   each_row_block(a, [&](Index r, Index i, int k) {
     const VF v = load_k(a.x + a.xo[r], i, k);
@@ -288,13 +290,8 @@ void rows_sqdev(double* q, const double* mean, const ChannelRows& a) {
 void rows_grads(const RowGradSums& g, const double* mean, const double* rstd, const double* w,
                 const ChannelRows& a) {
   const bool means = g.mg != nullptr;
-  for (Index i = 0; i < a.nc; i += kF) {
-    for (double* p : {g.mg, g.mgx, g.dw, g.db}) {
-      if (!p) continue;
-      stored(p + i, zerod());
-      stored(p + i + kD, zerod());
-    }
-  }
+  for (double* p : {g.mg, g.mgx, g.dw, g.db})
+    if (p) zero_sums(p, a.nc);
   const VD one = bcastd(1.0);
   // Scalar math: sdy = double(dy[r][c]); sdyxh = rstd[c]·(0 + (double(x[r][c]) − mean[c])·sdy);
   //   mg[c] += w[c]·sdy; mgx[c] += w[c]·sdyxh; dw[c] += sdyxh; db[c] += sdy, r in order

@@ -227,8 +227,6 @@ void store(const Operand<T>& o, Where w, Index len, const Dims& n_shape, const f
   }
 }
 
-// Runs unit(g0, g1) over the groups of one task [t0, t1): runs of unit_groups consecutive groups (the
-// last one shorter).
 // Groups per unit: as many whole row groups of the fused backward (kernels::kParamGradRowGroup) as fit in
 // kUnitElems elements, at least one, when the layout is flat; else one group. With chunks of whole row
 // groups (fused_row_chunks) every call then starts a row group where the chunk's own grouping does.
@@ -236,6 +234,8 @@ inline Index unit_groups(Index n, bool flat) {
   constexpr Index rg = kernels::kParamGradRowGroup;
   return flat ? std::max<Index>(rg, kUnitElems / n / rg * rg) : 1;
 }
+// Runs unit(g0, g1) over the groups of one task [t0, t1): runs of unit_groups consecutive groups (the
+// last one shorter).
 template <typename Unit>
 void for_units(Index t0, Index t1, Index n, bool flat, Unit&& unit) {
   const Index per = unit_groups(n, flat);

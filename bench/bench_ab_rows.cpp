@@ -437,7 +437,8 @@ int main(int argc, char** argv) {
         else if (kernel == "ln-fwd" || kernel == "ln-bwd" || kernel == "ln-bwd-saved" ||
                  kernel == "rms-fwd" || kernel == "rms-bwd-saved")
           run<float>(kernel, dims[0], dims[1], calls);
-        else if (kernel == "ln-fwd-bf16" || kernel == "rms-fwd-bf16" || kernel == "ln-bwd-saved-bf16")
+        else if (kernel == "ln-fwd-bf16" || kernel == "rms-fwd-bf16" || kernel == "ln-bwd-bf16" ||
+                 kernel == "ln-bwd-saved-bf16")
           run<bfloat16>(kernel, dims[0], dims[1], calls);
         else
           throw std::invalid_argument("unknown kernel '" + kernel + "'");

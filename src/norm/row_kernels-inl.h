@@ -57,6 +57,28 @@ inline VF dev(VF x, VF mh, VF ml) {
 // 0.95 at 1365x768 and 128x4096, 0.97 at 2048x256; at D = 64 and 80 it gained nothing (1.00, 1.01: the four
 // permutes per row that undo the pairing), so shorter rows keep the plain widening.
 inline constexpr Index kPairsMinN = 128;
+// Out of cache (a.stream: an output of 16 MiB or more), the pipelined forward prefetches rows of
+// a.tuning.prefetch_min_n or more elements (1024 on AMD processors, 256 elsewhere: row_kernels.h, RowTuning)
+// kRowPrefetchBytes ahead of the pass that first reads them (Σx, or RMSNorm's Σx²): the lines of the 64
+// elements at p + kRowPrefetchBytes, into L1 (not when a.x_cached: the fused add's s, just written). Without
+// it the statistics passes of long rows waited on memory: at 8192x4096 the forward took longer than its in-L3
+// time plus a streaming copy of its bytes. Paired runs (scripts/ab-rows, 1 thread, 128 MiB of x;
+// docs/PERFORMANCE.md, "sixteenth session", a Zen 4): the fp32 LayerNorm forward 13-17 % faster at
+// D = 1024-4096, RMSNorm 7 %, bf16 LayerNorm 13 %, the same in L3; at D = 512 and 768 the gain came and went
+// between runs, and D = 256 was 4 % slower.
+// The backward's groups of four rows (rows_backward_impl) prefetch likewise, rows of
+// a.tuning.backward_prefetch_min_n or more elements (every row on Intel processors, 1024 on AMD ones), x in
+// the Σx pass and dy in the second pass (from saved statistics, with no Σx pass: both there), not when
+// a.cached (the memory-efficient backward's scratch rows). Paired runs on the Intel Xeon (scripts/ab-rows, 1
+// thread, 128 MiB of x; docs/PERFORMANCE.md, "thirtieth session"): the LayerNorm backward 0.90-0.99 of the
+// time from D = 128 to 4096, from saved statistics 0.86-0.95, bf16 0.72-0.79; 1 KiB ahead gained less, 4 KiB
+// lost at D = 768 and 4096; in L3 it changed 1.05-0.96, so only out of cache.
+inline constexpr Index kRowPrefetchBytes = 2048;
+template <typename T>
+NL_FORCE_INLINE inline void prefetch_ahead64(const T* p) {
+  prefetch_ahead<kRowPrefetchBytes, static_cast<int>(sizeof(T))>(p);  // 64 elements: sizeof(T) lines
+}
+
 // (acc0 + acc1) + (acc2 + acc3) of row_sum_vec from its accumulators in the paired layout: a0, a1 the even
 // and odd lanes of acc0 and acc1, a2, a3 those of acc2 and acc3. (A template, as row_sum_pairs below.)
 template <typename V = VD>
@@ -67,12 +89,13 @@ inline V pairs_total(V a0, V a1, V a2, V a3) {
 // each block's first 16, a2, a3 of its last 16; from +0, with the zero-padded tail added (which the callers'
 // + 0.0 makes the same bits). (A template: only instantiated where kBf16Pairs defines the pairing.)
 template <typename T>
-inline VD row_sum_pairs(const T* x, Index n) {
+inline VD row_sum_pairs(const T* x, Index n, bool pf) {
   VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
   Index i = 0;
   VD e, o;
   // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i])
   for (; i + 32 <= n; i += 32) {
+    if (pf && i % 64 == 0) prefetch_ahead64(x + i);
     load_cvt_pairs(x + i, e, o);
     a0 = add(a0, e);
     a1 = add(a1, o);
@@ -94,11 +117,11 @@ inline VD row_sum_pairs(const T* x, Index n) {
   return pairs_total(a0, a1, a2, a3);
 }
 template <typename T>
-inline VD row_sum_vec(const T* x, Index n) {
+inline VD row_sum_vec(const T* x, Index n, bool pf = false) {
   VD a0 = zerod(), a1 = zerod(), a2 = zerod(), a3 = zerod();
   Index i = 0;
   if constexpr (kIsBf16<T> && kBf16Pairs)
-    if (n >= kPairsMinN) return row_sum_pairs(x, n);
+    if (n >= kPairsMinN) return row_sum_pairs(x, n, pf);
   if (n >= 32) {
     a0 = load_cvt(x);
     a1 = load_cvt(x + 8);
@@ -108,6 +131,7 @@ inline VD row_sum_vec(const T* x, Index n) {
   }
   // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i])
   for (; i + 32 <= n; i += 32) {
+    if (pf && i % 64 == 0) prefetch_ahead64(x + i);
     a0 = add(a0, load_cvt(x + i));
     a1 = add(a1, load_cvt(x + i + 8));
     a2 = add(a2, load_cvt(x + i + 16));
@@ -127,8 +151,8 @@ inline VD row_sum_vec(const T* x, Index n) {
   return add(add(a0, a1), add(a2, a3));
 }
 template <typename T>
-inline double row_sum(const T* x, Index n) {
-  return hsum(row_sum_vec(x, n)) + 0.0;
+inline double row_sum(const T* x, Index n, bool pf = false) {
+  return hsum(row_sum_vec(x, n, pf)) + 0.0;
 }
 
 // The second pass, around m_hi = float(mean) (Center) or 0 (RMSNorm): e = x − m_hi in float. Blocks of 64
@@ -156,7 +180,8 @@ struct SecondPassVec {  // the accumulators before the hsum
 // LayerNorm forward at D = 64 took 1.47× the time; docs/PERFORMANCE.md, twelfth session).
 template <bool Center, bool WithDy, bool W, bool WithSq = true, typename T>
 NL_FORCE_INLINE inline SecondPassVec row_second_pass_vec(const T* x, std::type_identity_t<const T*> dy,
-                                                         const float* w, Index n, VF mh) {
+                                                         const float* w, Index n, VF mh, bool pf_x = false,
+                                                         bool pf_dy = false) {
   VD q0 = zerod(), q1 = zerod(), g0 = zerod(), g1 = zerod(), p0 = zerod(), p1 = zerod();
   const VF z = zerof();
   auto dev0 = [&](VF v) NL_FORCE_INLINE { return Center ? sub(v, mh) : v; };
@@ -206,7 +231,11 @@ NL_FORCE_INLINE inline SecondPassVec row_second_pass_vec(const T* x, std::type_i
   static constexpr int kFull[4] = {kF, kF, kF, kF};
   Index i = 0;
   // Scalar math: e = x[i] − m_hi; Σe² (and Σg, Σg·e with g = dy[i]·w[i]) as described above
-  for (; i + 4 * kF <= n; i += 4 * kF) block(i, kFull, false, i == 0);
+  for (; i + 4 * kF <= n; i += 4 * kF) {
+    if (pf_x) prefetch_ahead64(x + i);
+    if (WithDy && pf_dy) prefetch_ahead64(dy + i);
+    block(i, kFull, false, i == 0);
+  }
   if (i < n) {
     // (rem < 64 here; computed in int, which keeps GCC's range analysis from a false overflow warning)
     const int rem = static_cast<int>(n - i);
@@ -224,8 +253,8 @@ NL_FORCE_INLINE inline SecondPassVec row_second_pass_vec(const T* x, std::type_i
 
 template <bool Center, bool WithDy, bool W, bool WithSq = true, typename T>
 inline SecondPass row_second_pass(const T* x, std::type_identity_t<const T*> dy, const float* w, Index n,
-                                  VF mh) {
-  const SecondPassVec v = row_second_pass_vec<Center, WithDy, W, WithSq>(x, dy, w, n, mh);
+                                  VF mh, bool pf_x = false, bool pf_dy = false) {
+  const SecondPassVec v = row_second_pass_vec<Center, WithDy, W, WithSq>(x, dy, w, n, mh, pf_x, pf_dy);
   SecondPass s;
   if constexpr (WithSq) s.sq = hsum(v.sq);
   if constexpr (WithDy) {
@@ -236,8 +265,8 @@ inline SecondPass row_second_pass(const T* x, std::type_identity_t<const T*> dy,
 }
 
 template <bool Center, typename T>
-inline double row_mean(const T* x, Index n, RowStats& st) {
-  st.mean = Center ? row_sum(x, n) / static_cast<double>(n) : 0.0;
+inline double row_mean(const T* x, Index n, RowStats& st, bool pf = false) {
+  st.mean = Center ? row_sum(x, n, pf) / static_cast<double>(n) : 0.0;
   st.mh = static_cast<float>(st.mean);
   st.ml = static_cast<float>(st.mean - static_cast<double>(st.mh));
   return st.mean;
@@ -412,6 +441,9 @@ NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w
 // on an Intel Xeon (scripts/ab-rows, 1 thread; docs/PERFORMANCE.md, "twenty-seventh session"): the bf16
 // LayerNorm forward 0.86-0.93 of the time at D = 32, 64, 80, RMSNorm 0.82-0.97; four blocks ahead 0.88-0.93;
 // the fp32 forward 1.15-1.19 (and on a Zen 4 1.05-1.27, "eighteenth session"), so fp32 rows never do.
+// The eight-row backward does the same for x and dy (step s, block s + kBatchPrefetchBlocks; "thirtieth
+// session"): bf16 0.83-0.89 of the time at D = 64 and 80 (one block ahead 0.83-0.90, four 0.83-0.89), fp32
+// 1.11-1.17, so again 16-bit rows only.
 inline constexpr Index kBatchPrefetchBlocks = 2;
 
 // Save (here and in rows_forward_impl / rows_forward_pipelined): the kernel writes NormStats' smean and
@@ -593,21 +625,6 @@ NL_FORCE_INLINE inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
   const VF q = add(add(mul(e[0], e[0]), mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
   q0 = add(q0, cvt_lo(q));
   q1 = add(q1, cvt_hi(q));
-}
-
-// Out of cache (a.stream: an output of 16 MiB or more), rows of a.tuning.prefetch_min_n or more elements
-// (1024 on AMD processors, 256 elsewhere: row_kernels.h, RowTuning) are prefetched kRowPrefetchBytes ahead of
-// the pass that first reads them (Σx, or RMSNorm's Σx²): the lines of the 64 elements at
-// p + kRowPrefetchBytes, into L1 (not when a.x_cached: the fused add's s, just written). Without it the
-// statistics passes of long rows waited on memory: at 8192x4096 the forward took longer than its in-L3 time
-// plus a streaming copy of its bytes. Paired runs (scripts/ab-rows, 1 thread, 128 MiB of x;
-// docs/PERFORMANCE.md, "sixteenth session", a Zen 4): the fp32 LayerNorm forward 13-17 % faster at
-// D = 1024-4096, RMSNorm 7 %, bf16 LayerNorm 13 %, the same in L3; at D = 512 and 768 the gain came and went
-// between runs, and D = 256 was 4 % slower.
-inline constexpr Index kRowPrefetchBytes = 2048;
-template <typename T>
-NL_FORCE_INLINE inline void prefetch_ahead64(const T* p) {
-  prefetch_ahead<kRowPrefetchBytes, static_cast<int>(sizeof(T))>(p);  // 64 elements: sizeof(T) lines
 }
 
 template <bool Center, bool W, bool B, bool Save, typename T>
@@ -1052,6 +1069,7 @@ void rows_backward_impl(const RowsBackwardOf<T>& a) {
   const Index n = a.n;
   constexpr int R = kParamGradRowGroup;
   const double nd = static_cast<double>(n);
+  const bool ahead = a.stream && !a.cached && n >= a.tuning.backward_prefetch_min_n;
   for (Index r0 = 0; r0 < a.rows; r0 += R) {
     const int nr = static_cast<int>(std::min<Index>(R, a.rows - r0));
     const T* xs[R];
@@ -1064,11 +1082,12 @@ void rows_backward_impl(const RowsBackwardOf<T>& a) {
       if constexpr (Saved)
         saved_stats<Center>(st[j], a.smean, a.srstd, r0 + j);
       else
-        row_mean<Center>(xs[j], n, st[j]);
+        row_mean<Center>(xs[j], n, st[j], ahead && Center);
     }
     SecondPass sp[R];
     for (int j = 0; j < nr; ++j)
-      sp[j] = row_second_pass<Center, true, W, !Saved>(xs[j], dys[j], a.w, n, bcast(st[j].mh));
+      sp[j] = row_second_pass<Center, true, W, !Saved>(xs[j], dys[j], a.w, n, bcast(st[j].mh),
+                                                       ahead && (Saved || !Center), ahead);
     for (int j = 0; j < nr; ++j) {
       if constexpr (!Saved) finish_rstd(st[j], sp[j].sq, n, a.eps);
       backward_consts<Center>(&c0[j], &c2[j], sp[j].sg, sp[j].sge, st[j].rstd, st[j].ml, nd);
@@ -1102,9 +1121,18 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
     alignas(32) float c2[8];
   };
   Block bl[3];  // by block index mod 3
+  const bool ahead = sizeof(T) == 2 && a.tuning.batched_prefetch && a.stream && !a.cached;
+  const Index row_lines = (n * Index{sizeof(T)} + 63) / 64;
   for (Index s = 0; s < blocks + 2; ++s) {
     VD acc[8];
     double t[8];
+    if (ahead && s + kBatchPrefetchBlocks < blocks) {
+      const Index r0 = (s + kBatchPrefetchBlocks) * 8, r1 = std::min<Index>(a.rows, r0 + 8);
+      for (Index r = r0; r < r1; ++r) {
+        prefetch_lines(reinterpret_cast<std::uintptr_t>(a.x + r * a.ldx), row_lines);
+        prefetch_lines(reinterpret_cast<std::uintptr_t>(a.dy + r * a.lddy), row_lines);
+      }
+    }
     if (s >= 2) {  // the column passes of block s − 2, in groups of kParamGradRowGroup rows
       const Index blk = s - 2;
       const Block& c = bl[blk % 3];

@@ -33,7 +33,12 @@ struct RowTuning {
   Index prefetch_min_n = 256;
   // Out of cache, the eight-row forward of 16-bit rows prefetches its rows two blocks ahead
   // (row_kernels-inl.h, kBatchPrefetchBlocks): 0.82-0.97 of the time on the Xeon; not measured on a Zen 4.
+  // The eight-row backward of 16-bit rows likewise.
   bool batched_prefetch = true;
+  // Out of cache, the backward's groups of four rows prefetch rows of at least this many elements ahead of
+  // the passes that first read x and dy (row_kernels-inl.h, kRowPrefetchBytes): measured on the Xeon (every
+  // length gained from D = 128); on AMD processors the forward's length, unmeasured there.
+  Index backward_prefetch_min_n = 0;
 };
 inline const RowTuning& machine_row_tuning() {
   static const RowTuning t = [] {
@@ -43,6 +48,7 @@ inline const RowTuning& machine_row_tuning() {
       r.long_rows_blocked = true;
       r.prefetch_min_n = 1024;
       r.batched_prefetch = false;
+      r.backward_prefetch_min_n = 1024;
     }
     return r;
   }();
@@ -136,6 +142,12 @@ struct RowsBackwardOf {
   // Σe²), so the results are bitwise those of the call without them.
   const double* smean = nullptr;
   const double* srstd = nullptr;
+  // x and dy are in cache (the memory-efficient backward's scratch rows): with stream, the kernel does not
+  // prefetch ahead of its rows as it does for rows that come from memory (row_kernels-inl.h,
+  // kRowPrefetchBytes).
+  bool cached = false;
+  // The machine's choices (RowTuning above) unless set.
+  RowTuning tuning = machine_row_tuning();
 };
 using RowsBackward = RowsBackwardOf<float>;
 

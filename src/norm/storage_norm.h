@@ -573,6 +573,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
     a.ldx = a.lddy = a.lddx = s.n;
     a.w = wp;
     a.center = nm.center;
+    a.cached = true;  // the recovered x − mean and dy, read by recover_centered just before
     a.dw = part.dw_row(c);
     a.db = part.db_row(c);
     for_units(t0, t1, s.n, flat, [&](Index g0, Index g1) {

@@ -17,7 +17,9 @@
 // read from cache); InstanceNorm and GroupNorm, whose groups are whole segments of one batch item, run both
 // passes group by group and read their inputs from memory once (per_sample_forward, per_sample_backward).
 // BatchNorm whose segments are single elements with the channels consecutive (channel axis last) sweeps
-// rows of channels instead (channel_rows below; the same bits).
+// rows of channels instead (channel_rows below; the same bits); InstanceNorm and GroupNorm with such
+// segments ([N, C], channels-last [N, T, C]) take each batch item's row of channels at once (scalar
+// segment statistics, one channel-rows elementwise call per row; the same bits).
 // Outputs larger than the last-level cache are written with streaming (non-temporal) stores. Numerics
 // (docs/numerics.md): sums in double, elementwise work in fp32 at full vector width, as in the fused
 // LayerNorm kernels.
@@ -174,6 +176,8 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
 // group: a group's segments are read from memory for the statistics and again from cache for y or dx.
 // The arithmetic is that of moments + normalize and grad_stats + input_grad with the backward's means of
 // g and g·x̂ (as grad_stats forms them), operation for operation, so the bits are the same.
+// Single-element segments with the channels consecutive in every operand run row by row (channel_norm.cpp,
+// "sample rows").
 Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
                            std::vector<double>& rstd);
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,

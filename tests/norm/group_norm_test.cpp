@@ -5,6 +5,7 @@
 #include <normlab/norm.h>
 #include <normlab/parallel.h>
 #include <normlab/reference.h>
+#include <normlab/simd.h>
 
 #include <cmath>
 #include <numeric>
@@ -260,6 +261,89 @@ TEST(InstanceNormMasked, EqualsUnmaskedInstanceNormOfEachSequenceCutToItsLength)
       EXPECT_TRUE(all_close(g.db.cview(), ref::to_double(db_sum.cview()), Tol{8, 4}, "dbias"));
     }
   }
+}
+
+// ---- single-element segments on sample rows ----------------------------------------------------------
+
+// GroupNorm and InstanceNorm whose segments are single elements (S = 1: [N, C], [N, C, 1], channels last
+// [N, T, C]) with the channels consecutive run on sample rows (scalar segment statistics, channel-rows
+// elementwise kernels); with the channels two floats apart they take the segment path (a kernel call per
+// element). Both give the same bits, forward and backward, every target and thread count. The rows hold
+// -0.0 and a group of equal values (variance 0).
+TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
+  std::mt19937_64 rng(47);
+  const Isa saved_isa = active_isa();
+  const int saved_threads = num_threads();
+  struct Case {
+    Dims shape;
+    int channel_axis;
+    int groups;
+  };
+  for (const Case& k : {Case{{2, 1}, 1, 1}, Case{{5, 12}, 1, 3}, Case{{6, 33, 1}, 1, 11},
+                        Case{{3, 5, 48}, 2, 4}, Case{{4, 7, 64}, -1, 64}, Case{{9, 1024}, 1, 32}}) {
+    const int ca = k.channel_axis < 0 ? k.channel_axis + k.shape.size() : k.channel_axis;
+    const Index C = k.shape[ca];
+    Tensor x = testing::random_tensor(k.shape, rng, 2.0, 3.0);
+    const Tensor dy = testing::random_tensor(k.shape, rng, 1.0, 0.0);
+    x.data()[0] = -0.0f;
+    if (C >= 8)  // channels 4..7 of the first row equal (with 4 channels per group: a constant group)
+      for (Index c = 4; c < 8; ++c) x.data()[c * x.view().stride(ca)] = 1.5f;
+    Dims wide = k.shape;
+    wide[ca] = 2 * C;
+    Tensor xw(wide), dyw(wide);
+    Dims wst = xw.view().strides();
+    wst[ca] *= 2;
+    for (int d = 0; d < k.shape.size(); ++d)
+      if (d < ca) wst[d] = xw.view().stride(d);
+    const View xs(xw.data(), k.shape, wst), dys(dyw.data(), k.shape, wst);
+    {
+      Index i = 0;
+      for_each_offset(xs.shape(), xs.strides(), [&](Index off) { xs.data()[off] = x.data()[i++]; });
+      i = 0;
+      for_each_offset(dys.shape(), dys.strides(), [&](Index off) { dys.data()[off] = dy.data()[i++]; });
+    }
+    const Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({C}, rng, 0.5, 0.0);
+    for (const Isa isa : supported_isas()) {
+      set_isa(isa);
+      for (const int threads : {1, 3}) {
+        set_num_threads(threads);
+        for (const bool affine : {true, false}) {
+          const ConstView wv = affine ? w.cview() : ConstView{}, bv = affine ? b.cview() : ConstView{};
+          const std::string what = fmt::format("{} axis {} groups {} {} {} threads{}", k.shape.str(), ca,
+                                               k.groups, isa_name(isa), threads, affine ? " affine" : "");
+          GroupNormOptions gopt;
+          gopt.channel_axis = ca;
+          Fwd f[2] = {gn_forward(x.cview(), wv, bv, k.groups, gopt), gn_forward(xs, wv, bv, k.groups, gopt)};
+          EXPECT_TRUE(bitwise_equal(f[0].y.cview(), f[1].y.cview(), what + " GroupNorm y"));
+          EXPECT_TRUE(bitwise_equal(f[0].mean.cview(), f[1].mean.cview(), what + " GroupNorm mean"));
+          EXPECT_TRUE(bitwise_equal(f[0].rstd.cview(), f[1].rstd.cview(), what + " GroupNorm rstd"));
+          Grads g[2] = {gn_backward(dy.cview(), x.cview(), wv, k.groups, gopt),
+                        gn_backward(dys, xs, wv, k.groups, gopt)};
+          EXPECT_TRUE(bitwise_equal(g[0].dx.cview(), g[1].dx.cview(), what + " GroupNorm dx"));
+          EXPECT_TRUE(bitwise_equal(g[0].dw.cview(), g[1].dw.cview(), what + " GroupNorm dγ"));
+          EXPECT_TRUE(bitwise_equal(g[0].db.cview(), g[1].db.cview(), what + " GroupNorm dβ"));
+          InstanceNormOptions iopt;
+          iopt.channel_axis = ca;
+          Fwd fi[2] = {in_forward(x.cview(), wv, bv, {}, iopt), in_forward(xs, wv, bv, {}, iopt)};
+          EXPECT_TRUE(bitwise_equal(fi[0].y.cview(), fi[1].y.cview(), what + " InstanceNorm y"));
+          EXPECT_TRUE(bitwise_equal(fi[0].rstd.cview(), fi[1].rstd.cview(), what + " InstanceNorm rstd"));
+          Grads gi[2] = {in_backward(dy.cview(), x.cview(), wv, {}, iopt),
+                         in_backward(dys, xs, wv, {}, iopt)};
+          EXPECT_TRUE(bitwise_equal(gi[0].dx.cview(), gi[1].dx.cview(), what + " InstanceNorm dx"));
+          EXPECT_TRUE(bitwise_equal(gi[0].dw.cview(), gi[1].dw.cview(), what + " InstanceNorm dγ"));
+        }
+      }
+    }
+    // The sample-rows results against the float64 reference.
+    GroupNormOptions gopt;
+    gopt.channel_axis = ca;
+    const ref::ChannelNormOut r = ref::group_norm_forward(x.cview(), w.cview(), b.cview(), k.groups, gopt);
+    const Fwd f = gn_forward(x.cview(), w.cview(), b.cview(), k.groups, gopt);
+    EXPECT_TRUE(all_close(f.y.cview(), r.y, Tol{4, 1}, k.shape.str() + " y against float64"));
+  }
+  set_isa(saved_isa);
+  set_num_threads(saved_threads);
 }
 
 // ---- relations between the groupings --------------------------------------------------------------

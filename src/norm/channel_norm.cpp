@@ -985,9 +985,10 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // floats in every operand, each batch item is a row of C channels. The group-by-group passes would make two
 // kernel calls per element (GroupNorm forward of [4096, 1024], 32 groups: 134 ms at 1 thread). Here the
 // segments' statistics are formed in scalar code, exactly as the segment_stats kernel forms them for n = 1
-// (single_stats), combine_group and group_grads combine them as on the segment path, and the elementwise
-// pass is one channel-rows kernel call per row (rows_normalize, rows_input_grad) with every channel's
-// constants as the segment path forms them: the same bits. Tasks are fixed chunks of rows.
+// (single_stats), combined with combine_group's and group_grads' operations in their order (row_moments,
+// row_grads: the row's groups interleaved), and the elementwise pass is one channel-rows kernel call per
+// row (rows_normalize, rows_input_grad) with every channel's constants as the segment path forms them: the
+// same bits. Tasks are fixed chunks of rows.
 
 // SegmentStats of a one-element segment as the segment_stats kernel computes them for n = 1 (its passes
 // with every other lane 0): Σx = 0 + x, mean = Σx/1, M2 = max((x − m_hi)² − 1·m_lo·m_lo, 0) with the fp32
@@ -1032,27 +1033,70 @@ void for_sample_rows(const Plan& p, bool stream, F&& f) {
   });
 }
 
+// combine_group for the groups of one sample row (unmasked single-element segments: n_s = 1, each group
+// spg consecutive channels, count = spg): each group's operations in combine_group's order from 0.0 on
+// single_stats' values, the row's groups interleaved (independent chains, not one group after another):
+// the same values. mean, var: one entry per group of the row.
+void row_moments(const float* xr, Index spg, Index groups, double count, double* mean, double* var) {
+  std::fill_n(mean, groups, 0.0);
+  for (Index j = 0; j < spg; ++j)
+    for (Index g = 0; g < groups; ++g) mean[g] += single_stats(xr[g * spg + j], nullptr).sum;
+  for (Index g = 0; g < groups; ++g) mean[g] = count > 0 ? mean[g] / count : 0.0;
+  std::fill_n(var, groups, 0.0);
+  for (Index j = 0; j < spg; ++j)
+    for (Index g = 0; g < groups; ++g) {
+      const kernels::SegmentStats t = single_stats(xr[g * spg + j], nullptr);
+      const double d = t.mean - mean[g];
+      var[g] += t.m2 + 1.0 * d * d;  // n_s·d·d with n_s = 1
+    }
+  for (Index g = 0; g < groups; ++g) var[g] = count > 0 ? var[g] / count : 0.0;
+}
+
+// group_grads for the groups of one sample row likewise (the row's groups interleaved, each in
+// group_grads' order from 0.0): mg, mgx per group; each segment's Σdy and Σdy·x̂ into sdy, sdyxh (the row's
+// entries).
+void row_grads(const float* xr, const float* dyr, Index spg, Index groups, double count, const double* mean,
+               const double* rstd, const float* w, double* mg, double* mgx, double* sdy, double* sdyxh) {
+  std::fill_n(mg, groups, 0.0);
+  std::fill_n(mgx, groups, 0.0);
+  for (Index j = 0; j < spg; ++j)
+    for (Index g = 0; g < groups; ++g) {
+      const Index c = g * spg + j;
+      const kernels::SegmentStats t = single_stats(xr[c], dyr + c);
+      const double v = segment_sdyxh(rstd[g], t.sdyd, t.mean, mean[g], t.sdy);
+      const double wc = w ? static_cast<double>(w[c]) : 1.0;
+      mg[g] += wc * t.sdy;
+      mgx[g] += wc * v;
+      sdy[c] = t.sdy;
+      sdyxh[c] = v;
+    }
+  for (Index g = 0; g < groups; ++g) {
+    mg[g] = count > 0 ? mg[g] / count : 0.0;
+    mgx[g] = count > 0 ? mgx[g] / count : 0.0;
+  }
+}
+
 // per_sample_forward on sample rows.
 Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo, double eps, const float* w,
                             const float* b, std::vector<double>& rstd) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
-  const SegmentArrays st = segment_workspace(p);
   Moments m = sized_moments(p.groups);
   rstd.assign(m.count.size(), 0.0);
   const Index spg = segments_per_group(p), per_row = p.C / spg;
+  const double count = group_count(p, 0);  // every group's (unmasked)
   for_sample_rows(p, stream, [&](Index b0, Index b1) {
     RowsNormalize kc(p.C);
     for (Index bi = b0; bi < b1; ++bi) {
-      const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[static_cast<std::size_t>(bi)];
-      for (Index c = 0; c < p.C; ++c) st.put(bi * p.C + c, single_stats(xr[c], nullptr));
-      for (Index g = bi * per_row; g < (bi + 1) * per_row; ++g) {
-        const GroupMoments gm = combine_group(p, g, st);
-        const std::size_t gi = static_cast<std::size_t>(g);
-        store(m, g, gm);
-        rstd[gi] = group_rstd(gm.count, gm.var, eps);
-        const Index c0 = (g - bi * per_row) * spg;
-        for (Index c = c0; c < c0 + spg; ++c) kc.set(c, normalize_consts(gm.mean, rstd[gi], w, b, c));
+      const std::size_t g0 = static_cast<std::size_t>(bi * per_row);
+      double* const mean = m.mean.data() + g0;
+      double* const r = rstd.data() + g0;
+      row_moments(reinterpret_cast<const float*>(xo.base) + xo.b_off[static_cast<std::size_t>(bi)], spg,
+                  per_row, count, mean, m.var.data() + g0);
+      for (Index g = 0; g < per_row; ++g) {
+        m.count[g0 + static_cast<std::size_t>(g)] = count;
+        r[g] = group_rstd(count, m.var[g0 + static_cast<std::size_t>(g)], eps);
+        for (Index c = g * spg; c < (g + 1) * spg; ++c) kc.set(c, normalize_consts(mean[g], r[g], w, b, c));
       }
       kernels::ChannelRows a;
       set_row(xo, bi, a.x, a.xo);
@@ -1071,25 +1115,24 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
                           double eps, const float* w, std::vector<double>& sdy, std::vector<double>& sdyxh) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
-  SegmentArrays st = segment_workspace(p);
-  st.sdy = sdy.data();  // the segments' Σdy go straight to the caller
   const Index spg = segments_per_group(p), per_row = p.C / spg;
+  const double count = group_count(p, 0);  // every group's (unmasked)
   for_sample_rows(p, stream, [&](Index b0, Index b1) {
     RowsInputGrad kc(p.C);
+    std::vector<double> t(static_cast<std::size_t>(5 * per_row));  // mean, var, rstd, mg, mgx of the row
+    double *mean = t.data(), *var = mean + per_row, *r = var + per_row, *mg = r + per_row,
+           *mgx = mg + per_row;
     for (Index bi = b0; bi < b1; ++bi) {
       const std::size_t bs = static_cast<std::size_t>(bi);
       const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs];
       const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs];
-      for (Index c = 0; c < p.C; ++c) st.put(bi * p.C + c, single_stats(xr[c], dyr + c));
-      for (Index g = bi * per_row; g < (bi + 1) * per_row; ++g) {
-        const GroupMoments gm = combine_group(p, g, st);
-        const double rstd = group_rstd(gm.count, gm.var, eps);
-        const GroupGrads gg =
-            group_grads(p, g, st, gm, rstd, w, [&](Index, Index, Index s, double v) { sdyxh[s] = v; });
-        const Index c0 = (g - bi * per_row) * spg;
-        for (Index c = c0; c < c0 + spg; ++c)
-          kc.set(c, input_grad_consts(gm.mean, rstd, w, c, gg.mg, gg.mgx));
-      }
+      row_moments(xr, spg, per_row, count, mean, var);
+      for (Index g = 0; g < per_row; ++g) r[g] = group_rstd(count, var[g], eps);
+      row_grads(xr, dyr, spg, per_row, count, mean, r, w, mg, mgx, sdy.data() + bi * p.C,
+                sdyxh.data() + bi * p.C);
+      for (Index g = 0; g < per_row; ++g)
+        for (Index c = g * spg; c < (g + 1) * spg; ++c)
+          kc.set(c, input_grad_consts(mean[g], r[g], w, c, mg[g], mgx[g]));
       kernels::ChannelRows a;
       set_row(xo, bi, a.x, a.xo);
       set_row(dyo, bi, a.dy, a.dyo);

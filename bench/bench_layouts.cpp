@@ -27,6 +27,9 @@
 //                        native_layer_norm(_backward) on the permuted tensor makes its contiguous copy itself
 //                        and returns contiguous [B, T, C] (permuted back for the self-check, untimed)
 //   BM_LayerNorm{Fwd,Bwd}/normlab/32768x1024              that memory as the contiguous rows it is
+//   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/4096x1024         GroupNorm with 32 groups of [N, C] (one element
+//                        per channel and item: normlab's sample rows); the backward dx, dγ, dβ recomputing
+//                        in normlab, from one forward's mean/rstd in ATen (native_group_norm(_backward))
 //   BM_Copy/copy/{64x256x400,32000x80,32768x1024}, BM_CopyStream/...  the copy roofline at those shapes
 //                        (the BFT shape's copies are in bench_norm.cpp)
 // Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).
@@ -114,6 +117,8 @@ const Shape kBnLast{"64x400x256", {64, 400, 256}, 2};  // the same problem with 
 // holds T·B rows of C, and kPermRows is that memory as the contiguous rows it is.
 const Shape kPerm{"32x1024x1024", {32, 1024, 1024}, 2};
 const Shape kPermRows{"32768x1024", {32768, 1024}};
+const Shape kGn{"4096x1024", {4096, 1024}};  // GroupNorm of [N, C], kGroups groups
+constexpr int kGroups = 32;
 
 // ---- implementations: Run() is timed; Result() gives the main output and (backward) dγ, dβ ----------
 
@@ -187,7 +192,9 @@ enum class Bench {
   kLnFwdRows,
   kLnBwdRows,
   kLnFwdPerm,
-  kLnBwdPerm
+  kLnBwdPerm,
+  kGnFwd,
+  kGnBwd
 };
 
 std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
@@ -395,6 +402,57 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
         },
         [st] { return Result{st->t2.data_ptr<float>()}; });
   }
+  if (b == Bench::kGnFwd || b == Bench::kGnBwd) {  // GroupNorm of [N, C]: normlab and ATen
+    const bool gfwd = b == Bench::kGnFwd;
+    const Index N = s.dims[0];
+    if (impl == "normlab") {
+      st->a.assign(static_cast<std::size_t>(C), 0.0f);
+      st->b.assign(static_cast<std::size_t>(C), 0.0f);
+      if (gfwd)
+        return std::make_unique<Lambda>(
+            [&d, s, C] {
+              normlab::group_norm_forward(normlab::View(d.y.get(), D(s.dims)), {}, {},
+                                          normlab::ConstView(d.x.get(), D(s.dims)),
+                                          normlab::ConstView(d.gamma.get(), D({C})),
+                                          normlab::ConstView(d.beta.get(), D({C})), kGroups);
+            },
+            [&d] { return Result{d.y.get()}; });
+      return std::make_unique<Lambda>(
+          [&d, st, s, C] {
+            normlab::group_norm_backward(
+                normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+                normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+                normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), kGroups);
+          },
+          [&d, st] {
+            return Result{d.dx.get(), st->a.data(), st->b.data()};
+          });
+    }
+    st->t0 = Wrap(d.x.get(), s.dims);
+    st->t1 = Wrap(d.dy.get(), s.dims);
+    st->t2 = Wrap(d.gamma.get(), cs);
+    st->t3 = Wrap(d.beta.get(), cs);
+    auto f = at::native_group_norm(st->t0, st->t2, st->t3, N, C, 1, kGroups, kEps);
+    st->t4 = std::get<1>(f);
+    st->t5 = std::get<2>(f);
+    if (gfwd)
+      return std::make_unique<Lambda>(
+          [st, N, C] {
+            st->out = at::native_group_norm(st->t0, st->t2, st->t3, N, C, 1, kGroups, kEps);
+            benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
+          },
+          [st] { return Result{std::get<0>(st->out).data_ptr<float>()}; });
+    return std::make_unique<Lambda>(
+        [st, N, C] {
+          st->out = at::native_group_norm_backward(st->t1, st->t0, st->t4, st->t5, st->t2, N, C, 1, kGroups,
+                                                   {true, true, true});
+          benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
+        },
+        [st] {
+          return Result{std::get<0>(st->out).data_ptr<float>(), std::get<1>(st->out).data_ptr<float>(),
+                        std::get<2>(st->out).data_ptr<float>()};
+        });
+  }
   // BatchNorm, training; [N, C, T], or [N, T, C] with the channels innermost (channel_dim 2).
   const bool fwd = b == Bench::kBnFwd;
   const bool last = s.channel_dim == 2;
@@ -550,7 +608,7 @@ Copy3 Snapshot(Impl& impl, const Shape& s, bool grads) {
 
 bool IsBackward(Bench b) {
   return b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved || b == Bench::kBnBwd ||
-         b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm;
+         b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm || b == Bench::kGnBwd;
 }
 
 // The bytes the ideal kernel moves: forward x, y; backward x, dy, dx.
@@ -640,6 +698,8 @@ const bool kRegistered = [] {
   RegisterImpls("LayerNormFwdPermuted", {"normlab", "aten"}, Bench::kLnFwdPerm, kPerm);
   RegisterImpls("LayerNormBwdPermuted", {"normlab", "aten"}, Bench::kLnBwdPerm, kPerm);
   RegisterRowsReference(kPermRows);
+  RegisterImpls("GroupNormFwd", {"normlab", "aten"}, Bench::kGnFwd, kGn);
+  RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGn);
   return true;
 }();
 

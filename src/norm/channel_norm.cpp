@@ -1017,10 +1017,21 @@ bool on_sample_rows(const Plan& p, std::initializer_list<const Operand*> operand
   return true;
 }
 
-// Row b of an operand as the channel-rows kernels take it: one row (its offset entry in o.b_off).
-void set_row(const Operand& o, Index b, const float*& base, const Index*& off) {
-  base = reinterpret_cast<const float*>(o.base);
-  off = o.b_off.data() + b;
+// Row b of the operands as the channel-rows kernels take it: one row of C channels, each operand at its
+// offset entry in b_off (dy may be null).
+kernels::ChannelRows sample_row(const Plan& p, Index b, const Operand& x, const Operand* dy, const Operand& out) {
+  kernels::ChannelRows a;
+  a.x = reinterpret_cast<const float*>(x.base);
+  a.xo = x.b_off.data() + b;
+  if (dy) {
+    a.dy = reinterpret_cast<const float*>(dy->base);
+    a.dyo = dy->b_off.data() + b;
+  }
+  a.out = reinterpret_cast<float*>(out.base);
+  a.oo = out.b_off.data() + b;
+  a.rows = 1;
+  a.nc = p.C;
+  return a;
 }
 
 // Runs f(b0, b1) over fixed chunks of rows (about 16 Ki elements each; shape only), fenced when streaming.
@@ -1098,13 +1109,7 @@ Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo,
         r[g] = group_rstd(count, m.var[g0 + static_cast<std::size_t>(g)], eps);
         for (Index c = g * spg; c < (g + 1) * spg; ++c) kc.set(c, normalize_consts(mean[g], r[g], w, b, c));
       }
-      kernels::ChannelRows a;
-      set_row(xo, bi, a.x, a.xo);
-      a.out = reinterpret_cast<float*>(yo.base);
-      a.oo = yo.b_off.data() + bi;
-      a.rows = 1;
-      a.nc = p.C;
-      k.rows_normalize(kc.at(0), a, stream);
+      k.rows_normalize(kc.at(0), sample_row(p, bi, xo, nullptr, yo), stream);
     }
   });
   return m;
@@ -1133,14 +1138,7 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
       for (Index g = 0; g < per_row; ++g)
         for (Index c = g * spg; c < (g + 1) * spg; ++c)
           kc.set(c, input_grad_consts(mean[g], r[g], w, c, mg[g], mgx[g]));
-      kernels::ChannelRows a;
-      set_row(xo, bi, a.x, a.xo);
-      set_row(dyo, bi, a.dy, a.dyo);
-      a.out = reinterpret_cast<float*>(dxo.base);
-      a.oo = dxo.b_off.data() + bi;
-      a.rows = 1;
-      a.nc = p.C;
-      k.rows_input_grad(kc.at(0), a, stream);
+      k.rows_input_grad(kc.at(0), sample_row(p, bi, xo, &dyo, dxo), stream);
     }
   });
 }

@@ -492,13 +492,8 @@ TEST(BatchNormChannelRows, SameBitsAsTheSegmentPath) {
     Dims wst = xw.view().strides();
     wst[ca] = 2;
     const View xs(xw.data(), shape, wst), dys(dyw.data(), shape, wst);
-    {
-      const Tensor xc = Tensor::copy_of(x.cview()), dyc = Tensor::copy_of(dy.cview());
-      Index i = 0;
-      for_each_offset(xs.shape(), xs.strides(), [&](Index off) { xs.data()[off] = xc.data()[i++]; });
-      i = 0;
-      for_each_offset(dys.shape(), dys.strides(), [&](Index off) { dys.data()[off] = dyc.data()[i++]; });
-    }
+    testing::copy_into(xs, x);
+    testing::copy_into(dys, dy);
     const Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0),
                  b = testing::random_tensor({C}, rng, 0.5, 0.0);
     Tensor rm0 = testing::random_tensor({C}, rng, 0.5, 0.0),

@@ -296,12 +296,8 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
     for (int d = 0; d < k.shape.size(); ++d)
       if (d < ca) wst[d] = xw.view().stride(d);
     const View xs(xw.data(), k.shape, wst), dys(dyw.data(), k.shape, wst);
-    {
-      Index i = 0;
-      for_each_offset(xs.shape(), xs.strides(), [&](Index off) { xs.data()[off] = x.data()[i++]; });
-      i = 0;
-      for_each_offset(dys.shape(), dys.strides(), [&](Index off) { dys.data()[off] = dy.data()[i++]; });
-    }
+    testing::copy_into(xs, x);
+    testing::copy_into(dys, dy);
     const Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0),
                  b = testing::random_tensor({C}, rng, 0.5, 0.0);
     for (const Isa isa : supported_isas()) {

@@ -1176,8 +1176,8 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
   const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
   const bool stream = stream_output(p);
   const std::size_t nseg = static_cast<std::size_t>(p.segments());
-  sdy.assign(nseg, 0.0);
-  sdyxh.assign(nseg, 0.0);
+  sdy.resize(nseg);  // every entry is written below
+  sdyxh.resize(nseg);
   if (on_sample_rows(p, {&xo, &dyo, &dxo})) return sample_rows_backward(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
   SegmentArrays st = segment_workspace(p);
   st.sdy = sdy.data();  // the segments' Σdy go straight to the caller

@@ -180,6 +180,7 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
 // "sample rows").
 Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
                            std::vector<double>& rstd);
+// sdy, sdyxh: resized to B·C and every entry written (their old contents are not read).
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
                          std::vector<double>& sdy, std::vector<double>& sdyxh);
 

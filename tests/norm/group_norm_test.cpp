@@ -8,6 +8,7 @@
 #include <normlab/simd.h>
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -269,7 +270,7 @@ TEST(InstanceNormMasked, EqualsUnmaskedInstanceNormOfEachSequenceCutToItsLength)
 // [N, T, C]) with the channels consecutive run on sample rows (scalar segment statistics, channel-rows
 // elementwise kernels); with the channels two floats apart they take the segment path (a kernel call per
 // element). Both give the same bits, forward and backward, every target and thread count. The rows hold
-// -0.0 and a group of equal values (variance 0).
+// -0.0, a group of equal values (variance 0), a NaN and an infinity.
 TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
   std::mt19937_64 rng(47);
   const Isa saved_isa = active_isa();
@@ -288,6 +289,10 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
     x.data()[0] = -0.0f;
     if (C >= 8)  // channels 4..7 of the first row equal (with 4 channels per group: a constant group)
       for (Index c = 4; c < 8; ++c) x.data()[c * x.view().stride(ca)] = 1.5f;
+    if (k.shape[0] >= 3 && C >= 2) {  // a NaN in item 1 and an infinity in item 2 (non-finite statistics)
+      x.data()[1 * x.view().stride(0) + 1 * x.view().stride(ca)] = std::numeric_limits<float>::quiet_NaN();
+      x.data()[2 * x.view().stride(0)] = std::numeric_limits<float>::infinity();
+    }
     Dims wide = k.shape;
     wide[ca] = 2 * C;
     Tensor xw(wide), dyw(wide);

@@ -1096,17 +1096,18 @@ Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo,
   rstd.assign(m.count.size(), 0.0);
   const Index spg = segments_per_group(p), per_row = p.C / spg;
   const double count = group_count(p, 0);  // every group's (unmasked)
+  std::fill(m.count.begin(), m.count.end(), count);
   for_sample_rows(p, stream, [&](Index b0, Index b1) {
     RowsNormalize kc(p.C);
     for (Index bi = b0; bi < b1; ++bi) {
       const std::size_t g0 = static_cast<std::size_t>(bi * per_row);
       double* const mean = m.mean.data() + g0;
+      double* const var = m.var.data() + g0;
       double* const r = rstd.data() + g0;
       row_moments(reinterpret_cast<const float*>(xo.base) + xo.b_off[static_cast<std::size_t>(bi)], spg,
-                  per_row, count, mean, m.var.data() + g0);
+                  per_row, count, mean, var);
       for (Index g = 0; g < per_row; ++g) {
-        m.count[g0 + static_cast<std::size_t>(g)] = count;
-        r[g] = group_rstd(count, m.var[g0 + static_cast<std::size_t>(g)], eps);
+        r[g] = group_rstd(count, var[g], eps);
         for (Index c = g * spg; c < (g + 1) * spg; ++c) kc.set(c, normalize_consts(mean[g], r[g], w, b, c));
       }
       k.rows_normalize(kc.at(0), sample_row(p, bi, xo, nullptr, yo), stream);

@@ -69,10 +69,11 @@ inline constexpr Index kPairsMinN = 128;
 // The backward's groups of four rows (rows_backward_impl) prefetch likewise, rows of
 // a.tuning.backward_prefetch_min_n or more elements (every row on Intel processors, 1024 on AMD ones), x in
 // the Σx pass and dy in the second pass (both in the second pass where there is no Σx pass: from saved
-// statistics, RMSNorm), not when a.cached (the memory-efficient backward's scratch rows). Paired runs on the Intel Xeon (scripts/ab-rows, 1
-// thread, 128 MiB of x; docs/PERFORMANCE.md, "thirtieth session"): the LayerNorm backward 0.90-0.99 of the
-// time from D = 128 to 4096, from saved statistics 0.86-0.95, bf16 0.72-0.79; 1 KiB ahead gained less, 4 KiB
-// lost at D = 768 and 4096; in L3 it changed 1.05-0.96, so only out of cache.
+// statistics, RMSNorm), not when a.cached (the memory-efficient backward's scratch rows). Paired runs on the
+// Intel Xeon (scripts/ab-rows, 1 thread, 128 MiB of x; docs/PERFORMANCE.md, "thirtieth session"): the
+// LayerNorm backward 0.90-0.99 of the time from D = 128 to 4096, from saved statistics 0.86-0.95, bf16
+// 0.72-0.79; 1 KiB ahead gained less, 4 KiB lost at D = 768 and 4096; in L3 it changed 1.05-0.96, so only
+// out of cache.
 inline constexpr Index kRowPrefetchBytes = 2048;
 template <typename T>
 NL_FORCE_INLINE inline void prefetch_ahead64(const T* p) {

@@ -189,6 +189,57 @@ void segment_stats(SegmentStats* out, const float* x, const float* dy, Index n, 
     stats_impl<false>(out, x, nullptr, n, pf);
 }
 
+// stats_impl for a segment of one vector or less (1 ≤ n ≤ kF, no prefetch: the first pass has no block of
+// 32), its operations written out: the first pass's tail (u = x zero-padded, v = 0: a2 = a3 = +0) and the
+// second pass's zero-padded block of 64 (k = {n, 0, 0, 0}: e1..e3 = +0, so t1..t3 = +0), every addition of
+// a zero vector kept (x + 0 is not x for x = −0). The same operations on the same values: the same bits.
+template <bool Dy>
+inline void stats_short(SegmentStats* out, const float* x, const float* dy, Index n) {
+  const int k = static_cast<int>(n);
+  const VD z = zerod();
+  const VF zf = zerof();
+  SegmentStats s;
+  // Scalar math: sum = Σx (0.0 + each), then as stats_impl
+  const VF u = load_n(x, k);
+  s.sum = hsum(add(add(add(z, cvt_lo(u)), add(z, cvt_hi(u))), add(z, z)));
+  VF g = zf;
+  if constexpr (Dy) {
+    g = load_n(dy, k);
+    s.sdy = hsum(add(add(add(z, cvt_lo(g)), add(z, cvt_hi(g))), add(z, z)));
+  }
+  const double nn = static_cast<double>(n);
+  s.mean = s.sum / nn;
+  const float mh = static_cast<float>(s.mean);
+  const double ml = static_cast<double>(static_cast<float>(s.mean - static_cast<double>(mh)));
+  // Scalar math: e = x − m_hi (0 past n); Σe², Σdy·e as the second pass's zero-padded block
+  const VF e = keep_n(sub(u, bcast(mh)), k);
+  const VF zz = add(mul(zf, zf), mul(zf, zf));  // t2 + t3 (+0)
+  const VF q = add(add(mul(e, e), mul(zf, zf)), zz);
+  const double sq = hsum(add(add(z, cvt_lo(q)), add(z, cvt_hi(q))));
+  const double m2 = sq - nn * ml * ml;
+  s.m2 = m2 < 0 ? 0.0 : m2;
+  if constexpr (Dy) {
+    const VF pr = add(add(mul(g, e), mul(zf, zf)), zz);
+    s.sdyd = hsum(add(add(z, cvt_lo(pr)), add(z, cvt_hi(pr)))) - ml * s.sdy;
+  }
+  *out = s;
+}
+
+void segments_stats(SegmentStats* out, const float* x, const float* dy, Index n, Index count) {
+  const StatsPrefetch pf;  // segment_stats' default: follow x in memory (into the next segments)
+  // Scalar math: out[i] = segment_stats(x + i·n, dy + i·n, n) for i in [0, count)
+  if (n <= kF) {
+    if (dy)
+      for (Index i = 0; i < count; ++i) stats_short<true>(out + i, x + i * n, dy + i * n, n);
+    else
+      for (Index i = 0; i < count; ++i) stats_short<false>(out + i, x + i * n, nullptr, n);
+  } else if (dy) {
+    for (Index i = 0; i < count; ++i) stats_impl<true>(out + i, x + i * n, dy + i * n, n, pf);
+  } else {
+    for (Index i = 0; i < count; ++i) stats_impl<false>(out + i, x + i * n, nullptr, n, pf);
+  }
+}
+
 // out[i] = f(i, k) for blocks of kF elements (k valid lanes; only those are stored). With stream, the
 // blocks from the first 64-byte boundary of out on are non-temporal stores, the head before it and the
 // tail ordinary (masked) stores: a different split, the same lane-wise values.
@@ -228,6 +279,18 @@ void input_grad(float* dx, const float* dy, const float* x, Index n, const Input
     const VF d = sub(sub(load_k(x, i, k), mh), ml);
     return mul(r, sub(sub(mul(load_k(dy, i, k), w), c0), mul(d, c2)));
   });
+}
+
+void segments_normalize(float* y, const float* x, Index n, Index count, const NormalizeConsts* k,
+                        bool use_stream) {
+  // Scalar math: normalize(y + i·n, x + i·n, n, k[i]) for i in [0, count)
+  for (Index i = 0; i < count; ++i) normalize(y + i * n, x + i * n, n, k[i], use_stream);
+}
+
+void segments_input_grad(float* dx, const float* dy, const float* x, Index n, Index count,
+                         const InputGradConsts* k, bool use_stream) {
+  // Scalar math: input_grad(dx + i·n, dy + i·n, x + i·n, n, k[i]) for i in [0, count)
+  for (Index i = 0; i < count; ++i) input_grad(dx + i * n, dy + i * n, x + i * n, n, k[i], use_stream);
 }
 
 void fence() {
@@ -350,11 +413,17 @@ void rows_input_grad(const RowInputGradConsts& c, const ChannelRows& a, bool use
 }  // namespace chan
 
 extern const ChannelKernels kChannelTable;
-const ChannelKernels kChannelTable = {
-    vec::leave_clean<chan::segment_stats>,  vec::leave_clean<chan::normalize>,
-    vec::leave_clean<chan::input_grad>,     vec::leave_clean<chan::fence>,
-    vec::leave_clean<chan::rows_sum>,       vec::leave_clean<chan::rows_sqdev>,
-    vec::leave_clean<chan::rows_grads>,     vec::leave_clean<chan::rows_normalize>,
-    vec::leave_clean<chan::rows_input_grad>};
+const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
+                                      vec::leave_clean<chan::segments_stats>,
+                                      vec::leave_clean<chan::normalize>,
+                                      vec::leave_clean<chan::input_grad>,
+                                      vec::leave_clean<chan::segments_normalize>,
+                                      vec::leave_clean<chan::segments_input_grad>,
+                                      vec::leave_clean<chan::fence>,
+                                      vec::leave_clean<chan::rows_sum>,
+                                      vec::leave_clean<chan::rows_sqdev>,
+                                      vec::leave_clean<chan::rows_grads>,
+                                      vec::leave_clean<chan::rows_normalize>,
+                                      vec::leave_clean<chan::rows_input_grad>};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -87,6 +87,9 @@ struct RowInputGradConsts {
 struct ChannelKernels {
   // dy may be null (then sdy = sdyd = 0). The first pass prefetches its inputs 4 KiB ahead (pf).
   void (*segment_stats)(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf);
+  // segment_stats of `count` consecutive segments of n floats (segment i at x + i·n, dy + i·n) into
+  // out[0 .. count), with the default prefetch (one kernel entry for many short segments).
+  void (*segments_stats)(SegmentStats* out, const float* x, const float* dy, Index n, Index count);
   // y may equal x. stream: non-temporal stores from the first 64-byte boundary of y on (ordinary
   // stores before it and at the tail; the values are the same). Call fence() before another thread
   // may read what was streamed.
@@ -94,6 +97,12 @@ struct ChannelKernels {
   // dx may equal dy or x. stream as for normalize.
   void (*input_grad)(float* dx, const float* dy, const float* x, Index n, const InputGradConsts& k,
                      bool stream);
+  // normalize / input_grad of `count` consecutive segments of n floats (segment i at y + i·n, x + i·n, ...)
+  // with segment i's constants k[i].
+  void (*segments_normalize)(float* y, const float* x, Index n, Index count, const NormalizeConsts* k,
+                             bool stream);
+  void (*segments_input_grad)(float* dx, const float* dy, const float* x, Index n, Index count,
+                              const InputGradConsts* k, bool stream);
   void (*fence)();
   // Channel rows (above). rows_sum: sum[c] = Σ_r double(x). rows_sqdev: q[c] = Σ_r d·d, d = double(x) −
   // mean[c]. rows_grads: RowGradSums. rows_normalize, rows_input_grad: the elementwise passes into out

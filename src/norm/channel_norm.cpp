@@ -1144,12 +1144,135 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
   });
 }
 
+// ---- InstanceNorm and GroupNorm on sample runs ------------------------------------------------------
+//
+// With short segments (2 ≤ S ≤ kSampleRunsMaxS: GroupNorm or InstanceNorm of [N, C, H, W] with a small
+// H·W) consecutive in every operand (channel stride S, each segment's S floats in order), a batch item's
+// groups are one run of C·S floats. The group-by-group passes make two kernel calls per segment (GroupNorm
+// of [8192, 256, 2], 32 groups: 74 ms forward at 1 thread where [64, 256, 256] takes 2). Here a run of
+// consecutive groups of one item takes one segments_stats call (segment_stats' loop: the same values), the
+// groups' moments and gradient sums come from combine_group and group_grads as on the group path, and the
+// elementwise pass is one segments_normalize / segments_input_grad call with each segment's constants as
+// the segment path forms them: the same bits. Tasks are fixed chunks of groups, as for_groups'.
+
+// The longest segments taken on sample runs. GroupNorm of [N, 256, S] (4 Mi floats, 32 groups) at 1 thread
+// took 0.7 / 0.7 of the group path's time at S = 2 (forward / backward), 0.7 / 0.75 at S = 8, 0.8 / 0.9 at
+// S = 32, 0.9 / 0.87 at S = 64, but 1.04 / 0.97 at S = 128 and 1.04 / 1.03 at S = 256, where the group
+// path's per-segment calls cost little and each group's elementwise pass still finds its inputs in L1
+// (docs/PERFORMANCE.md, thirty-first session).
+constexpr Index kSampleRunsMaxS = 64;
+
+bool on_sample_runs(const Plan& p, std::initializer_list<const Operand*> operands) {
+  if (p.grouping == Grouping::kBatch || p.masked() || p.S < 2 || p.S > kSampleRunsMaxS) return false;
+  for (const Operand* o : operands)
+    if (o->c_stride != p.S || !o->s_contiguous) return false;
+  return true;
+}
+
+// A run of groups [g0, g1) of batch item b: channels c0 .. c1 − 1 (c1 − c0 segments of S floats, the first
+// at offset c0·S of the item's row).
+struct GroupRun {
+  Index b, g0, g1, c0, c1;
+};
+
+// Runs f(run, task buffers) over the groups in fixed chunks (for_groups' chunks: shape only), each chunk
+// split where a batch item ends; fenced when streaming.
+template <typename Buffers, typename F>
+void for_group_runs(const Plan& p, bool stream, F&& f) {
+  const Index spg = segments_per_group(p), per_row = p.C / spg;
+  const Index per_task = std::max<Index>(1, (Index{1} << 14) / (p.S * spg));
+  parallel::parallel_for((p.groups + per_task - 1) / per_task, [&](Index t) {
+    Buffers buf(std::min(p.groups - t * per_task, per_task) * spg);
+    const Index end = std::min(p.groups, (t + 1) * per_task);
+    for (Index g0 = t * per_task; g0 < end;) {
+      const Index b = g0 / per_row, g1 = std::min(end, (b + 1) * per_row);
+      f(GroupRun{b, g0, g1, (g0 - b * per_row) * spg, (g1 - b * per_row) * spg}, buf);
+      g0 = g1;
+    }
+    if (stream) kernels::channel_kernels().fence();
+  });
+}
+
+// Per-task buffers: the run's segment statistics and constants (at most a chunk's segments).
+template <typename Consts>
+struct RunBuffers {
+  std::vector<kernels::SegmentStats> ss;
+  std::vector<Consts> kc;
+  explicit RunBuffers(Index n) : ss(static_cast<std::size_t>(n)), kc(ss.size()) {}
+};
+
+// Operand o's pointer to segment (r.b, r.c0), the run's first.
+template <typename T = float>
+T* run_at(const Operand& o, const GroupRun& r) {
+  return reinterpret_cast<T*>(o.base) + o.b_off[static_cast<std::size_t>(r.b)] + r.c0 * o.c_stride;
+}
+
+// The segment statistics of the run (x, and dy when not null) into st, one segments_stats call.
+void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r, const Operand& xo,
+               const Operand* dyo, const SegmentArrays& st, std::vector<kernels::SegmentStats>& ss) {
+  k.segments_stats(ss.data(), run_at<const float>(xo, r), dyo ? run_at<const float>(*dyo, r) : nullptr, p.S,
+                   r.c1 - r.c0);
+  for (Index c = r.c0; c < r.c1; ++c) st.put(r.b * p.C + c, ss[static_cast<std::size_t>(c - r.c0)]);
+}
+
+// per_sample_forward on sample runs.
+Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo, double eps, const float* w,
+                            const float* b, std::vector<double>& rstd) {
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool stream = stream_output(p);
+  const SegmentArrays st = segment_workspace(p);
+  Moments m = sized_moments(p.groups);
+  rstd.assign(m.count.size(), 0.0);
+  const Index spg = segments_per_group(p);
+  using Buffers = RunBuffers<kernels::NormalizeConsts>;
+  for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
+    run_stats(k, p, r, xo, nullptr, st, buf.ss);
+    for (Index g = r.g0; g < r.g1; ++g) {
+      const GroupMoments gm = combine_group(p, g, st);
+      const std::size_t gi = static_cast<std::size_t>(g);
+      store(m, g, gm);
+      rstd[gi] = group_rstd(gm.count, gm.var, eps);
+      const Index c0 = r.c0 + (g - r.g0) * spg;
+      for (Index c = c0; c < c0 + spg; ++c)
+        buf.kc[static_cast<std::size_t>(c - r.c0)] = normalize_consts(gm.mean, rstd[gi], w, b, c);
+    }
+    k.segments_normalize(run_at(yo, r), run_at<const float>(xo, r), p.S, r.c1 - r.c0, buf.kc.data(), stream);
+  });
+  return m;
+}
+
+// per_sample_backward on sample runs (each segment's Σdy into sdy, Σdy·x̂ into sdyxh).
+void sample_runs_backward(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
+                          double eps, const float* w, std::vector<double>& sdy, std::vector<double>& sdyxh) {
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool stream = stream_output(p);
+  SegmentArrays st = segment_workspace(p);
+  st.sdy = sdy.data();  // the segments' Σdy go straight to the caller
+  const Index spg = segments_per_group(p);
+  using Buffers = RunBuffers<kernels::InputGradConsts>;
+  for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
+    run_stats(k, p, r, xo, &dyo, st, buf.ss);
+    for (Index g = r.g0; g < r.g1; ++g) {
+      const GroupMoments gm = combine_group(p, g, st);
+      const double rstd = group_rstd(gm.count, gm.var, eps);
+      const GroupGrads gg =
+          group_grads(p, g, st, gm, rstd, w, [&](Index, Index, Index s, double v) { sdyxh[s] = v; });
+      const Index c0 = r.c0 + (g - r.g0) * spg;
+      for (Index c = c0; c < c0 + spg; ++c)
+        buf.kc[static_cast<std::size_t>(c - r.c0)] = input_grad_consts(gm.mean, rstd, w, c, gg.mg, gg.mgx);
+    }
+    k.segments_input_grad(run_at(dxo, r), run_at<const float>(dyo, r), run_at<const float>(xo, r), p.S,
+                          r.c1 - r.c0, buf.kc.data(), stream);
+  });
+}
+
 }  // namespace
 
 Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
                            std::vector<double>& rstd) {
   const Operand xo = operand(x, p), yo = operand(y, p);
   if (on_sample_rows(p, {&xo, &yo})) return sample_rows_forward(p, yo, xo, eps, w, b, rstd);
+  if (on_sample_runs(p, {&xo, &yo})) return sample_runs_forward(p, yo, xo, eps, w, b, rstd);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
   const SegmentArrays st = segment_workspace(p);
@@ -1180,6 +1303,7 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
   sdy.resize(nseg);  // every entry is written below
   sdyxh.resize(nseg);
   if (on_sample_rows(p, {&xo, &dyo, &dxo})) return sample_rows_backward(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
+  if (on_sample_runs(p, {&xo, &dyo, &dxo})) return sample_runs_backward(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
   SegmentArrays st = segment_workspace(p);
   st.sdy = sdy.data();  // the segments' Σdy go straight to the caller
   for_groups(

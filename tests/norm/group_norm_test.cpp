@@ -264,13 +264,15 @@ TEST(InstanceNormMasked, EqualsUnmaskedInstanceNormOfEachSequenceCutToItsLength)
   }
 }
 
-// ---- single-element segments on sample rows ----------------------------------------------------------
+// ---- short segments on sample rows and sample runs ---------------------------------------------------
 
 // GroupNorm and InstanceNorm whose segments are single elements (S = 1: [N, C], [N, C, 1], channels last
 // [N, T, C]) with the channels consecutive run on sample rows (scalar segment statistics, channel-rows
-// elementwise kernels); with the channels two floats apart they take the segment path (a kernel call per
-// element). Both give the same bits, forward and backward, every target and thread count. The rows hold
-// -0.0, a group of equal values (variance 0), a NaN and an infinity.
+// elementwise kernels); short segments (2 ≤ S ≤ 64, [N, C, H, W]) with the channels S floats apart on
+// sample runs (one segments_stats call per row, channel-rows elementwise kernels with per-element
+// constants); with the channels twice as far apart both take the segment path (kernel calls per segment).
+// Both give the same bits, forward and backward, every target and thread count. The rows hold -0.0, a group
+// of equal values (variance 0), a NaN and an infinity.
 TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
   std::mt19937_64 rng(47);
   const Isa saved_isa = active_isa();
@@ -281,14 +283,19 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
     int groups;
   };
   for (const Case& k : {Case{{2, 1}, 1, 1}, Case{{5, 12}, 1, 3}, Case{{6, 33, 1}, 1, 11},
-                        Case{{3, 5, 48}, 2, 4}, Case{{4, 7, 64}, -1, 64}, Case{{9, 1024}, 1, 32}}) {
+                        Case{{3, 5, 48}, 2, 4}, Case{{4, 7, 64}, -1, 64}, Case{{9, 1024}, 1, 32},
+                        Case{{3, 12, 2}, 1, 3}, Case{{4, 8, 5, 3}, 1, 2}, Case{{3, 33, 7}, 1, 11},
+                        Case{{2, 64, 64}, 1, 32}, Case{{5, 9, 4, 4}, 1, 9}, Case{{7, 48, 8, 8}, 1, 3}}) {
     const int ca = k.channel_axis < 0 ? k.channel_axis + k.shape.size() : k.channel_axis;
     const Index C = k.shape[ca];
     Tensor x = testing::random_tensor(k.shape, rng, 2.0, 3.0);
     const Tensor dy = testing::random_tensor(k.shape, rng, 1.0, 0.0);
     x.data()[0] = -0.0f;
+    // The elements of a segment of the first row (S of them, consecutive when the channel axis is not last).
+    const Index S = ca + 1 == static_cast<int>(k.shape.size()) ? 1 : x.view().stride(ca);
     if (C >= 8)  // channels 4..7 of the first row equal (with 4 channels per group: a constant group)
-      for (Index c = 4; c < 8; ++c) x.data()[c * x.view().stride(ca)] = 1.5f;
+      for (Index c = 4; c < 8; ++c)
+        for (Index e = 0; e < S; ++e) x.data()[c * x.view().stride(ca) + e] = 1.5f;
     if (k.shape[0] >= 3 && C >= 2) {  // a NaN in item 1 and an infinity in item 2 (non-finite statistics)
       x.data()[1 * x.view().stride(0) + 1 * x.view().stride(ca)] = std::numeric_limits<float>::quiet_NaN();
       x.data()[2 * x.view().stride(0)] = std::numeric_limits<float>::infinity();

@@ -136,6 +136,12 @@ std::vector<Call> calls() {
                  kernels::channel_kernels().segment_stats(&st, x.data(), dy.data(), 37,
                                                           kernels::StatsPrefetch{});
                }});
+  v.push_back({"channel segments_stats of x and dy", [] {
+                 const Tensor x = filled({3, 37}), dy = filled({3, 37});
+                 kernels::SegmentStats st[3];
+                 kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 37, 3);
+                 kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 5, 3);  // n ≤ 16
+               }});
   v.push_back({"channel normalize", [] {
                  const Tensor x = filled({37});
                  Tensor y({37});
@@ -147,6 +153,19 @@ std::vector<Call> calls() {
                  Tensor dx({37});
                  kernels::channel_kernels().input_grad(dx.data(), dy.data(), x.data(), 37,
                                                        kernels::InputGradConsts{}, false);
+               }});
+  v.push_back({"channel segments_normalize", [] {
+                 const Tensor x = filled({3, 37});
+                 Tensor y({3, 37});
+                 const kernels::NormalizeConsts k[3];
+                 kernels::channel_kernels().segments_normalize(y.data(), x.data(), 37, 3, k, false);
+               }});
+  v.push_back({"channel segments_input_grad", [] {
+                 const Tensor x = filled({3, 37}), dy = filled({3, 37});
+                 Tensor dx({3, 37});
+                 const kernels::InputGradConsts k[3];
+                 kernels::channel_kernels().segments_input_grad(dx.data(), dy.data(), x.data(), 37, 3, k,
+                                                                false);
                }});
   v.push_back({"channel fence", [] { kernels::channel_kernels().fence(); }});
   // The channel-rows entries: 3 rows of 37 channels (per-channel arrays padded to 48).

@@ -30,6 +30,8 @@
 //   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/4096x1024         GroupNorm with 32 groups of [N, C] (one element
 //                        per channel and item: normlab's sample rows); the backward dx, dγ, dβ recomputing
 //                        in normlab, from one forward's mean/rstd in ATen (native_group_norm(_backward))
+//   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/1024x256x16       the same of [N, C, 4·4] (segments of 16 floats:
+//                        normlab's sample runs)
 //   BM_Copy/copy/{64x256x400,32000x80,32768x1024}, BM_CopyStream/...  the copy roofline at those shapes
 //                        (the BFT shape's copies are in bench_norm.cpp)
 // Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).
@@ -118,6 +120,7 @@ const Shape kBnLast{"64x400x256", {64, 400, 256}, 2};  // the same problem with 
 const Shape kPerm{"32x1024x1024", {32, 1024, 1024}, 2};
 const Shape kPermRows{"32768x1024", {32768, 1024}};
 const Shape kGn{"4096x1024", {4096, 1024}};  // GroupNorm of [N, C], kGroups groups
+const Shape kGnSmall{"1024x256x16", {1024, 256, 16}};  // GroupNorm of [N, C, H·W] with H·W = 4 × 4
 constexpr int kGroups = 32;
 
 // ---- implementations: Run() is timed; Result() gives the main output and (backward) dγ, dβ ----------
@@ -402,9 +405,9 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
         },
         [st] { return Result{st->t2.data_ptr<float>()}; });
   }
-  if (b == Bench::kGnFwd || b == Bench::kGnBwd) {  // GroupNorm of [N, C]: normlab and ATen
+  if (b == Bench::kGnFwd || b == Bench::kGnBwd) {  // GroupNorm of [N, C, ...]: normlab and ATen
     const bool gfwd = b == Bench::kGnFwd;
-    const Index N = s.dims[0];
+    const Index N = s.dims[0], HxW = s.numel() / (N * C);
     if (impl == "normlab") {
       st->a.assign(static_cast<std::size_t>(C), 0.0f);
       st->b.assign(static_cast<std::size_t>(C), 0.0f);
@@ -432,19 +435,19 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
     st->t1 = Wrap(d.dy.get(), s.dims);
     st->t2 = Wrap(d.gamma.get(), cs);
     st->t3 = Wrap(d.beta.get(), cs);
-    auto f = at::native_group_norm(st->t0, st->t2, st->t3, N, C, 1, kGroups, kEps);
+    auto f = at::native_group_norm(st->t0, st->t2, st->t3, N, C, HxW, kGroups, kEps);
     st->t4 = std::get<1>(f);
     st->t5 = std::get<2>(f);
     if (gfwd)
       return std::make_unique<Lambda>(
-          [st, N, C] {
-            st->out = at::native_group_norm(st->t0, st->t2, st->t3, N, C, 1, kGroups, kEps);
+          [st, N, C, HxW] {
+            st->out = at::native_group_norm(st->t0, st->t2, st->t3, N, C, HxW, kGroups, kEps);
             benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
           },
           [st] { return Result{std::get<0>(st->out).data_ptr<float>()}; });
     return std::make_unique<Lambda>(
-        [st, N, C] {
-          st->out = at::native_group_norm_backward(st->t1, st->t0, st->t4, st->t5, st->t2, N, C, 1, kGroups,
+        [st, N, C, HxW] {
+          st->out = at::native_group_norm_backward(st->t1, st->t0, st->t4, st->t5, st->t2, N, C, HxW, kGroups,
                                                    {true, true, true});
           benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
         },
@@ -700,6 +703,8 @@ const bool kRegistered = [] {
   RegisterRowsReference(kPermRows);
   RegisterImpls("GroupNormFwd", {"normlab", "aten"}, Bench::kGnFwd, kGn);
   RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGn);
+  RegisterImpls("GroupNormFwd", {"normlab", "aten"}, Bench::kGnFwd, kGnSmall);
+  RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGnSmall);
   return true;
 }();
 

@@ -1156,8 +1156,8 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
 // the segment path forms them: the same bits. Tasks are fixed chunks of groups, as for_groups'.
 
 // The longest segments taken on sample runs. GroupNorm of [N, 256, S] (4 Mi floats, 32 groups) at 1 thread
-// took 0.7 / 0.7 of the group path's time at S = 2 (forward / backward), 0.7 / 0.75 at S = 8, 0.8 / 0.9 at
-// S = 32, 0.9 / 0.87 at S = 64, but 1.04 / 0.97 at S = 128 and 1.04 / 1.03 at S = 256, where the group
+// took 0.68 / 0.71 of the group path's time at S = 2 (forward / backward), 0.71 / 0.76 at S = 8, 0.79 / 0.91
+// at S = 32, 0.91 / 0.86 at S = 64, but 1.04 / 0.95 at S = 128 and 1.04 / 1.04 at S = 256, where the group
 // path's per-segment calls cost little and each group's elementwise pass still finds its inputs in L1
 // (docs/PERFORMANCE.md, thirty-first session).
 constexpr Index kSampleRunsMaxS = 64;

@@ -540,6 +540,36 @@ TEST(BatchNormChannelRows, SameBitsAsTheSegmentPath) {
   set_num_threads(saved_threads);
 }
 
+// An infinite dy on the channel rows (docs/numerics.md, "NaN, Inf, eps"): the segment kernel forms a
+// one-element segment's Σdy·(x − mean_s) as dy·0 (NaN), the channel rows form no such term, so that channel's
+// dγ is NaN on one path and ±Inf on the other: non-finite on both. The other channels' dγ, every dβ and
+// the other channels' dx keep the same bits.
+TEST(BatchNormChannelRows, InfiniteDyMakesItsChannelNonFiniteOnBothPaths) {
+  std::mt19937_64 rng(44);
+  const Dims shape{6, 5};
+  const Index C = 5, c_inf = 2;
+  const Tensor x = testing::random_tensor(shape, rng, 2.0, 3.0);
+  Tensor dy = testing::random_tensor(shape, rng, 1.0, 0.0);
+  dy.data()[1 * C + c_inf] = std::numeric_limits<float>::infinity();
+  Tensor xw({6, 2 * C}), dyw({6, 2 * C});
+  const View xs(xw.data(), shape, {2 * C, 2}), dys(dyw.data(), shape, {2 * C, 2});
+  testing::copy_into(xs, x);
+  testing::copy_into(dys, dy);
+  BatchNormOptions opt;
+  opt.channel_axis = 1;
+  Grads g[2] = {bn_backward(dy.cview(), x.cview(), ConstView{}, ConstView{}, ConstView{}, {}, opt),
+                bn_backward(dys, xs, ConstView{}, ConstView{}, ConstView{}, {}, opt)};
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(std::isfinite(g[i].dw[c_inf])) << "path " << i;
+  EXPECT_TRUE(bitwise_equal(g[0].db.cview(), g[1].db.cview(), "dβ"));
+  for (Index c = 0; c < C; ++c) {
+    if (c == c_inf) continue;
+    EXPECT_TRUE(bitwise_equal(g[0].dw.cview().slice(0, c, c + 1), g[1].dw.cview().slice(0, c, c + 1),
+                              fmt::format("dγ of channel {}", c)));
+    EXPECT_TRUE(bitwise_equal(g[0].dx.cview().slice(1, c, c + 1), g[1].dx.cview().slice(1, c, c + 1),
+                              fmt::format("dx of channel {}", c)));
+  }
+}
+
 // Segment lengths around the channel kernels' blocks (16-float vectors, blocks of 32, 64 and 128) on
 // misaligned segments (a slice at offset 1), BatchNorm and InstanceNorm: the float64 reference within the
 // documented bounds (docs/numerics.md), and the same bits on every SIMD target.

@@ -272,7 +272,7 @@ TEST(InstanceNormMasked, EqualsUnmaskedInstanceNormOfEachSequenceCutToItsLength)
 // sample runs (one segments_stats call per row, channel-rows elementwise kernels with per-element
 // constants); with the channels twice as far apart both take the segment path (kernel calls per segment).
 // Both give the same bits, forward and backward, every target and thread count. The rows hold -0.0, a group
-// of equal values (variance 0), a NaN and an infinity.
+// of equal values (variance 0), a NaN and an infinity, and dy an infinity.
 TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
   std::mt19937_64 rng(47);
   const Isa saved_isa = active_isa();
@@ -289,7 +289,7 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
     const int ca = k.channel_axis < 0 ? k.channel_axis + k.shape.size() : k.channel_axis;
     const Index C = k.shape[ca];
     Tensor x = testing::random_tensor(k.shape, rng, 2.0, 3.0);
-    const Tensor dy = testing::random_tensor(k.shape, rng, 1.0, 0.0);
+    Tensor dy = testing::random_tensor(k.shape, rng, 1.0, 0.0);
     x.data()[0] = -0.0f;
     // The elements of a segment of the first row (S of them, consecutive when the channel axis is not last).
     const Index S = ca + 1 == static_cast<int>(k.shape.size()) ? 1 : x.view().stride(ca);
@@ -300,6 +300,8 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
       x.data()[1 * x.view().stride(0) + 1 * x.view().stride(ca)] = std::numeric_limits<float>::quiet_NaN();
       x.data()[2 * x.view().stride(0)] = std::numeric_limits<float>::infinity();
     }
+    if (C >= 4)  // an infinite dy in item 0, channel 3 (the segment kernel's dy·(x − m_hi) is NaN there)
+      dy.data()[3 * dy.view().stride(ca)] = std::numeric_limits<float>::infinity();
     Dims wide = k.shape;
     wide[ca] = 2 * C;
     Tensor xw(wide), dyw(wide);

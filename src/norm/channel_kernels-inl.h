@@ -409,6 +409,75 @@ void rows_input_grad(const RowInputGradConsts& c, const ChannelRows& a, bool use
   });
 }
 
+// ---- single-element segments (channel_kernels.h) ----------------------------------------------------
+
+// The segment statistics of one element per lane, as segment_stats forms them for n = 1 (see
+// single_stats in channel_norm.cpp): mean_s (= Σx = 0 + x), m_lo, and e = x − m_hi for the 8 lanes of xd
+// (double) and xf (the same values in fp32, lanes 0..7 of a VF).
+struct SingleLanes {
+  VD mean, ml;
+  VF e;  // lanes 0..7
+};
+inline SingleLanes single_lanes(VD xd, VF xf) {
+  SingleLanes s;
+  s.mean = add(zerod(), xd);
+  const VF mh = narrow_pd(s.mean, zerod());  // lanes 0..7
+  const VD mhd = cvt_lo(mh);
+  s.ml = cvt_lo(narrow_pd(sub(s.mean, mhd), zerod()));
+  s.e = sub(xf, mh);
+  return s;
+}
+
+// f(i, h, xd, xf) for each half h (8 channels from i + 8h) of every block of 16 channels: xd the channels
+// in double, xf their floats in lanes 0..7 (zero past n).
+template <typename F>
+inline void each_half(const float* x, Index n, F&& f) {
+  for (Index i = 0; i < n; i += kF) {
+    const VF v = load_k(x, i, static_cast<int>(std::min<Index>(kF, n - i)));
+    f(i, 0, cvt_lo(v), v);
+    f(i, 1, cvt_hi(v), narrow_pd(cvt_hi(v), zerod()));
+  }
+}
+
+void single_var_terms(double* u, const float* x, const double* gmean, Index n) {
+  // Scalar math: mean_s = 0 + x; e = x − float(mean_s); m_lo = float(mean_s − float(mean_s));
+  //   u[c] = (double(e·e) − m_lo·m_lo) + d·d, d = mean_s − gmean[c]
+  each_half(x, n, [&](Index i, int h, VD xd, VF xf) {
+    const Index j = i + h * kD;
+    const SingleLanes s = single_lanes(xd, xf);
+    const VD m2 = sub(cvt_lo(mul(s.e, s.e)), mul(s.ml, s.ml));
+    const VD d = sub(s.mean, loadd(gmean + j));
+    stored(u + j, add(m2, mul(d, d)));
+  });
+}
+
+void single_grad_terms(const SingleGradTerms& o, const float* x, const float* dy, const float* w,
+                       const double* gmean, const double* grstd, Index n) {
+  const VD one = bcastd(1.0);
+  // Scalar math: as single_var_terms' mean_s, e, m_lo; sdy = 0 + dy; sdyd = double(dy·e + 0) − m_lo·sdy;
+  //   sdyxh = grstd[c]·(sdyd + (mean_s − gmean[c])·sdy); wsdy = w·sdy; wsdyxh = w·sdyxh
+  each_half(x, n, [&](Index i, int h, VD xd, VF xf) {
+    const Index j = i + h * kD;
+    const int k = static_cast<int>(std::min<Index>(kF, n - i));
+    const VF dyv = load_k(dy, i, k);
+    const VD dyd = h ? cvt_hi(dyv) : cvt_lo(dyv);
+    const VF dyf = h ? narrow_pd(dyd, zerod()) : dyv;
+    const SingleLanes s = single_lanes(xd, xf);
+    const VD sdy = add(zerod(), dyd);
+    const VD sdyd = sub(cvt_lo(add(mul(dyf, s.e), zerof())), mul(s.ml, sdy));
+    const VD v = mul(loadd(grstd + j), add(sdyd, mul(sub(s.mean, loadd(gmean + j)), sdy)));
+    VD wd = one;
+    if (w) {
+      const VF wv = load_k(w, i, k);
+      wd = h ? cvt_hi(wv) : cvt_lo(wv);
+    }
+    stored(o.sdy + j, sdy);
+    stored(o.sdyxh + j, v);
+    stored(o.wsdy + j, mul(wd, sdy));
+    stored(o.wsdyxh + j, mul(wd, v));
+  });
+}
+
 }  // namespace
 }  // namespace chan
 
@@ -424,6 +493,8 @@ const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
                                       vec::leave_clean<chan::rows_sqdev>,
                                       vec::leave_clean<chan::rows_grads>,
                                       vec::leave_clean<chan::rows_normalize>,
-                                      vec::leave_clean<chan::rows_input_grad>};
+                                      vec::leave_clean<chan::rows_input_grad>,
+                                      vec::leave_clean<chan::single_var_terms>,
+                                      vec::leave_clean<chan::single_grad_terms>};
 
 }  // namespace normlab::kernels::NL_TARGET

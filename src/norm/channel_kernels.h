@@ -76,6 +76,20 @@ struct ChannelRows {
 struct RowGradSums {
   double *mg = nullptr, *mgx = nullptr, *dw = nullptr, *db = nullptr;
 };
+// Terms of single-element segments (GroupNorm / InstanceNorm sample rows, channel_norm.cpp) for channels
+// c in [0, n) of one row, each with its group's mean gmean[c] and rstd grstd[c] (double, per channel), from
+// the segment statistics of x[c] alone as segment_stats forms them for n = 1 (Σx = 0 + x, mean_s = Σx/1 =
+// Σx, m_hi = float(mean_s), m_lo = float(mean_s − m_hi), e = x − m_hi in fp32, M2 = double(e·e) − m_lo·m_lo,
+// Σdy = 0 + dy, Σdy·(x − mean_s) = double(dy·e + 0) − m_lo·Σdy; for finite x: mean_s = x, e = m_lo = 0, so
+// M2 = +0, and for x = ±Inf or NaN M2 is NaN: segment_stats' floor of M2 at 0 never applies):
+//   var:   u[c] = M2 + d·d, d = mean_s − gmean[c]
+//   grads: sdy[c] = Σdy, sdyxh[c] = grstd[c]·(Σdy·(x − mean_s) + (mean_s − gmean[c])·Σdy),
+//          wsdy[c] = w_c·sdy[c], wsdyxh[c] = w_c·sdyxh[c] (w null: 1)
+// The double arrays hold a multiple of kRowsPad entries (the lanes past n are scratch).
+struct SingleGradTerms {
+  double *sdy = nullptr, *sdyxh = nullptr, *wsdy = nullptr, *wsdyxh = nullptr;
+};
+
 // Per-channel fp32 constants of the elementwise row passes, as NormalizeConsts / InputGradConsts.
 struct RowNormalizeConsts {
   const float *mh, *ml, *s, *b;
@@ -113,6 +127,10 @@ struct ChannelKernels {
                      const ChannelRows& a);
   void (*rows_normalize)(const RowNormalizeConsts& k, const ChannelRows& a, bool stream);
   void (*rows_input_grad)(const RowInputGradConsts& k, const ChannelRows& a, bool stream);
+  // Single-element segments' terms (above): x, dy, w the row's n floats (w may be null).
+  void (*single_var_terms)(double* u, const float* x, const double* gmean, Index n);
+  void (*single_grad_terms)(const SingleGradTerms& o, const float* x, const float* dy, const float* w,
+                            const double* gmean, const double* grstd, Index n);
 };
 
 // The table for the active instruction set (see normlab/simd.h).

@@ -984,11 +984,12 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // With single-element segments (S = 1: GroupNorm or InstanceNorm of [N, C]) and the channels consecutive
 // floats in every operand, each batch item is a row of C channels. The group-by-group passes would make two
 // kernel calls per element (GroupNorm forward of [4096, 1024], 32 groups: 134 ms at 1 thread). Here the
-// segments' statistics are formed in scalar code, exactly as the segment_stats kernel forms them for n = 1
-// (single_stats), combined with combine_group's and group_grads' operations in their order (row_moments,
-// row_grads: the row's groups interleaved), and the elementwise pass is one channel-rows kernel call per
-// row (rows_normalize, rows_input_grad) with every channel's constants as the segment path forms them: the
-// same bits. Tasks are fixed chunks of rows.
+// segments' statistics are formed exactly as the segment_stats kernel forms them for n = 1 (single_stats in
+// scalar code for the means; the single_var_terms / single_grad_terms kernels, vectorized over the row's
+// channels, for each segment's variance and gradient terms), combined with combine_group's and
+// group_grads' operations in their order (row_moments, row_grads: the row's groups interleaved), and the
+// elementwise pass is one channel-rows kernel call per row (rows_normalize, rows_input_grad) with every
+// channel's constants as the segment path forms them: the same bits. Tasks are fixed chunks of rows.
 
 // SegmentStats of a one-element segment as the segment_stats kernel computes them for n = 1 (its passes
 // with every other lane 0): Σx = 0 + x, mean = Σx/1, M2 = max((x − m_hi)² − 1·m_lo·m_lo, 0) with the fp32
@@ -1044,43 +1045,65 @@ void for_sample_rows(const Plan& p, bool stream, F&& f) {
   });
 }
 
+// Per-task buffers of the sample-row passes: per-channel doubles padded to kRowsPad (the kernels write
+// whole vectors): the groups' mean and rstd per channel, and the single-element terms.
+struct SampleRowBuffers {
+  std::vector<double> gmean, grstd, u, sdy, sdyxh, wsdy, wsdyxh;
+  explicit SampleRowBuffers(Index C) {
+    for (auto* v : {&gmean, &grstd, &u, &sdy, &sdyxh, &wsdy, &wsdyxh})
+      v->resize(static_cast<std::size_t>(rows_padded(C)));
+  }
+};
+
+// Each of the row's groups' value v[g] at its spg channels (gv[c] = v[c / spg]).
+void spread(double* gv, const double* v, Index spg, Index groups) {
+  for (Index g = 0; g < groups; ++g) std::fill_n(gv + g * spg, spg, v[g]);
+}
+
+// acc[g] = Σ_j t[g·spg + j] from 0.0 in j order, for the row's groups (interleaved, each chain in order).
+void group_chains(double* acc, const double* t, Index spg, Index groups) {
+  std::fill_n(acc, groups, 0.0);
+  for (Index j = 0; j < spg; ++j)
+    for (Index g = 0; g < groups; ++g) acc[g] += t[g * spg + j];
+}
+
 // combine_group for the groups of one sample row (unmasked single-element segments: n_s = 1, each group
 // spg consecutive channels, count = spg): each group's operations in combine_group's order from 0.0 on
 // single_stats' values, the row's groups interleaved (independent chains, not one group after another):
-// the same values. mean, var: one entry per group of the row.
-void row_moments(const float* xr, Index spg, Index groups, double count, double* mean, double* var) {
+// the same values. The variance's terms st.m2 + n_s·d·d come from the single_var_terms kernel. mean, var:
+// one entry per group of the row.
+void row_moments(const kernels::ChannelKernels& k, const float* xr, Index spg, Index groups, double count,
+                 double* mean, double* var, SampleRowBuffers& buf) {
   std::fill_n(mean, groups, 0.0);
   for (Index j = 0; j < spg; ++j)
     for (Index g = 0; g < groups; ++g) mean[g] += single_stats(xr[g * spg + j], nullptr).sum;
   for (Index g = 0; g < groups; ++g) mean[g] = count > 0 ? mean[g] / count : 0.0;
-  std::fill_n(var, groups, 0.0);
-  for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < groups; ++g) {
-      const kernels::SegmentStats t = single_stats(xr[g * spg + j], nullptr);
-      const double d = t.mean - mean[g];
-      var[g] += t.m2 + 1.0 * d * d;  // n_s·d·d with n_s = 1
-    }
+  spread(buf.gmean.data(), mean, spg, groups);
+  k.single_var_terms(buf.u.data(), xr, buf.gmean.data(), spg * groups);
+  group_chains(var, buf.u.data(), spg, groups);
   for (Index g = 0; g < groups; ++g) var[g] = count > 0 ? var[g] / count : 0.0;
 }
 
 // group_grads for the groups of one sample row likewise (the row's groups interleaved, each in
-// group_grads' order from 0.0): mg, mgx per group; each segment's Σdy and Σdy·x̂ into sdy, sdyxh (the row's
+// group_grads' order from 0.0; the per-channel terms from the single_grad_terms kernel, after row_moments
+// has spread the means): mg, mgx per group; each segment's Σdy and Σdy·x̂ into sdy, sdyxh (the row's
 // entries).
-void row_grads(const float* xr, const float* dyr, Index spg, Index groups, double count, const double* mean,
-               const double* rstd, const float* w, double* mg, double* mgx, double* sdy, double* sdyxh) {
-  std::fill_n(mg, groups, 0.0);
-  std::fill_n(mgx, groups, 0.0);
-  for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < groups; ++g) {
-      const Index c = g * spg + j;
-      const kernels::SegmentStats t = single_stats(xr[c], dyr + c);
-      const double v = segment_sdyxh(rstd[g], t.sdyd, t.mean, mean[g], t.sdy);
-      const double wc = w ? static_cast<double>(w[c]) : 1.0;
-      mg[g] += wc * t.sdy;
-      mgx[g] += wc * v;
-      sdy[c] = t.sdy;
-      sdyxh[c] = v;
-    }
+void row_grads(const kernels::ChannelKernels& k, const float* xr, const float* dyr, Index spg, Index groups,
+               double count, const double* rstd, const float* w, double* mg, double* mgx, double* sdy,
+               double* sdyxh, SampleRowBuffers& buf) {
+  const Index C = spg * groups;
+  spread(buf.grstd.data(), rstd, spg, groups);
+  // Straight into the row's entries when the kernel's whole vectors end with the row.
+  const bool direct = C % kernels::kRowsPad == 0;
+  k.single_grad_terms(
+      {direct ? sdy : buf.sdy.data(), direct ? sdyxh : buf.sdyxh.data(), buf.wsdy.data(), buf.wsdyxh.data()},
+      xr, dyr, w, buf.gmean.data(), buf.grstd.data(), C);
+  if (!direct) {
+    std::copy_n(buf.sdy.data(), C, sdy);
+    std::copy_n(buf.sdyxh.data(), C, sdyxh);
+  }
+  group_chains(mg, buf.wsdy.data(), spg, groups);
+  group_chains(mgx, buf.wsdyxh.data(), spg, groups);
   for (Index g = 0; g < groups; ++g) {
     mg[g] = count > 0 ? mg[g] / count : 0.0;
     mgx[g] = count > 0 ? mgx[g] / count : 0.0;
@@ -1099,13 +1122,14 @@ Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo,
   std::fill(m.count.begin(), m.count.end(), count);
   for_sample_rows(p, stream, [&](Index b0, Index b1) {
     RowsNormalize kc(p.C);
+    SampleRowBuffers buf(p.C);
     for (Index bi = b0; bi < b1; ++bi) {
       const std::size_t g0 = static_cast<std::size_t>(bi * per_row);
       double* const mean = m.mean.data() + g0;
       double* const var = m.var.data() + g0;
       double* const r = rstd.data() + g0;
-      row_moments(reinterpret_cast<const float*>(xo.base) + xo.b_off[static_cast<std::size_t>(bi)], spg,
-                  per_row, count, mean, var);
+      row_moments(k, reinterpret_cast<const float*>(xo.base) + xo.b_off[static_cast<std::size_t>(bi)], spg,
+                  per_row, count, mean, var, buf);
       for (Index g = 0; g < per_row; ++g) {
         r[g] = group_rstd(count, var[g], eps);
         for (Index c = g * spg; c < (g + 1) * spg; ++c) kc.set(c, normalize_consts(mean[g], r[g], w, b, c));
@@ -1125,6 +1149,7 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
   const double count = group_count(p, 0);  // every group's (unmasked)
   for_sample_rows(p, stream, [&](Index b0, Index b1) {
     RowsInputGrad kc(p.C);
+    SampleRowBuffers buf(p.C);
     std::vector<double> t(static_cast<std::size_t>(5 * per_row));  // mean, var, rstd, mg, mgx of the row
     double *mean = t.data(), *var = mean + per_row, *r = var + per_row, *mg = r + per_row,
            *mgx = mg + per_row;
@@ -1132,10 +1157,10 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
       const std::size_t bs = static_cast<std::size_t>(bi);
       const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs];
       const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs];
-      row_moments(xr, spg, per_row, count, mean, var);
+      row_moments(k, xr, spg, per_row, count, mean, var, buf);
       for (Index g = 0; g < per_row; ++g) r[g] = group_rstd(count, var[g], eps);
-      row_grads(xr, dyr, spg, per_row, count, mean, r, w, mg, mgx, sdy.data() + bi * p.C,
-                sdyxh.data() + bi * p.C);
+      row_grads(k, xr, dyr, spg, per_row, count, r, w, mg, mgx, sdy.data() + bi * p.C,
+                sdyxh.data() + bi * p.C, buf);
       for (Index g = 0; g < per_row; ++g)
         for (Index c = g * spg; c < (g + 1) * spg; ++c)
           kc.set(c, input_grad_consts(mean[g], r[g], w, c, mg[g], mgx[g]));

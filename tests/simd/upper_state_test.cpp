@@ -167,6 +167,14 @@ std::vector<Call> calls() {
                  kernels::channel_kernels().segments_input_grad(dx.data(), dy.data(), x.data(), 37, 3, k,
                                                                 false);
                }});
+  v.push_back({"channel single_var_terms and single_grad_terms", [] {
+                 const Tensor x = filled({37}), dy = filled({37});
+                 std::vector<double> m(48, 0.5), r(48, 1.0), a(48), b(48), c(48), d(48);
+                 kernels::channel_kernels().single_var_terms(a.data(), x.data(), m.data(), 37);
+                 kernels::channel_kernels().single_grad_terms({a.data(), b.data(), c.data(), d.data()},
+                                                              x.data(), dy.data(), x.data(), m.data(),
+                                                              r.data(), 37);
+               }});
   v.push_back({"channel fence", [] { kernels::channel_kernels().fence(); }});
   // The channel-rows entries: 3 rows of 37 channels (per-channel arrays padded to 48).
   struct Rows {

@@ -412,8 +412,8 @@ void rows_input_grad(const RowInputGradConsts& c, const ChannelRows& a, bool use
 // ---- single-element segments (channel_kernels.h) ----------------------------------------------------
 
 // The segment statistics of one element per lane, as segment_stats forms them for n = 1 (see
-// single_stats in channel_norm.cpp): mean_s (= Σx = 0 + x), m_lo, and e = x − m_hi for the 8 lanes of xd
-// (double) and xf (the same values in fp32, lanes 0..7 of a VF).
+// channel_kernels.h, "Terms of single-element segments"): mean_s (= Σx = 0 + x), m_lo, and e = x − m_hi for
+// the 8 lanes of xd (double) and xf (the same values in fp32, lanes 0..7 of a VF).
 struct SingleLanes {
   VD mean, ml;
   VF e;  // lanes 0..7

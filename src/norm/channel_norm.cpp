@@ -984,32 +984,12 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // With single-element segments (S = 1: GroupNorm or InstanceNorm of [N, C]) and the channels consecutive
 // floats in every operand, each batch item is a row of C channels. The group-by-group passes would make two
 // kernel calls per element (GroupNorm forward of [4096, 1024], 32 groups: 134 ms at 1 thread). Here the
-// segments' statistics are formed exactly as the segment_stats kernel forms them for n = 1 (single_stats in
+// segments' statistics are formed exactly as the segment_stats kernel forms them for n = 1 (Σx = 0 + x in
 // scalar code for the means; the single_var_terms / single_grad_terms kernels, vectorized over the row's
-// channels, for each segment's variance and gradient terms), combined with combine_group's and
-// group_grads' operations in their order (row_moments, row_grads: the row's groups interleaved), and the
+// channels, for each segment's variance and gradient terms: channel_kernels.h), combined with combine_group's
+// and group_grads' operations in their order (row_moments, row_grads: the row's groups interleaved), and the
 // elementwise pass is one channel-rows kernel call per row (rows_normalize, rows_input_grad) with every
 // channel's constants as the segment path forms them: the same bits. Tasks are fixed chunks of rows.
-
-// SegmentStats of a one-element segment as the segment_stats kernel computes them for n = 1 (its passes
-// with every other lane 0): Σx = 0 + x, mean = Σx/1, M2 = max((x − m_hi)² − 1·m_lo·m_lo, 0) with the fp32
-// square, Σdy = 0 + dy, Σdy·(x − mean) = double(dy·(x − m_hi) + 0) − m_lo·Σdy with the fp32 product (dy
-// null: 0). For finite x and dy that is Σx = mean = x, M2 = 0, Σdy = dy, Σdy·(x − mean) = 0.
-kernels::SegmentStats single_stats(float x, const float* dy) {
-  kernels::SegmentStats s;
-  s.sum = 0.0 + static_cast<double>(x);
-  s.mean = s.sum / 1.0;
-  const float mh = static_cast<float>(s.mean);
-  const double ml = static_cast<double>(static_cast<float>(s.mean - static_cast<double>(mh)));
-  const float e = x - mh;
-  const double m2 = static_cast<double>(e * e) - 1.0 * ml * ml;
-  s.m2 = m2 < 0 ? 0.0 : m2;
-  if (dy) {
-    s.sdy = 0.0 + static_cast<double>(*dy);
-    s.sdyd = static_cast<double>(*dy * e + 0.0f) - ml * s.sdy;
-  }
-  return s;
-}
 
 bool on_sample_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
   if (p.grouping == Grouping::kBatch || p.masked() || p.S != 1) return false;
@@ -1069,14 +1049,15 @@ void group_chains(double* acc, const double* t, Index spg, Index groups) {
 
 // combine_group for the groups of one sample row (unmasked single-element segments: n_s = 1, each group
 // spg consecutive channels, count = spg): each group's operations in combine_group's order from 0.0 on
-// single_stats' values, the row's groups interleaved (independent chains, not one group after another):
-// the same values. The variance's terms st.m2 + n_s·d·d come from the single_var_terms kernel. mean, var:
-// one entry per group of the row.
+// the segment statistics' values, the row's groups interleaved (independent chains, not one group after
+// another): the same values. The variance's terms st.m2 + n_s·d·d come from the single_var_terms kernel.
+// mean, var: one entry per group of the row.
 void row_moments(const kernels::ChannelKernels& k, const float* xr, Index spg, Index groups, double count,
                  double* mean, double* var, SampleRowBuffers& buf) {
   std::fill_n(mean, groups, 0.0);
   for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < groups; ++g) mean[g] += single_stats(xr[g * spg + j], nullptr).sum;
+    for (Index g = 0; g < groups; ++g)
+      mean[g] += 0.0 + static_cast<double>(xr[g * spg + j]);  // Σx of n_s = 1
   for (Index g = 0; g < groups; ++g) mean[g] = count > 0 ? mean[g] / count : 0.0;
   spread(buf.gmean.data(), mean, spg, groups);
   k.single_var_terms(buf.u.data(), xr, buf.gmean.data(), spg * groups);

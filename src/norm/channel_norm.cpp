@@ -451,11 +451,15 @@ namespace {
 bool single_element_segments(const Plan& p) {
   return p.grouping == Grouping::kBatch && !p.masked() && p.S == 1;
 }
-bool on_channel_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
-  if (!single_element_segments(p)) return false;
+// Whether every operand's segments are S consecutive floats, one channel's after the other's (channel
+// stride S): a batch item's channels are one run of C·S floats.
+bool consecutive_segments(const Plan& p, std::initializer_list<const Operand*> operands) {
   for (const Operand* o : operands)
-    if (o->c_stride != 1) return false;
+    if (o->c_stride != p.S || !o->s_contiguous) return false;
   return true;
+}
+bool on_channel_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
+  return single_element_segments(p) && consecutive_segments(p, operands);
 }
 
 // Runs f(c0, nc) over blocks of channels in parallel: one block per thread, of at least 64 channels (a
@@ -992,10 +996,7 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // channel's constants as the segment path forms them: the same bits. Tasks are fixed chunks of rows.
 
 bool on_sample_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
-  if (p.grouping == Grouping::kBatch || p.masked() || p.S != 1) return false;
-  for (const Operand* o : operands)
-    if (o->c_stride != 1) return false;
-  return true;
+  return p.grouping != Grouping::kBatch && !p.masked() && p.S == 1 && consecutive_segments(p, operands);
 }
 
 // Row b of the operands as the channel-rows kernels take it: one row of C channels, each operand at its
@@ -1169,10 +1170,8 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
 constexpr Index kSampleRunsMaxS = 64;
 
 bool on_sample_runs(const Plan& p, std::initializer_list<const Operand*> operands) {
-  if (p.grouping == Grouping::kBatch || p.masked() || p.S < 2 || p.S > kSampleRunsMaxS) return false;
-  for (const Operand* o : operands)
-    if (o->c_stride != p.S || !o->s_contiguous) return false;
-  return true;
+  return p.grouping != Grouping::kBatch && !p.masked() && p.S >= 2 && p.S <= kSampleRunsMaxS &&
+         consecutive_segments(p, operands);
 }
 
 // A run of groups [g0, g1) of batch item b: channels c0 .. c1 − 1 (c1 − c0 segments of S floats, the first

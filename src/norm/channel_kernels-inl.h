@@ -166,19 +166,31 @@ inline void second_pass(const float* x, const float* dy, Index n, VF mh, double&
   sge = Dy ? hsum(add(p0, p1)) : 0.0;
 }
 
+// The first pass's Σx (s.sum) to mean = Σx/n and its fp32 pair: returns m_hi, m_lo into ml.
+inline float stats_mean(SegmentStats& s, Index n, double& ml) {
+  s.mean = s.sum / static_cast<double>(n);
+  const float mh = static_cast<float>(s.mean);
+  ml = static_cast<double>(static_cast<float>(s.mean - static_cast<double>(mh)));
+  return mh;
+}
+
+// The second pass's Σe² (sq) and Σdy·e (sge) to M2 = Σe² − n·m_lo² (floored at 0) and Σdy·(x − mean).
+template <bool Dy>
+inline void stats_finish(SegmentStats& s, Index n, double ml, double sq, double sge) {
+  const double m2 = sq - static_cast<double>(n) * ml * ml;
+  s.m2 = m2 < 0 ? 0.0 : m2;  // rounding can leave a small negative value; a NaN stays NaN
+  s.sdyd = Dy ? sge - ml * s.sdy : 0.0;
+}
+
 template <bool Dy>
 void stats_impl(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf) {
   SegmentStats s;
   first_pass<Dy>(x, dy, n, pf, s.sum, s.sdy);
-  const double nn = static_cast<double>(n);
-  s.mean = s.sum / nn;
-  const float mh = static_cast<float>(s.mean);
-  const double ml = static_cast<double>(static_cast<float>(s.mean - static_cast<double>(mh)));
+  double ml;
+  const float mh = stats_mean(s, n, ml);
   double sq = 0, sge = 0;
   second_pass<Dy>(x, dy, n, bcast(mh), sq, sge);
-  const double m2 = sq - nn * ml * ml;
-  s.m2 = m2 < 0 ? 0.0 : m2;  // rounding can leave a small negative value; a NaN stays NaN
-  s.sdyd = Dy ? sge - ml * s.sdy : 0.0;
+  stats_finish<Dy>(s, n, ml, sq, sge);
   *out = s;
 }
 
@@ -207,21 +219,19 @@ inline void stats_short(SegmentStats* out, const float* x, const float* dy, Inde
     g = load_n(dy, k);
     s.sdy = hsum(add(add(add(z, cvt_lo(g)), add(z, cvt_hi(g))), add(z, z)));
   }
-  const double nn = static_cast<double>(n);
-  s.mean = s.sum / nn;
-  const float mh = static_cast<float>(s.mean);
-  const double ml = static_cast<double>(static_cast<float>(s.mean - static_cast<double>(mh)));
+  double ml;
+  const float mh = stats_mean(s, n, ml);
   // Scalar math: e = x − m_hi (0 past n); Σe², Σdy·e as the second pass's zero-padded block
   const VF e = keep_n(sub(u, bcast(mh)), k);
   const VF zz = add(mul(zf, zf), mul(zf, zf));  // t2 + t3 (+0)
   const VF q = add(add(mul(e, e), mul(zf, zf)), zz);
   const double sq = hsum(add(add(z, cvt_lo(q)), add(z, cvt_hi(q))));
-  const double m2 = sq - nn * ml * ml;
-  s.m2 = m2 < 0 ? 0.0 : m2;
+  double sge = 0;
   if constexpr (Dy) {
     const VF pr = add(add(mul(g, e), mul(zf, zf)), zz);
-    s.sdyd = hsum(add(add(z, cvt_lo(pr)), add(z, cvt_hi(pr)))) - ml * s.sdy;
+    sge = hsum(add(add(z, cvt_lo(pr)), add(z, cvt_hi(pr))));
   }
+  stats_finish<Dy>(s, n, ml, sq, sge);
   *out = s;
 }
 

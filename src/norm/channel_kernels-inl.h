@@ -235,18 +235,115 @@ inline void stats_short(SegmentStats* out, const float* x, const float* dy, Inde
   *out = s;
 }
 
-void segments_stats(SegmentStats* out, const float* x, const float* dy, Index n, Index count) {
+// The hsum tree over lane vectors: lane s = hsum of the vector whose lanes are lane s of v[0..8).
+inline VD hsum_lanes(const VD* v) {
+  return add(add(add(v[0], v[4]), add(v[2], v[6])), add(add(v[1], v[5]), add(v[3], v[7])));
+}
+
+// stats_short of 16 segments at once, segment s (x + s·n, dy + s·n; 1 ≤ n ≤ kF) in lane s: element j of
+// the segments gathered into xs[j] (+0 for j ≥ n, as load_n's zero fill), and each of stats_short's
+// operations on lane l of one segment's vector done on the vector of that lane across the segments, in
+// doubles for segments 0..7 (h = 0) and 8..15 (h = 1); a horizontal sum becomes hsum_lanes. The same
+// operations on the same values: the same bits as stats_short segment by segment.
+template <bool Dy>
+inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, const float* dy, Index n) {
+  const int k = static_cast<int>(n);
+  const VD z = zerod();
+  const VF zf = zerof();
+  VF xs[kF], gs[kF];
+  for (int j = 0; j < kF; ++j) {
+    xs[j] = j < k ? gather(x + j, k) : zf;
+    if constexpr (Dy) gs[j] = j < k ? gather(dy + j, k) : zf;
+  }
+  // Scalar math: per segment, sum = Σx (0.0 + each), then as stats_impl
+  // (stats_short's lane l: (0 + x[l]) + (0 + x[l + 8]) + (0 + 0), then the hsum tree)
+  auto first = [&](const VF* v, int h, VD* sum) {
+    VD t[kD];
+    for (int l = 0; l < kD; ++l) {
+      const VD a = h ? cvt_hi(v[l]) : cvt_lo(v[l]), b = h ? cvt_hi(v[l + kD]) : cvt_lo(v[l + kD]);
+      t[l] = add(add(add(z, a), add(z, b)), add(z, z));
+    }
+    *sum = hsum_lanes(t);
+  };
+  // Scalar math: e = x − m_hi (0 past n); q = (e·e + 0·0) + (0·0 + 0·0) in fp32 (likewise dy·e);
+  // Σe² = hsum((0 + q[l]) + (0 + q[l + 8]))
+  const VF zz = add(mul(zf, zf), mul(zf, zf));
+  auto second = [&](const VF* q, int h) {
+    VD t[kD];
+    for (int l = 0; l < kD; ++l) {
+      const VD a = h ? cvt_hi(q[l]) : cvt_lo(q[l]), b = h ? cvt_hi(q[l + kD]) : cvt_lo(q[l + kD]);
+      t[l] = add(add(z, a), add(z, b));
+    }
+    return hsum_lanes(t);
+  };
+  VD sum[2], sdy[2], mean[2], ml[2];
+  for (int h = 0; h < 2; ++h) {
+    first(xs, h, &sum[h]);
+    if constexpr (Dy) first(gs, h, &sdy[h]);
+    mean[h] = div(sum[h], bcastd(static_cast<double>(n)));
+  }
+  // Scalar math: m_hi = float(mean), m_lo = double(float(mean − double(m_hi)))
+  const VF mh = narrow_pd(mean[0], mean[1]);
+  const VF mlf = narrow_pd(sub(mean[0], cvt_lo(mh)), sub(mean[1], cvt_hi(mh)));
+  ml[0] = cvt_lo(mlf);
+  ml[1] = cvt_hi(mlf);
+  VF q[kF], pr[kF];
+  for (int j = 0; j < kF; ++j) {
+    const VF e = j < k ? sub(xs[j], mh) : zf;
+    q[j] = add(add(mul(e, e), mul(zf, zf)), zz);
+    if constexpr (Dy) pr[j] = add(add(mul(gs[j], e), mul(zf, zf)), zz);
+  }
+  const VD nd = bcastd(static_cast<double>(n));
+  for (int h = 0; h < 2; ++h) {
+    const Index o = at + h * kD;
+    // Scalar math: M2 = Σe² − n·m_lo·m_lo floored at 0; Σdy·(x − mean) = Σdy·e − m_lo·Σdy
+    stored(out.sum + o, sum[h]);
+    stored(out.mean + o, mean[h]);
+    stored(out.m2 + o, floor0(sub(second(q, h), mul(mul(nd, ml[h]), ml[h]))));
+    if constexpr (Dy) {
+      stored(out.sdy + o, sdy[h]);
+      stored(out.sdyd + o, sub(second(pr, h), mul(ml[h], sdy[h])));
+    }
+  }
+}
+
+inline void put(const SegmentColumns& out, Index i, const SegmentStats& s, bool dy) {
+  out.sum[i] = s.sum;
+  out.mean[i] = s.mean;
+  out.m2[i] = s.m2;
+  if (dy) {
+    out.sdy[i] = s.sdy;
+    out.sdyd[i] = s.sdyd;
+  }
+}
+
+void segments_stats(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count) {
   const StatsPrefetch pf;  // segment_stats' default: follow x in memory (into the next segments)
-  // Scalar math: out[i] = segment_stats(x + i·n, dy + i·n, n) for i in [0, count)
+  // Scalar math: segment_stats(x + i·n, dy + i·n, n) into the columns' entry i, for i in [0, count)
+  Index i = 0;
+  SegmentStats s;
   if (n <= kF) {
+    for (; i + kF <= count; i += kF) {
+      if (dy)
+        stats_lanes<true>(out, i, x + i * n, dy + i * n, n);
+      else
+        stats_lanes<false>(out, i, x + i * n, nullptr, n);
+    }
+    for (; i < count; ++i) {
+      if (dy)
+        stats_short<true>(&s, x + i * n, dy + i * n, n);
+      else
+        stats_short<false>(&s, x + i * n, nullptr, n);
+      put(out, i, s, dy);
+    }
+    return;
+  }
+  for (; i < count; ++i) {
     if (dy)
-      for (Index i = 0; i < count; ++i) stats_short<true>(out + i, x + i * n, dy + i * n, n);
+      stats_impl<true>(&s, x + i * n, dy + i * n, n, pf);
     else
-      for (Index i = 0; i < count; ++i) stats_short<false>(out + i, x + i * n, nullptr, n);
-  } else if (dy) {
-    for (Index i = 0; i < count; ++i) stats_impl<true>(out + i, x + i * n, dy + i * n, n, pf);
-  } else {
-    for (Index i = 0; i < count; ++i) stats_impl<false>(out + i, x + i * n, nullptr, n, pf);
+      stats_impl<false>(&s, x + i * n, nullptr, n, pf);
+    put(out, i, s, dy);
   }
 }
 

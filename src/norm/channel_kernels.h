@@ -28,6 +28,10 @@ namespace normlab::kernels {
 struct SegmentStats {
   double sum = 0, mean = 0, m2 = 0, sdy = 0, sdyd = 0;
 };
+// The same statistics of many segments as columns (segment i's in sum[i], mean[i], ...).
+struct SegmentColumns {
+  double *sum = nullptr, *mean = nullptr, *m2 = nullptr, *sdy = nullptr, *sdyd = nullptr;
+};
 
 // Constants of the elementwise passes (fp32), per segment:
 //   normalize:  y  = ((x − mh) − ml)·s + b                        (evaluated left to right)
@@ -101,9 +105,11 @@ struct RowInputGradConsts {
 struct ChannelKernels {
   // dy may be null (then sdy = sdyd = 0). The first pass prefetches its inputs 4 KiB ahead (pf).
   void (*segment_stats)(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf);
-  // segment_stats of `count` consecutive segments of n floats (segment i at x + i·n, dy + i·n) into
-  // out[0 .. count), with the default prefetch (one kernel entry for many short segments).
-  void (*segments_stats)(SegmentStats* out, const float* x, const float* dy, Index n, Index count);
+  // segment_stats of `count` consecutive segments of n floats (segment i at x + i·n, dy + i·n) into the
+  // columns' entries [0, count) (sdy and sdyd only with dy), with the default prefetch: one kernel entry for
+  // many short segments. For n ≤ 16 the segments go sixteen at a time, one per lane (the same operations on
+  // the same values: the same bits).
+  void (*segments_stats)(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count);
   // y may equal x. stream: non-temporal stores from the first 64-byte boundary of y on (ordinary
   // stores before it and at the tail; the values are the same). Call fence() before another thread
   // may read what was streamed.

@@ -1198,12 +1198,11 @@ void for_group_runs(const Plan& p, bool stream, F&& f) {
   });
 }
 
-// Per-task buffers: the run's segment statistics and constants (at most a chunk's segments).
+// Per-task buffers: the run's segment constants (at most a chunk's segments).
 template <typename Consts>
 struct RunBuffers {
-  std::vector<kernels::SegmentStats> ss;
   std::vector<Consts> kc;
-  explicit RunBuffers(Index n) : ss(static_cast<std::size_t>(n)), kc(ss.size()) {}
+  explicit RunBuffers(Index n) : kc(static_cast<std::size_t>(n)) {}
 };
 
 // Operand o's pointer to segment (r.b, r.c0), the run's first.
@@ -1214,10 +1213,11 @@ T* run_at(const Operand& o, const GroupRun& r) {
 
 // The segment statistics of the run (x, and dy when not null) into st, one segments_stats call.
 void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r, const Operand& xo,
-               const Operand* dyo, const SegmentArrays& st, std::vector<kernels::SegmentStats>& ss) {
-  k.segments_stats(ss.data(), run_at<const float>(xo, r), dyo ? run_at<const float>(*dyo, r) : nullptr, p.S,
+               const Operand* dyo, const SegmentArrays& st) {
+  const Index s0 = r.b * p.C + r.c0;
+  const kernels::SegmentColumns cols{st.sum + s0, st.mean + s0, st.m2 + s0, st.sdy + s0, st.sdyd + s0};
+  k.segments_stats(cols, run_at<const float>(xo, r), dyo ? run_at<const float>(*dyo, r) : nullptr, p.S,
                    r.c1 - r.c0);
-  for (Index c = r.c0; c < r.c1; ++c) st.put(r.b * p.C + c, ss[static_cast<std::size_t>(c - r.c0)]);
 }
 
 // per_sample_forward on sample runs.
@@ -1231,7 +1231,7 @@ Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo,
   const Index spg = segments_per_group(p);
   using Buffers = RunBuffers<kernels::NormalizeConsts>;
   for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
-    run_stats(k, p, r, xo, nullptr, st, buf.ss);
+    run_stats(k, p, r, xo, nullptr, st);
     for (Index g = r.g0; g < r.g1; ++g) {
       const GroupMoments gm = combine_group(p, g, st);
       const std::size_t gi = static_cast<std::size_t>(g);
@@ -1256,7 +1256,7 @@ void sample_runs_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
   const Index spg = segments_per_group(p);
   using Buffers = RunBuffers<kernels::InputGradConsts>;
   for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
-    run_stats(k, p, r, xo, &dyo, st, buf.ss);
+    run_stats(k, p, r, xo, &dyo, st);
     for (Index g = r.g0; g < r.g1; ++g) {
       const GroupMoments gm = combine_group(p, g, st);
       const double rstd = group_rstd(gm.count, gm.var, eps);

@@ -7,9 +7,10 @@
 // Every operation is lane-wise IEEE arithmetic (add, sub, mul, div, float→double conversion, which is
 // exact, and double→float rounding to nearest)
 // with the same lane semantics on each target, and the horizontal sum hsum() combines lanes by one fixed
-// tree. No operation fuses a multiply and an add (the kernels are compiled with -ffp-contract=off and
-// the intrinsics used are plain mul/add), so a kernel written against this layer produces the same bits
-// on every target. Tails use zero-filled loads and masked stores, which never change a result.
+// tree; gather() loads floats a fixed stride apart into the lanes. No operation fuses a multiply and
+// an add (the kernels are compiled with -ffp-contract=off and the intrinsics used are plain mul/add), so a
+// kernel written against this layer produces the same bits on every target. Tails use zero-filled loads and
+// masked stores, which never change a result.
 //
 // Include only from a file compiled per target (row_kernels-inl.h) with NL_TARGET defined; the code
 // lives in namespace normlab::kernels::NL_TARGET::vec, so the per-target definitions never collide.
@@ -126,6 +127,17 @@ inline VF narrow_pd(VD lo, VD hi) {
 }
 inline VD loadd(const double* p) { return {_mm512_loadu_pd(p)}; }
 inline void stored(double* p, VD a) { _mm512_storeu_pd(p, a.v); }
+// Lane l = a[l] < 0 ? +0 : a[l] (a NaN stays NaN, −0 stays −0): vmaxpd returns its second operand unless
+// the first is greater.
+inline VD floor0(VD a) {
+  return {_mm512_maskz_max_pd(0xFF, _mm512_setzero_pd(), a.v)};
+}
+// Lane s = p[s·stride] (s = 0..15; 15·stride fits an int). Reads only those floats.
+inline VF gather(const float* p, int stride) {
+  const __m512i idx = _mm512_mullo_epi32(
+      _mm512_set1_epi32(stride), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  return {_mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, idx, p, 4)};
+}
 // Exact conversions: lanes 0..7 / 8..15 of a; 8 floats at p.
 // (The maskz forms with an all-ones mask and __builtin_shufflevector for the low half avoid GCC 12's
 // false -Wmaybe-uninitialized on the plain intrinsics and casts.)
@@ -306,6 +318,16 @@ inline VF narrow_pd(VD lo, VD hi) {
   return {_mm256_set_m128(_mm256_cvtpd_ps(lo.hi), _mm256_cvtpd_ps(lo.lo)),
           _mm256_set_m128(_mm256_cvtpd_ps(hi.hi), _mm256_cvtpd_ps(hi.lo))};
 }
+inline VD floor0(VD a) {
+  return {_mm256_max_pd(_mm256_setzero_pd(), a.lo), _mm256_max_pd(_mm256_setzero_pd(), a.hi)};
+}
+inline VF gather(const float* p, int stride) {
+  const __m256i idx =
+      _mm256_mullo_epi32(_mm256_set1_epi32(stride), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  return {_mm256_mask_i32gather_ps(_mm256_setzero_ps(), p, idx, ones, 4),
+          _mm256_mask_i32gather_ps(_mm256_setzero_ps(), p + 8 * stride, idx, ones, 4)};
+}
 inline VD loadd(const double* p) { return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; }
 inline void stored(double* p, VD a) {
   _mm256_storeu_pd(p, a.lo);
@@ -470,6 +492,15 @@ inline VD bcastd(double a) {
 inline VF narrow_pd(VD lo, VD hi) {
   const VF8v l = __builtin_convertvector(lo.v, VF8v), h = __builtin_convertvector(hi.v, VF8v);
   return VF{__builtin_shufflevector(l, h, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)};
+}
+inline VD floor0(VD a) {
+  for (int l = 0; l < kD; ++l) a.v[l] = a.v[l] < 0 ? 0.0 : a.v[l];
+  return a;
+}
+inline VF gather(const float* p, int stride) {
+  VF r;
+  for (int l = 0; l < kF; ++l) r.v[l] = p[l * stride];
+  return r;
 }
 inline VD loadd(const double* p) {
   VD r;

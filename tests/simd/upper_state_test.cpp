@@ -137,10 +137,11 @@ std::vector<Call> calls() {
                                                           kernels::StatsPrefetch{});
                }});
   v.push_back({"channel segments_stats of x and dy", [] {
-                 const Tensor x = filled({3, 37}), dy = filled({3, 37});
-                 kernels::SegmentStats st[3];
+                 const Tensor x = filled({17, 37}), dy = filled({17, 37});
+                 double c[5][17];
+                 const kernels::SegmentColumns st{c[0], c[1], c[2], c[3], c[4]};
                  kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 37, 3);
-                 kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 5, 3);  // n ≤ 16
+                 kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 5, 17);  // n ≤ 16
                }});
   v.push_back({"channel normalize", [] {
                  const Tensor x = filled({37});

@@ -240,46 +240,57 @@ inline VD hsum_lanes(const VD* v) {
   return add(add(add(v[0], v[4]), add(v[2], v[6])), add(add(v[1], v[5]), add(v[3], v[7])));
 }
 
+// The lane terms t[l] (l = 0..7) of stats_short's horizontal sums over the vectors v[0..n) of segments
+// 0..7 (h = 0) or 8..15 (h = 1), where the one-vector case forms, per segment, lane l of
+//   first pass (zero_add):  ((0 + a) + (0 + b)) + (0 + 0)
+//   second pass:            (0 + a) + (0 + b)
+// with a = double(v[l]), b = double(v[l + 8]), and +0 for the lanes at or past n (load_n's and keep_n's
+// zero fill). The additions of +0 that can never change a value are left out. In round-to-nearest a sum is
+// −0 only when both operands are −0, so 0 + a is never −0, nor is (0 + a) + (0 + b); adding +0 to a value
+// that is not −0 returns that value (a NaN is returned as it is). So the first pass's term is (0 + a) +
+// (0 + b) without the last addition, (0 + a) when b is padding, +0 when both are. The second pass adds
+// fp32 squares e·e and products dy·e + 0 (below), neither ever −0, so there 0 + a = a as well. The tree
+// then adds the +0 terms to values that are not −0: the same values as the one-vector case.
+inline void pair_terms(VD* t, const VF* v, int h, int n, bool zero_add) {
+  const VD z = zerod();
+  for (int l = 0; l < kD; ++l) {
+    if (l >= n) {
+      t[l] = z;
+      continue;
+    }
+    t[l] = h ? cvt_hi(v[l]) : cvt_lo(v[l]);
+    if (zero_add) t[l] = add(z, t[l]);
+    if (l + kD < n) {
+      VD b = h ? cvt_hi(v[l + kD]) : cvt_lo(v[l + kD]);
+      if (zero_add) b = add(z, b);
+      t[l] = add(t[l], b);
+    }
+  }
+}
+
 // stats_short of 16 segments at once, segment s (x + s·n, dy + s·n; 1 ≤ n ≤ kF) in lane s: element j of
-// the segments gathered into xs[j] (+0 for j ≥ n, as load_n's zero fill), and each of stats_short's
-// operations on lane l of one segment's vector done on the vector of that lane across the segments, in
-// doubles for segments 0..7 (h = 0) and 8..15 (h = 1); a horizontal sum becomes hsum_lanes. The same
-// operations on the same values: the same bits as stats_short segment by segment.
+// the segments gathered into xs[j], and each of stats_short's operations on lane l of one segment's vector
+// done on the vector of that lane across the segments, in doubles for segments 0..7 (h = 0) and 8..15
+// (h = 1); a horizontal sum becomes hsum_lanes over pair_terms, which leave out the additions of +0 that
+// never change a value (there). The same values as stats_short segment by segment: the same bits.
 template <bool Dy>
 inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, const float* dy, Index n) {
   const int k = static_cast<int>(n);
-  const VD z = zerod();
   const VF zf = zerof();
   VF xs[kF], gs[kF];
-  for (int j = 0; j < kF; ++j) {
-    xs[j] = j < k ? gather(x + j, k) : zf;
-    if constexpr (Dy) gs[j] = j < k ? gather(dy + j, k) : zf;
+  for (int j = 0; j < k; ++j) {
+    xs[j] = gather(x + j, k);
+    if constexpr (Dy) gs[j] = gather(dy + j, k);
   }
-  // Scalar math: per segment, sum = Σx (0.0 + each), then as stats_impl
-  // (stats_short's lane l: (0 + x[l]) + (0 + x[l + 8]) + (0 + 0), then the hsum tree)
-  auto first = [&](const VF* v, int h, VD* sum) {
-    VD t[kD];
-    for (int l = 0; l < kD; ++l) {
-      const VD a = h ? cvt_hi(v[l]) : cvt_lo(v[l]), b = h ? cvt_hi(v[l + kD]) : cvt_lo(v[l + kD]);
-      t[l] = add(add(add(z, a), add(z, b)), add(z, z));
-    }
-    *sum = hsum_lanes(t);
-  };
-  // Scalar math: e = x − m_hi (0 past n); q = (e·e + 0·0) + (0·0 + 0·0) in fp32 (likewise dy·e);
-  // Σe² = hsum((0 + q[l]) + (0 + q[l + 8]))
-  const VF zz = add(mul(zf, zf), mul(zf, zf));
-  auto second = [&](const VF* q, int h) {
-    VD t[kD];
-    for (int l = 0; l < kD; ++l) {
-      const VD a = h ? cvt_hi(q[l]) : cvt_lo(q[l]), b = h ? cvt_hi(q[l + kD]) : cvt_lo(q[l + kD]);
-      t[l] = add(add(z, a), add(z, b));
-    }
-    return hsum_lanes(t);
-  };
-  VD sum[2], sdy[2], mean[2], ml[2];
+  VD t[kD], sum[2], sdy[2], mean[2], ml[2];
   for (int h = 0; h < 2; ++h) {
-    first(xs, h, &sum[h]);
-    if constexpr (Dy) first(gs, h, &sdy[h]);
+    // Scalar math: per segment, sum = Σx (0.0 + each), mean = sum / n (likewise Σdy)
+    pair_terms(t, xs, h, k, true);
+    sum[h] = hsum_lanes(t);
+    if constexpr (Dy) {
+      pair_terms(t, gs, h, k, true);
+      sdy[h] = hsum_lanes(t);
+    }
     mean[h] = div(sum[h], bcastd(static_cast<double>(n)));
   }
   // Scalar math: m_hi = float(mean), m_lo = double(float(mean − double(m_hi)))
@@ -287,22 +298,26 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   const VF mlf = narrow_pd(sub(mean[0], cvt_lo(mh)), sub(mean[1], cvt_hi(mh)));
   ml[0] = cvt_lo(mlf);
   ml[1] = cvt_hi(mlf);
+  // Scalar math: e = x − m_hi; the one-vector case's fp32 (e·e + 0·0) + (0·0 + 0·0) is e·e (never −0),
+  // its (dy·e + 0·0) + (0·0 + 0·0) is dy·e + 0
   VF q[kF], pr[kF];
-  for (int j = 0; j < kF; ++j) {
-    const VF e = j < k ? sub(xs[j], mh) : zf;
-    q[j] = add(add(mul(e, e), mul(zf, zf)), zz);
-    if constexpr (Dy) pr[j] = add(add(mul(gs[j], e), mul(zf, zf)), zz);
+  for (int j = 0; j < k; ++j) {
+    const VF e = sub(xs[j], mh);
+    q[j] = mul(e, e);
+    if constexpr (Dy) pr[j] = add(mul(gs[j], e), zf);
   }
   const VD nd = bcastd(static_cast<double>(n));
   for (int h = 0; h < 2; ++h) {
     const Index o = at + h * kD;
     // Scalar math: M2 = Σe² − n·m_lo·m_lo floored at 0; Σdy·(x − mean) = Σdy·e − m_lo·Σdy
+    pair_terms(t, q, h, k, false);
     stored(out.sum + o, sum[h]);
     stored(out.mean + o, mean[h]);
-    stored(out.m2 + o, floor0(sub(second(q, h), mul(mul(nd, ml[h]), ml[h]))));
+    stored(out.m2 + o, floor0(sub(hsum_lanes(t), mul(mul(nd, ml[h]), ml[h]))));
     if constexpr (Dy) {
+      pair_terms(t, pr, h, k, false);
       stored(out.sdy + o, sdy[h]);
-      stored(out.sdyd + o, sub(second(pr, h), mul(ml[h], sdy[h])));
+      stored(out.sdyd + o, sub(hsum_lanes(t), mul(ml[h], sdy[h])));
     }
   }
 }

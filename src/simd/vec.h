@@ -138,6 +138,34 @@ inline VF gather(const float* p, int stride) {
       _mm512_set1_epi32(stride), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   return {_mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, idx, p, 4)};
 }
+// v[j] lane s = p[16·s + j] for j, s in [0, 16): sixteen loads and a 16 × 16 transpose, four stages of
+// two-source permutes, stage b exchanging bit b of the row (vector) and column (lane) indices.
+template <int B>
+NL_FORCE_INLINE inline void transpose_stage(__m512* m) {
+  // Lane c of row r0 (bit B clear): its own lane c, or row r1's lane c − B; of row r1: r0's lane c + B, or
+  // its own lane c (indices ≥ 16 select the second source).
+  constexpr auto lo = [](int c) { return (c & B) ? 16 + c - B : c; };
+  constexpr auto hi = [](int c) { return (c & B) ? 16 + c : c + B; };
+  const __m512i il = _mm512_setr_epi32(lo(0), lo(1), lo(2), lo(3), lo(4), lo(5), lo(6), lo(7), lo(8), lo(9),
+                                       lo(10), lo(11), lo(12), lo(13), lo(14), lo(15));
+  const __m512i ih = _mm512_setr_epi32(hi(0), hi(1), hi(2), hi(3), hi(4), hi(5), hi(6), hi(7), hi(8), hi(9),
+                                       hi(10), hi(11), hi(12), hi(13), hi(14), hi(15));
+  for (int r = 0; r < 16; ++r) {
+    if (r & B) continue;
+    const __m512 a = m[r], c = m[r | B];
+    m[r] = _mm512_permutex2var_ps(a, il, c);
+    m[r | B] = _mm512_permutex2var_ps(a, ih, c);
+  }
+}
+NL_FORCE_INLINE inline void load_transposed16(const float* p, VF* v) {
+  __m512 m[16];
+  for (int r = 0; r < 16; ++r) m[r] = _mm512_loadu_ps(p + 16 * r);
+  transpose_stage<1>(m);
+  transpose_stage<2>(m);
+  transpose_stage<4>(m);
+  transpose_stage<8>(m);
+  for (int r = 0; r < 16; ++r) v[r] = {m[r]};
+}
 // Exact conversions: lanes 0..7 / 8..15 of a; 8 floats at p.
 // (The maskz forms with an all-ones mask and __builtin_shufflevector for the low half avoid GCC 12's
 // false -Wmaybe-uninitialized on the plain intrinsics and casts.)
@@ -328,6 +356,9 @@ inline VF gather(const float* p, int stride) {
   return {_mm256_mask_i32gather_ps(_mm256_setzero_ps(), p, idx, ones, 4),
           _mm256_mask_i32gather_ps(_mm256_setzero_ps(), p + 8 * stride, idx, ones, 4)};
 }
+inline void load_transposed16(const float* p, VF* v) {
+  for (int j = 0; j < 16; ++j) v[j] = gather(p + j, 16);
+}
 inline VD loadd(const double* p) { return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; }
 inline void stored(double* p, VD a) {
   _mm256_storeu_pd(p, a.lo);
@@ -501,6 +532,9 @@ inline VF gather(const float* p, int stride) {
   VF r;
   for (int l = 0; l < kF; ++l) r.v[l] = p[l * stride];
   return r;
+}
+inline void load_transposed16(const float* p, VF* v) {
+  for (int j = 0; j < 16; ++j) v[j] = gather(p + j, 16);
 }
 inline VD loadd(const double* p) {
   VD r;

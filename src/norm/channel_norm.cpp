@@ -373,10 +373,13 @@ GroupGrads group_grads(const Plan& p, Index g, const SegmentArrays& st, const Gr
 
 // The fp32 constants of the elementwise kernels for channel c of a group with these statistics, as every
 // pass forms them (w, b may be null: γ = 1, β = 0). normalize: y = ((x − m_hi) − m_lo)·float(rstd·γ_c) + β_c.
+float normalize_scale(double rstd, const float* w, Index c) {
+  return static_cast<float>(rstd * (w ? static_cast<double>(w[c]) : 1.0));
+}
 kernels::NormalizeConsts normalize_consts(double mean, double rstd, const float* w, const float* b, Index c) {
   kernels::NormalizeConsts t;
   mean_pair(mean, t.mh, t.ml);
-  t.s = static_cast<float>(rstd * (w ? static_cast<double>(w[c]) : 1.0));
+  t.s = normalize_scale(rstd, w, c);
   t.b = b ? b[c] : 0.0f;
   return t;
 }
@@ -401,11 +404,29 @@ Index rows_padded(Index c) {
 // padded to kRowsPad).
 struct RowsNormalize {
   std::vector<float> mh, ml, s, b;
+  std::size_t nc;  // channels (the arrays' entries past nc are padding)
   explicit RowsNormalize(Index C)
-      : mh(static_cast<std::size_t>(rows_padded(C))), ml(mh.size()), s(mh.size()), b(mh.size()) {}
+      : mh(static_cast<std::size_t>(rows_padded(C))),
+        ml(mh.size()),
+        s(mh.size()),
+        b(mh.size()),
+        nc(static_cast<std::size_t>(C)) {}
   void set(Index c, const kernels::NormalizeConsts& t) {
     const std::size_t i = static_cast<std::size_t>(c);
     mh[i] = t.mh, ml[i] = t.ml, s[i] = t.s, b[i] = t.b;
+  }
+  // normalize_consts of the n channels from c of one group (the same mh, ml): the values of set(c + j,
+  // normalize_consts(mean, rstd, w, b, c + j)) for each j, except b (set by set_bias).
+  void set_group(Index c, Index n, double mean, double rstd, const float* w) {
+    const kernels::NormalizeConsts t = normalize_consts(mean, rstd, nullptr, nullptr, c);
+    const std::size_t i = static_cast<std::size_t>(c);
+    std::fill_n(mh.begin() + i, n, t.mh);
+    std::fill_n(ml.begin() + i, n, t.ml);
+    for (Index j = 0; j < n; ++j) s[i + j] = normalize_scale(rstd, w, c + j);
+  }
+  // normalize_consts' b of every channel (it depends on nothing else).
+  void set_bias(const float* bias) {
+    for (std::size_t c = 0; c < nc; ++c) b[c] = bias ? bias[c] : 0.0f;
   }
   kernels::RowNormalizeConsts at(Index c0) const {
     const std::size_t i = static_cast<std::size_t>(c0);
@@ -414,16 +435,31 @@ struct RowsNormalize {
 };
 struct RowsInputGrad {
   std::vector<float> mh, ml, r, w, c0, c2;
+  std::size_t nc;  // channels (the arrays' entries past nc are padding)
   explicit RowsInputGrad(Index C)
       : mh(static_cast<std::size_t>(rows_padded(C))),
         ml(mh.size()),
         r(mh.size()),
         w(mh.size()),
         c0(mh.size()),
-        c2(mh.size()) {}
+        c2(mh.size()),
+        nc(static_cast<std::size_t>(C)) {}
   void set(Index c, const kernels::InputGradConsts& t) {
     const std::size_t i = static_cast<std::size_t>(c);
     mh[i] = t.mh, ml[i] = t.ml, r[i] = t.r, w[i] = t.w, c0[i] = t.c0, c2[i] = t.c2;
+  }
+  // t's values (one group's input_grad_consts) at the n channels from c, except w (set by set_weight).
+  void set_group(Index c, Index n, const kernels::InputGradConsts& t) {
+    const std::size_t i = static_cast<std::size_t>(c);
+    std::fill_n(mh.begin() + i, n, t.mh);
+    std::fill_n(ml.begin() + i, n, t.ml);
+    std::fill_n(r.begin() + i, n, t.r);
+    std::fill_n(c0.begin() + i, n, t.c0);
+    std::fill_n(c2.begin() + i, n, t.c2);
+  }
+  // input_grad_consts' w of every channel (it depends on nothing else).
+  void set_weight(const float* weight) {
+    for (std::size_t c = 0; c < nc; ++c) w[c] = weight ? weight[c] : 1.0f;
   }
   kernels::RowInputGradConsts at(Index c) const {
     const std::size_t i = static_cast<std::size_t>(c);
@@ -1104,6 +1140,7 @@ Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo,
   std::fill(m.count.begin(), m.count.end(), count);
   for_sample_rows(p, stream, [&](Index b0, Index b1) {
     RowsNormalize kc(p.C);
+    kc.set_bias(b);
     SampleRowBuffers buf(p.C);
     for (Index bi = b0; bi < b1; ++bi) {
       const std::size_t g0 = static_cast<std::size_t>(bi * per_row);
@@ -1114,7 +1151,7 @@ Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo,
                   per_row, count, mean, var, buf);
       for (Index g = 0; g < per_row; ++g) {
         r[g] = group_rstd(count, var[g], eps);
-        for (Index c = g * spg; c < (g + 1) * spg; ++c) kc.set(c, normalize_consts(mean[g], r[g], w, b, c));
+        kc.set_group(g * spg, spg, mean[g], r[g], w);
       }
       k.rows_normalize(kc.at(0), sample_row(p, bi, xo, nullptr, yo), stream);
     }
@@ -1131,6 +1168,7 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
   const double count = group_count(p, 0);  // every group's (unmasked)
   for_sample_rows(p, stream, [&](Index b0, Index b1) {
     RowsInputGrad kc(p.C);
+    kc.set_weight(w);
     SampleRowBuffers buf(p.C);
     std::vector<double> t(static_cast<std::size_t>(5 * per_row));  // mean, var, rstd, mg, mgx of the row
     double *mean = t.data(), *var = mean + per_row, *r = var + per_row, *mg = r + per_row,
@@ -1144,8 +1182,7 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
       row_grads(k, xr, dyr, spg, per_row, count, r, w, mg, mgx, sdy.data() + bi * p.C,
                 sdyxh.data() + bi * p.C, buf);
       for (Index g = 0; g < per_row; ++g)
-        for (Index c = g * spg; c < (g + 1) * spg; ++c)
-          kc.set(c, input_grad_consts(mean[g], r[g], w, c, mg[g], mgx[g]));
+        kc.set_group(g * spg, spg, input_grad_consts(mean[g], r[g], w, g * spg, mg[g], mgx[g]));
       k.rows_input_grad(kc.at(0), sample_row(p, bi, xo, &dyo, dxo), stream);
     }
   });

@@ -1029,26 +1029,28 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // channels, for each segment's variance and gradient terms: channel_kernels.h), combined with combine_group's
 // and group_grads' operations in their order (row_moments, row_grads: the row's groups interleaved), and the
 // elementwise pass is one channel-rows kernel call per row (rows_normalize, rows_input_grad) with every
-// channel's constants as the segment path forms them: the same bits. Tasks are fixed chunks of rows.
+// channel's constants as the segment path forms them: the same bits. The forward's tasks are fixed chunks of
+// rows; the backward's are shares of each row's groups over every row (sample_rows_backward).
 
 bool on_sample_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
   return p.grouping != Grouping::kBatch && !p.masked() && p.S == 1 && consecutive_segments(p, operands);
 }
 
-// Row b of the operands as the channel-rows kernels take it: one row of C channels, each operand at its
-// offset entry in b_off (dy may be null).
-kernels::ChannelRows sample_row(const Plan& p, Index b, const Operand& x, const Operand* dy, const Operand& out) {
+// Row b of the operands as the channel-rows kernels take it: channels c0 .. c0 + nc − 1 of one row, each
+// operand at its offset entry in b_off (dy may be null).
+kernels::ChannelRows sample_row(Index b, Index c0, Index nc, const Operand& x, const Operand* dy,
+                                const Operand& out) {
   kernels::ChannelRows a;
-  a.x = reinterpret_cast<const float*>(x.base);
+  a.x = reinterpret_cast<const float*>(x.base) + c0;
   a.xo = x.b_off.data() + b;
   if (dy) {
-    a.dy = reinterpret_cast<const float*>(dy->base);
+    a.dy = reinterpret_cast<const float*>(dy->base) + c0;
     a.dyo = dy->b_off.data() + b;
   }
-  a.out = reinterpret_cast<float*>(out.base);
+  a.out = reinterpret_cast<float*>(out.base) + c0;
   a.oo = out.b_off.data() + b;
   a.rows = 1;
-  a.nc = p.C;
+  a.nc = nc;
   return a;
 }
 
@@ -1104,22 +1106,14 @@ void row_moments(const kernels::ChannelKernels& k, const float* xr, Index spg, I
 
 // group_grads for the groups of one sample row likewise (the row's groups interleaved, each in
 // group_grads' order from 0.0; the per-channel terms from the single_grad_terms kernel, after row_moments
-// has spread the means): mg, mgx per group; each segment's Σdy and Σdy·x̂ into sdy, sdyxh (the row's
-// entries).
+// has spread the means): mg, mgx per group; each segment's Σdy and Σdy·x̂ into buf.sdy, buf.sdyxh.
 void row_grads(const kernels::ChannelKernels& k, const float* xr, const float* dyr, Index spg, Index groups,
-               double count, const double* rstd, const float* w, double* mg, double* mgx, double* sdy,
-               double* sdyxh, SampleRowBuffers& buf) {
+               double count, const double* rstd, const float* w, double* mg, double* mgx,
+               SampleRowBuffers& buf) {
   const Index C = spg * groups;
   spread(buf.grstd.data(), rstd, spg, groups);
-  // Straight into the row's entries when the kernel's whole vectors end with the row.
-  const bool direct = C % kernels::kRowsPad == 0;
-  k.single_grad_terms(
-      {direct ? sdy : buf.sdy.data(), direct ? sdyxh : buf.sdyxh.data(), buf.wsdy.data(), buf.wsdyxh.data()},
-      xr, dyr, w, buf.gmean.data(), buf.grstd.data(), C);
-  if (!direct) {
-    std::copy_n(buf.sdy.data(), C, sdy);
-    std::copy_n(buf.sdyxh.data(), C, sdyxh);
-  }
+  k.single_grad_terms({buf.sdy.data(), buf.sdyxh.data(), buf.wsdy.data(), buf.wsdyxh.data()}, xr, dyr, w,
+                      buf.gmean.data(), buf.grstd.data(), C);
   group_chains(mg, buf.wsdy.data(), spg, groups);
   group_chains(mgx, buf.wsdyxh.data(), spg, groups);
   for (Index g = 0; g < groups; ++g) {
@@ -1153,38 +1147,53 @@ Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo,
         r[g] = group_rstd(count, var[g], eps);
         kc.set_group(g * spg, spg, mean[g], r[g], w);
       }
-      k.rows_normalize(kc.at(0), sample_row(p, bi, xo, nullptr, yo), stream);
+      k.rows_normalize(kc.at(0), sample_row(bi, 0, p.C, xo, nullptr, yo), stream);
     }
   });
   return m;
 }
 
-// per_sample_backward on sample rows.
+// per_sample_backward on sample rows, with dγ and dβ: each task takes a share of the row's groups (whole
+// groups, channels c0 .. c0 + nc − 1) over every row in b order, so that each channel's Σ_b Σdy·x̂ and Σ_b Σdy
+// are added from 0.0 in b order (param_grad_sums' order) as the rows go, without the B·C arrays of
+// segment terms (64 MiB for [4096, 1024], written and read back). The shares (one per thread) change no
+// value: each group's and each channel's operations stay within one task, in their order.
 void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
-                          double eps, const float* w, std::vector<double>& sdy, std::vector<double>& sdyxh) {
+                          double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
   const Index spg = segments_per_group(p), per_row = p.C / spg;
   const double count = group_count(p, 0);  // every group's (unmasked)
-  for_sample_rows(p, stream, [&](Index b0, Index b1) {
-    RowsInputGrad kc(p.C);
-    kc.set_weight(w);
-    SampleRowBuffers buf(p.C);
-    std::vector<double> t(static_cast<std::size_t>(5 * per_row));  // mean, var, rstd, mg, mgx of the row
-    double *mean = t.data(), *var = mean + per_row, *r = var + per_row, *mg = r + per_row,
-           *mgx = mg + per_row;
-    for (Index bi = b0; bi < b1; ++bi) {
+  sw.assign(static_cast<std::size_t>(p.C), 0.0);
+  sb.assign(sw.size(), 0.0);
+  const Index tasks = std::min<Index>(num_threads(), per_row);
+  parallel::parallel_for(tasks, [&](Index task) {
+    const Index g0 = per_row * task / tasks, ng = per_row * (task + 1) / tasks - g0;
+    const Index c0 = g0 * spg, nc = ng * spg;
+    const float* const wc = w ? w + c0 : nullptr;
+    RowsInputGrad kc(nc);
+    kc.set_weight(wc);
+    SampleRowBuffers buf(nc);
+    std::vector<double> t(static_cast<std::size_t>(5 * ng));  // mean, var, rstd, mg, mgx of the row's share
+    double *mean = t.data(), *var = mean + ng, *r = var + ng, *mg = r + ng, *mgx = mg + ng;
+    double *tw = sw.data() + c0, *tb = sb.data() + c0;
+    for (Index bi = 0; bi < p.B; ++bi) {
       const std::size_t bs = static_cast<std::size_t>(bi);
-      const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs];
-      const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs];
-      row_moments(k, xr, spg, per_row, count, mean, var, buf);
-      for (Index g = 0; g < per_row; ++g) r[g] = group_rstd(count, var[g], eps);
-      row_grads(k, xr, dyr, spg, per_row, count, r, w, mg, mgx, sdy.data() + bi * p.C,
-                sdyxh.data() + bi * p.C, buf);
-      for (Index g = 0; g < per_row; ++g)
-        kc.set_group(g * spg, spg, input_grad_consts(mean[g], r[g], w, g * spg, mg[g], mgx[g]));
-      k.rows_input_grad(kc.at(0), sample_row(p, bi, xo, &dyo, dxo), stream);
+      const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs] + c0;
+      const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs] + c0;
+      row_moments(k, xr, spg, ng, count, mean, var, buf);
+      for (Index g = 0; g < ng; ++g) r[g] = group_rstd(count, var[g], eps);
+      row_grads(k, xr, dyr, spg, ng, count, r, wc, mg, mgx, buf);
+      // Scalar math: dγ_c += Σdy·x̂ of (b, c), dβ_c += Σdy of (b, c), b in order
+      for (Index c = 0; c < nc; ++c) {
+        tw[c] += buf.sdyxh[static_cast<std::size_t>(c)];
+        tb[c] += buf.sdy[static_cast<std::size_t>(c)];
+      }
+      for (Index g = 0; g < ng; ++g)
+        kc.set_group(g * spg, spg, input_grad_consts(mean[g], r[g], wc, g * spg, mg[g], mgx[g]));
+      k.rows_input_grad(kc.at(0), sample_row(bi, c0, nc, xo, &dyo, dxo), stream);
     }
+    if (stream) k.fence();
   });
 }
 
@@ -1308,6 +1317,30 @@ void sample_runs_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
   });
 }
 
+// per_sample_backward's dx and per-segment Σdy, Σdy·x̂ (B·C entries each), on sample runs or group by group.
+void per_sample_segment_grads(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
+                              double eps, const float* w, std::vector<double>& sdy,
+                              std::vector<double>& sdyxh) {
+  if (on_sample_runs(p, {&xo, &dyo, &dxo})) return sample_runs_backward(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
+  const bool stream = stream_output(p);
+  SegmentArrays st = segment_workspace(p);
+  st.sdy = sdy.data();  // the segments' Σdy go straight to the caller
+  for_groups(
+      p, 3, gather,
+      [&](Index g, Index b, Index c0, Index spg, float* scratch) {
+        group_stats(k, p, xo, &dyo, b, c0, spg, st, scratch);
+        const GroupMoments gm = combine_group(p, g, st);
+        const double rstd = group_rstd(gm.count, gm.var, eps);
+        const GroupGrads gg =
+            group_grads(p, g, st, gm, rstd, w, [&](Index, Index, Index s, double v) { sdyxh[s] = v; });
+        for (Index c = c0; c < c0 + spg; ++c)
+          input_grad_seg(k, p, dxo, dyo, xo, b, c, gm.mean, rstd, w, gg.mg, gg.mgx, scratch, stream);
+      },
+      stream);
+}
+
 }  // namespace
 
 Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
@@ -1336,30 +1369,18 @@ Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const
 }
 
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
-                         std::vector<double>& sdy, std::vector<double>& sdyxh) {
+                         std::vector<double>& sw, std::vector<double>& sb) {
   const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
-  const kernels::ChannelKernels& k = kernels::channel_kernels();
-  const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
-  const bool stream = stream_output(p);
+  if (on_sample_rows(p, {&xo, &dyo, &dxo})) return sample_rows_backward(p, dxo, dyo, xo, eps, w, sw, sb);
+  // Each segment's Σdy and Σdy·x̂, then their sums per channel. Reused from call to call, as the segment
+  // workspace: B·C doubles each, which a fresh pair of vectors would allocate, fault in and zero on every
+  // call (GroupNorm of [4096, 1024] on the segment path: a fifth of the backward).
+  thread_local std::vector<double> sdy, sdyxh;
   const std::size_t nseg = static_cast<std::size_t>(p.segments());
   sdy.resize(nseg);  // every entry is written below
   sdyxh.resize(nseg);
-  if (on_sample_rows(p, {&xo, &dyo, &dxo})) return sample_rows_backward(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
-  if (on_sample_runs(p, {&xo, &dyo, &dxo})) return sample_runs_backward(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
-  SegmentArrays st = segment_workspace(p);
-  st.sdy = sdy.data();  // the segments' Σdy go straight to the caller
-  for_groups(
-      p, 3, gather,
-      [&](Index g, Index b, Index c0, Index spg, float* scratch) {
-        group_stats(k, p, xo, &dyo, b, c0, spg, st, scratch);
-        const GroupMoments gm = combine_group(p, g, st);
-        const double rstd = group_rstd(gm.count, gm.var, eps);
-        const GroupGrads gg =
-            group_grads(p, g, st, gm, rstd, w, [&](Index, Index, Index s, double v) { sdyxh[s] = v; });
-        for (Index c = c0; c < c0 + spg; ++c)
-          input_grad_seg(k, p, dxo, dyo, xo, b, c, gm.mean, rstd, w, gg.mg, gg.mgx, scratch, stream);
-      },
-      stream);
+  per_sample_segment_grads(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
+  param_grad_sums(p, sdy, sdyxh, sw, sb);
 }
 
 void input_grad_const(const Plan& p, View dx, ConstView dy, const std::vector<double>& rstd, const float* w) {
@@ -1421,11 +1442,12 @@ void grad_sums_input_grad_const(const Plan& p, View dx, ConstView dy, ConstView 
       stream);
 }
 
-void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,
-                       const std::vector<double>& sdyxh, GradMode mode) {
+void param_grad_sums(const Plan& p, const std::vector<double>& sdy, const std::vector<double>& sdyxh,
+                     std::vector<double>& sw, std::vector<double>& sb) {
   // Each channel's sums from 0.0 in b order, swept row by row (memory order) rather than channel by channel:
   // the same additions in the same order.
-  std::vector<double> sw(static_cast<std::size_t>(p.C), 0.0), sb(sw.size(), 0.0);
+  sw.assign(static_cast<std::size_t>(p.C), 0.0);
+  sb.assign(sw.size(), 0.0);
   for (Index b = 0; b < p.B; ++b) {
     const double* rw = sdyxh.data() + b * p.C;
     const double* rb = sdy.data() + b * p.C;
@@ -1434,6 +1456,12 @@ void write_param_grads(const Plan& p, View dweight, View dbias, const std::vecto
       sb[c] += rb[c];
     }
   }
+}
+
+void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,
+                       const std::vector<double>& sdyxh, GradMode mode) {
+  std::vector<double> sw, sb;
+  param_grad_sums(p, sdy, sdyxh, sw, sb);
   write_channel_grads(dweight, dbias, sw, sb, mode);
 }
 

@@ -177,14 +177,19 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
 // The arithmetic is that of moments + normalize and grad_stats + input_grad with the backward's means of
 // g and g·x̂ (as grad_stats forms them), operation for operation, so the bits are the same.
 // Single-element segments with the channels consecutive in every operand run row by row (channel_norm.cpp,
-// "sample rows").
+// "sample rows"; the backward adds each row's terms to the per-channel sums as it goes), short consecutive
+// segments a run of groups at a time ("sample runs").
 Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
                            std::vector<double>& rstd);
-// sdy, sdyxh: resized to B·C and every entry written (their old contents are not read).
+// sw, sb: the per-channel sums of dγ and dβ as param_grad_sums forms them from the per-segment Σdy·x̂ and
+// Σdy (C entries each).
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
-                         std::vector<double>& sdy, std::vector<double>& sdyxh);
+                         std::vector<double>& sw, std::vector<double>& sb);
 
-// dweight_c = Σ_b sdyxh[b, c], dbias_c = Σ_b sdy[b, c] (double, in b order), written per mode.
+// sw[c] = Σ_b sdyxh[b, c], sb[c] = Σ_b sdy[b, c] (double, from 0.0 in b order).
+void param_grad_sums(const Plan& p, const std::vector<double>& sdy, const std::vector<double>& sdyxh,
+                     std::vector<double>& sw, std::vector<double>& sb);
+// dweight_c = Σ_b sdyxh[b, c], dbias_c = Σ_b sdy[b, c] (param_grad_sums), written per mode.
 void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,
                        const std::vector<double>& sdyxh, GradMode mode);
 

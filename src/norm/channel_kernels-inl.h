@@ -288,6 +288,7 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
       if constexpr (Dy) gs[j] = gather(dy + j, k);
     }
   }
+  const VD nd = bcastd(static_cast<double>(n));
   VD t[kD], sum[2], sdy[2], mean[2], ml[2];
   for (int h = 0; h < 2; ++h) {
     // Scalar math: per segment, sum = Σx (0.0 + each), mean = sum / n (likewise Σdy)
@@ -297,7 +298,7 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
       pair_terms(t, gs, h, k, true);
       sdy[h] = hsum_lanes(t);
     }
-    mean[h] = div(sum[h], bcastd(static_cast<double>(n)));
+    mean[h] = div(sum[h], nd);
   }
   // Scalar math: m_hi = float(mean), m_lo = double(float(mean − double(m_hi)))
   const VF mh = narrow_pd(mean[0], mean[1]);
@@ -312,7 +313,6 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
     q[j] = mul(e, e);
     if constexpr (Dy) pr[j] = add(mul(gs[j], e), zf);
   }
-  const VD nd = bcastd(static_cast<double>(n));
   for (int h = 0; h < 2; ++h) {
     const Index o = at + h * kD;
     // Scalar math: M2 = Σe² − n·m_lo·m_lo floored at 0; Σdy·(x − mean) = Σdy·e − m_lo·Σdy

@@ -1153,48 +1153,94 @@ Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo,
   return m;
 }
 
-// per_sample_backward on sample rows, with dγ and dβ: each task takes a share of the row's groups (whole
-// groups, channels c0 .. c0 + nc − 1) over every row in b order, so that each channel's Σ_b Σdy·x̂ and Σ_b Σdy
-// are added from 0.0 in b order (param_grad_sums' order) as the rows go, without the B·C arrays of
-// segment terms (64 MiB for [4096, 1024], written and read back). The shares (one per thread) change no
-// value: each group's and each channel's operations stay within one task, in their order.
+// The backward of one sample row's groups g0 .. g0 + ng − 1 (channels c0 .. c0 + nc − 1): dx, and each
+// segment's Σdy and Σdy·x̂ left in buf.sdy, buf.sdyxh (entries 0 .. nc − 1).
+struct SampleRowsBackward {
+  const kernels::ChannelKernels& k;
+  const Plan& p;
+  const Operand &dxo, &dyo, &xo;
+  double eps, count;
+  bool stream;
+  Index spg, ng, c0, nc;
+  const float* wc;  // γ of the share's channels (null: 1)
+  RowsInputGrad kc;
+  SampleRowBuffers buf;
+  std::vector<double> t;  // mean, var, rstd, mg, mgx of the share's groups
+  SampleRowsBackward(const Plan& p_, const Operand& dx, const Operand& dy, const Operand& x, double eps_,
+                     const float* w, Index g0, Index ng_)
+      : k(kernels::channel_kernels()),
+        p(p_),
+        dxo(dx),
+        dyo(dy),
+        xo(x),
+        eps(eps_),
+        count(group_count(p_, 0)),  // every group's (unmasked)
+        stream(stream_output(p_)),
+        spg(segments_per_group(p_)),
+        ng(ng_),
+        c0(g0 * spg),
+        nc(ng_ * spg),
+        wc(w ? w + c0 : nullptr),
+        kc(nc),
+        buf(nc),
+        t(static_cast<std::size_t>(5 * ng)) {
+    kc.set_weight(wc);
+  }
+  void row(Index bi) {
+    double *mean = t.data(), *var = mean + ng, *r = var + ng, *mg = r + ng, *mgx = mg + ng;
+    const std::size_t bs = static_cast<std::size_t>(bi);
+    const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs] + c0;
+    const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs] + c0;
+    row_moments(k, xr, spg, ng, count, mean, var, buf);
+    for (Index g = 0; g < ng; ++g) r[g] = group_rstd(count, var[g], eps);
+    row_grads(k, xr, dyr, spg, ng, count, r, wc, mg, mgx, buf);
+    for (Index g = 0; g < ng; ++g)
+      kc.set_group(g * spg, spg, input_grad_consts(mean[g], r[g], wc, g * spg, mg[g], mgx[g]));
+    k.rows_input_grad(kc.at(0), sample_row(bi, c0, nc, xo, &dyo, dxo), stream);
+  }
+};
+
+// per_sample_backward on sample rows, with dγ and dβ per channel (sw, sb). With at least as many groups per
+// row as threads, each task takes a share of every row's groups over every row in b order and adds each
+// row's terms to its channels' sums from 0.0 as the rows go: param_grad_sums' additions in its order,
+// without the B·C arrays of segment terms (64 MiB for [4096, 1024], written and read back). Otherwise
+// (e.g. one group) the tasks take fixed chunks of rows, keep the terms in B·C arrays and param_grad_sums
+// adds them. Either way each group's and channel's operations are the same, in the same order.
 void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
                           double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb) {
-  const kernels::ChannelKernels& k = kernels::channel_kernels();
-  const bool stream = stream_output(p);
-  const Index spg = segments_per_group(p), per_row = p.C / spg;
-  const double count = group_count(p, 0);  // every group's (unmasked)
-  sw.assign(static_cast<std::size_t>(p.C), 0.0);
-  sb.assign(sw.size(), 0.0);
-  const Index tasks = std::min<Index>(num_threads(), per_row);
-  parallel::parallel_for(tasks, [&](Index task) {
-    const Index g0 = per_row * task / tasks, ng = per_row * (task + 1) / tasks - g0;
-    const Index c0 = g0 * spg, nc = ng * spg;
-    const float* const wc = w ? w + c0 : nullptr;
-    RowsInputGrad kc(nc);
-    kc.set_weight(wc);
-    SampleRowBuffers buf(nc);
-    std::vector<double> t(static_cast<std::size_t>(5 * ng));  // mean, var, rstd, mg, mgx of the row's share
-    double *mean = t.data(), *var = mean + ng, *r = var + ng, *mg = r + ng, *mgx = mg + ng;
-    double *tw = sw.data() + c0, *tb = sb.data() + c0;
-    for (Index bi = 0; bi < p.B; ++bi) {
-      const std::size_t bs = static_cast<std::size_t>(bi);
-      const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs] + c0;
-      const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs] + c0;
-      row_moments(k, xr, spg, ng, count, mean, var, buf);
-      for (Index g = 0; g < ng; ++g) r[g] = group_rstd(count, var[g], eps);
-      row_grads(k, xr, dyr, spg, ng, count, r, wc, mg, mgx, buf);
-      // Scalar math: dγ_c += Σdy·x̂ of (b, c), dβ_c += Σdy of (b, c), b in order
-      for (Index c = 0; c < nc; ++c) {
-        tw[c] += buf.sdyxh[static_cast<std::size_t>(c)];
-        tb[c] += buf.sdy[static_cast<std::size_t>(c)];
+  const Index per_row = p.C / segments_per_group(p);
+  if (per_row >= num_threads()) {
+    sw.assign(static_cast<std::size_t>(p.C), 0.0);
+    sb.assign(sw.size(), 0.0);
+    const Index tasks = num_threads();
+    parallel::parallel_for(tasks, [&](Index task) {
+      const Index g0 = per_row * task / tasks;
+      SampleRowsBackward s(p, dxo, dyo, xo, eps, w, g0, per_row * (task + 1) / tasks - g0);
+      double *tw = sw.data() + s.c0, *tb = sb.data() + s.c0;
+      for (Index bi = 0; bi < p.B; ++bi) {
+        s.row(bi);
+        // Scalar math: dγ_c += Σdy·x̂ of (b, c), dβ_c += Σdy of (b, c), b in order
+        for (Index c = 0; c < s.nc; ++c) {
+          tw[c] += s.buf.sdyxh[static_cast<std::size_t>(c)];
+          tb[c] += s.buf.sdy[static_cast<std::size_t>(c)];
+        }
       }
-      for (Index g = 0; g < ng; ++g)
-        kc.set_group(g * spg, spg, input_grad_consts(mean[g], r[g], wc, g * spg, mg[g], mgx[g]));
-      k.rows_input_grad(kc.at(0), sample_row(bi, c0, nc, xo, &dyo, dxo), stream);
+      if (s.stream) s.k.fence();
+    });
+    return;
+  }
+  thread_local std::vector<double> sdy, sdyxh;  // B·C each (reused, as the segment workspace)
+  sdy.resize(static_cast<std::size_t>(p.segments()));
+  sdyxh.resize(sdy.size());
+  for_sample_rows(p, stream_output(p), [&](Index b0, Index b1) {
+    SampleRowsBackward s(p, dxo, dyo, xo, eps, w, 0, per_row);
+    for (Index bi = b0; bi < b1; ++bi) {
+      s.row(bi);
+      std::copy_n(s.buf.sdy.begin(), p.C, sdy.begin() + bi * p.C);
+      std::copy_n(s.buf.sdyxh.begin(), p.C, sdyxh.begin() + bi * p.C);
     }
-    if (stream) k.fence();
   });
+  param_grad_sums(p, sdy, sdyxh, sw, sb);
 }
 
 // ---- InstanceNorm and GroupNorm on sample runs ------------------------------------------------------

@@ -1106,14 +1106,22 @@ void row_moments(const kernels::ChannelKernels& k, const float* xr, Index spg, I
 
 // group_grads for the groups of one sample row likewise (the row's groups interleaved, each in
 // group_grads' order from 0.0; the per-channel terms from the single_grad_terms kernel, after row_moments
-// has spread the means): mg, mgx per group; each segment's Σdy and Σdy·x̂ into buf.sdy, buf.sdyxh.
+// has spread the means): mg, mgx per group; each segment's Σdy and Σdy·x̂ into sdy, sdyxh (the row's
+// entries) when given, else into buf.sdy, buf.sdyxh.
 void row_grads(const kernels::ChannelKernels& k, const float* xr, const float* dyr, Index spg, Index groups,
                double count, const double* rstd, const float* w, double* mg, double* mgx,
-               SampleRowBuffers& buf) {
+               SampleRowBuffers& buf, double* sdy = nullptr, double* sdyxh = nullptr) {
   const Index C = spg * groups;
   spread(buf.grstd.data(), rstd, spg, groups);
-  k.single_grad_terms({buf.sdy.data(), buf.sdyxh.data(), buf.wsdy.data(), buf.wsdyxh.data()}, xr, dyr, w,
-                      buf.gmean.data(), buf.grstd.data(), C);
+  // Straight into sdy, sdyxh when given and the kernel's whole vectors end with the row.
+  const bool direct = sdy && C % kernels::kRowsPad == 0;
+  k.single_grad_terms(
+      {direct ? sdy : buf.sdy.data(), direct ? sdyxh : buf.sdyxh.data(), buf.wsdy.data(), buf.wsdyxh.data()},
+      xr, dyr, w, buf.gmean.data(), buf.grstd.data(), C);
+  if (sdy && !direct) {
+    std::copy_n(buf.sdy.data(), C, sdy);
+    std::copy_n(buf.sdyxh.data(), C, sdyxh);
+  }
   group_chains(mg, buf.wsdy.data(), spg, groups);
   group_chains(mgx, buf.wsdyxh.data(), spg, groups);
   for (Index g = 0; g < groups; ++g) {
@@ -1186,30 +1194,38 @@ struct SampleRowsBackward {
         t(static_cast<std::size_t>(5 * ng)) {
     kc.set_weight(wc);
   }
-  void row(Index bi) {
+  // sdy, sdyxh: where the segments' terms go (null: buf.sdy, buf.sdyxh).
+  void row(Index bi, double* sdy = nullptr, double* sdyxh = nullptr) {
     double *mean = t.data(), *var = mean + ng, *r = var + ng, *mg = r + ng, *mgx = mg + ng;
     const std::size_t bs = static_cast<std::size_t>(bi);
     const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs] + c0;
     const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs] + c0;
     row_moments(k, xr, spg, ng, count, mean, var, buf);
     for (Index g = 0; g < ng; ++g) r[g] = group_rstd(count, var[g], eps);
-    row_grads(k, xr, dyr, spg, ng, count, r, wc, mg, mgx, buf);
+    row_grads(k, xr, dyr, spg, ng, count, r, wc, mg, mgx, buf, sdy, sdyxh);
     for (Index g = 0; g < ng; ++g)
       kc.set_group(g * spg, spg, input_grad_consts(mean[g], r[g], wc, g * spg, mg[g], mgx[g]));
     k.rows_input_grad(kc.at(0), sample_row(bi, c0, nc, xo, &dyo, dxo), stream);
   }
 };
 
-// per_sample_backward on sample rows, with dγ and dβ per channel (sw, sb). With at least as many groups per
-// row as threads, each task takes a share of every row's groups over every row in b order and adds each
-// row's terms to its channels' sums from 0.0 as the rows go: param_grad_sums' additions in its order,
-// without the B·C arrays of segment terms (64 MiB for [4096, 1024], written and read back). Otherwise
-// (e.g. one group) the tasks take fixed chunks of rows, keep the terms in B·C arrays and param_grad_sums
-// adds them. Either way each group's and channel's operations are the same, in the same order.
+// The fewest groups in each thread's share of a sample row. Each group's sums are chains of dependent
+// additions; a row's groups interleave them. GroupNorm backward of [16384, 256] at 2 threads: with 2 groups
+// (one per share) 1.14× the time of whole rows per task, with 32 groups 0.8× (docs/PERFORMANCE.md,
+// thirty-second session).
+constexpr Index kMinShareGroups = 4;
+
+// per_sample_backward on sample rows, with dγ and dβ per channel (sw, sb). At 1 thread, or with at least
+// kMinShareGroups groups per row for each thread, each task takes a share of every row's groups over every
+// row in b order and adds each row's terms to its channels' sums from 0.0 as the rows go: param_grad_sums'
+// additions in its order, without the B·C arrays of segment terms (64 MiB for [4096, 1024], written and read
+// back). Otherwise (e.g. one group) the tasks take fixed chunks of rows, keep the terms in B·C arrays and
+// param_grad_sums adds them. Either way each group's and channel's operations are the same, in the same
+// order.
 void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
                           double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb) {
   const Index per_row = p.C / segments_per_group(p);
-  if (per_row >= num_threads()) {
+  if (num_threads() == 1 || per_row >= kMinShareGroups * num_threads()) {
     sw.assign(static_cast<std::size_t>(p.C), 0.0);
     sb.assign(sw.size(), 0.0);
     const Index tasks = num_threads();
@@ -1232,13 +1248,11 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
   thread_local std::vector<double> sdy, sdyxh;  // B·C each (reused, as the segment workspace)
   sdy.resize(static_cast<std::size_t>(p.segments()));
   sdyxh.resize(sdy.size());
+  // (the calling thread's arrays: a thread_local named inside the tasks would be the worker's own)
+  double *const ds = sdy.data(), *const dsx = sdyxh.data();
   for_sample_rows(p, stream_output(p), [&](Index b0, Index b1) {
     SampleRowsBackward s(p, dxo, dyo, xo, eps, w, 0, per_row);
-    for (Index bi = b0; bi < b1; ++bi) {
-      s.row(bi);
-      std::copy_n(s.buf.sdy.begin(), p.C, sdy.begin() + bi * p.C);
-      std::copy_n(s.buf.sdyxh.begin(), p.C, sdyxh.begin() + bi * p.C);
-    }
+    for (Index bi = b0; bi < b1; ++bi) s.row(bi, ds + bi * p.C, dsx + bi * p.C);
   });
   param_grad_sums(p, sdy, sdyxh, sw, sb);
 }

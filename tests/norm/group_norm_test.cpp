@@ -283,11 +283,11 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
     int channel_axis;
     int groups;
   };
-  for (const Case& k :
-       {Case{{2, 1}, 1, 1}, Case{{5, 12}, 1, 3}, Case{{6, 33, 1}, 1, 11}, Case{{3, 5, 48}, 2, 4},
-        Case{{4, 7, 64}, -1, 64}, Case{{9, 1024}, 1, 32}, Case{{3, 12, 2}, 1, 3}, Case{{4, 8, 5, 3}, 1, 2},
-        Case{{3, 33, 7}, 1, 11}, Case{{2, 64, 64}, 1, 32}, Case{{5, 9, 4, 4}, 1, 9},
-        Case{{7, 48, 8, 8}, 1, 3}, Case{{3, 40, 4, 4}, 1, 20}, Case{{3, 35, 3}, 1, 7}}) {
+  for (const Case& k : {Case{{2, 1}, 1, 1}, Case{{5, 12}, 1, 3}, Case{{6, 33, 1}, 1, 11},
+                        Case{{3, 5, 48}, 2, 4}, Case{{4, 7, 64}, -1, 64}, Case{{9, 1024}, 1, 32},
+                        Case{{3, 12, 2}, 1, 3}, Case{{4, 8, 5, 3}, 1, 2}, Case{{3, 33, 7}, 1, 11},
+                        Case{{2, 64, 64}, 1, 32}, Case{{5, 9, 4, 4}, 1, 9}, Case{{7, 48, 8, 8}, 1, 3},
+                        Case{{3, 40, 4, 4}, 1, 20}, Case{{3, 35, 3}, 1, 7}, Case{{40, 1024}, 1, 2}}) {
     const int ca = k.channel_axis < 0 ? k.channel_axis + k.shape.size() : k.channel_axis;
     const Index C = k.shape[ca];
     Tensor x = testing::random_tensor(k.shape, rng, 2.0, 3.0);

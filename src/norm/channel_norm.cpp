@@ -1030,7 +1030,8 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // and group_grads' operations in their order (row_moments, row_grads: the row's groups interleaved), and the
 // elementwise pass is one channel-rows kernel call per row (rows_normalize, rows_input_grad) with every
 // channel's constants as the segment path forms them: the same bits. The forward's tasks are fixed chunks of
-// rows; the backward's are shares of each row's groups over every row (sample_rows_backward).
+// rows; the backward's, at 1 thread or with enough groups per row, shares of each row's groups over every
+// row (sample_rows_backward).
 
 bool on_sample_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
   return p.grouping != Grouping::kBatch && !p.masked() && p.S == 1 && consecutive_segments(p, operands);

@@ -177,8 +177,8 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
 // The arithmetic is that of moments + normalize and grad_stats + input_grad with the backward's means of
 // g and g·x̂ (as grad_stats forms them), operation for operation, so the bits are the same.
 // Single-element segments with the channels consecutive in every operand run row by row (channel_norm.cpp,
-// "sample rows"; the backward adds each row's terms to the per-channel sums as it goes), short consecutive
-// segments a run of groups at a time ("sample runs").
+// "sample rows"; the backward, at 1 thread or with enough groups per row, adds each row's terms to the
+// per-channel sums as it goes), short consecutive segments a run of groups at a time ("sample runs").
 Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
                            std::vector<double>& rstd);
 // sw, sb: the per-channel sums of dγ and dβ as param_grad_sums forms them from the per-segment Σdy·x̂ and

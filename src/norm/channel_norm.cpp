@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 
 #include "norm/channel_kernels.h"
 #include "norm/norm_plan.h"
@@ -1529,14 +1530,18 @@ void write_param_grads(const Plan& p, View dweight, View dbias, const std::vecto
 void write_channel_grads(View dweight, View dbias, const std::vector<double>& sw,
                          const std::vector<double>& sb, GradMode mode) {
   const bool acc = mode == GradMode::kAccumulate;
+  // A NaN is written as the canonical quiet NaN: which of several NaN terms' sign and payload a sum keeps
+  // is not fixed (C++ lets the compiler commute an addition), and two paths that add the same terms in the
+  // same order must give the same bits (docs/numerics.md, "NaN, Inf, eps").
+  auto canonical = [](float v) { return std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : v; };
   for (std::size_t c = 0; c < sw.size(); ++c) {
     if (dweight.defined()) {
       float& d = dweight.data()[static_cast<Index>(c) * dweight.stride(0)];
-      d = acc ? d + static_cast<float>(sw[c]) : static_cast<float>(sw[c]);
+      d = canonical(acc ? d + static_cast<float>(sw[c]) : static_cast<float>(sw[c]));
     }
     if (dbias.defined()) {
       float& d = dbias.data()[static_cast<Index>(c) * dbias.stride(0)];
-      d = acc ? d + static_cast<float>(sb[c]) : static_cast<float>(sb[c]);
+      d = canonical(acc ? d + static_cast<float>(sb[c]) : static_cast<float>(sb[c]));
     }
   }
 }

@@ -314,6 +314,15 @@ Moments combine_moments(const Plan& p, const SegmentArrays& st) {
 // Per-segment statistics of the calling thread, reused from call to call (a pass over a large tensor
 // would otherwise allocate, fault in and zero B·C entries every time). Entry s is written by the task
 // that owns segment s.
+// One row's terms added to the channels' dγ and dβ sums: sw[c] += tw[c], sb[c] += tb[c] for c in [0, n)
+// (param_grad_sums row by row; the sample-rows backward as its rows go: one loop for both).
+void add_row_terms(double* sw, double* sb, const double* tw, const double* tb, Index n) {
+  for (Index c = 0; c < n; ++c) {
+    sw[c] += tw[c];
+    sb[c] += tb[c];
+  }
+}
+
 SegmentArrays segment_workspace(const Plan& p) {
   thread_local std::vector<double> ws;
   const std::size_t n = static_cast<std::size_t>(p.segments());
@@ -1237,11 +1246,7 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
       double *tw = sw.data() + s.c0, *tb = sb.data() + s.c0;
       for (Index bi = 0; bi < p.B; ++bi) {
         s.row(bi);
-        // Scalar math: dγ_c += Σdy·x̂ of (b, c), dβ_c += Σdy of (b, c), b in order
-        for (Index c = 0; c < s.nc; ++c) {
-          tw[c] += s.buf.sdyxh[static_cast<std::size_t>(c)];
-          tb[c] += s.buf.sdy[static_cast<std::size_t>(c)];
-        }
+        add_row_terms(tw, tb, s.buf.sdyxh.data(), s.buf.sdy.data(), s.nc);
       }
       if (s.stream) s.k.fence();
     });
@@ -1510,14 +1515,8 @@ void param_grad_sums(const Plan& p, const std::vector<double>& sdy, const std::v
   // the same additions in the same order.
   sw.assign(static_cast<std::size_t>(p.C), 0.0);
   sb.assign(sw.size(), 0.0);
-  for (Index b = 0; b < p.B; ++b) {
-    const double* rw = sdyxh.data() + b * p.C;
-    const double* rb = sdy.data() + b * p.C;
-    for (std::size_t c = 0; c < sw.size(); ++c) {
-      sw[c] += rw[c];
-      sb[c] += rb[c];
-    }
-  }
+  for (Index b = 0; b < p.B; ++b)
+    add_row_terms(sw.data(), sb.data(), sdyxh.data() + b * p.C, sdy.data() + b * p.C, p.C);
 }
 
 void write_param_grads(const Plan& p, View dweight, View dbias, const std::vector<double>& sdy,

@@ -260,9 +260,10 @@ std::vector<double> group_counts(const Plan& p) {
 namespace {
 
 // The per-segment statistics (kernels::SegmentStats) of one pass, as arrays of B·C doubles.
-struct SegmentArrays {
-  double *sum, *mean, *m2, *sdy, *sdyd;
+struct SegmentArrays : kernels::SegmentColumns {
   void put(Index s, const kernels::SegmentStats& t) const;
+  // The columns from segment s on (as segments_stats takes them).
+  kernels::SegmentColumns from(Index s) const { return {sum + s, mean + s, m2 + s, sdy + s, sdyd + s}; }
 };
 
 // One group's moments (channel_norm.h's Moments).
@@ -328,7 +329,7 @@ SegmentArrays segment_workspace(const Plan& p) {
   const std::size_t n = static_cast<std::size_t>(p.segments());
   if (ws.size() < 5 * n) ws.resize(5 * n);
   double* d = ws.data();
-  return {d, d + n, d + 2 * n, d + 3 * n, d + 4 * n};
+  return {{d, d + n, d + 2 * n, d + 3 * n, d + 4 * n}};
 }
 
 void SegmentArrays::put(Index s, const kernels::SegmentStats& t) const {
@@ -1327,10 +1328,8 @@ T* run_at(const Operand& o, const GroupRun& r) {
 // The segment statistics of the run (x, and dy when not null) into st, one segments_stats call.
 void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r, const Operand& xo,
                const Operand* dyo, const SegmentArrays& st) {
-  const Index s0 = r.b * p.C + r.c0;
-  const kernels::SegmentColumns cols{st.sum + s0, st.mean + s0, st.m2 + s0, st.sdy + s0, st.sdyd + s0};
-  k.segments_stats(cols, run_at<const float>(xo, r), dyo ? run_at<const float>(*dyo, r) : nullptr, p.S,
-                   r.c1 - r.c0);
+  k.segments_stats(st.from(r.b * p.C + r.c0), run_at<const float>(xo, r),
+                   dyo ? run_at<const float>(*dyo, r) : nullptr, p.S, r.c1 - r.c0);
 }
 
 // per_sample_forward on sample runs.

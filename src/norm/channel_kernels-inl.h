@@ -240,17 +240,26 @@ inline VD hsum_lanes(const VD* v) {
   return add(add(add(v[0], v[4]), add(v[2], v[6])), add(add(v[1], v[5]), add(v[3], v[7])));
 }
 
-// The lane terms t[l] (l = 0..7) of stats_short's horizontal sums over the vectors v[0..n) of segments
-// 0..7 (h = 0) or 8..15 (h = 1), where the one-vector case forms, per segment, lane l of
+// The segments that segments_stats takes sixteen at a time (stats_lanes below): n ≤ 32 without dy, n ≤ 31
+// with it. Measured on GroupNorm of [N, 256, S] (docs/PERFORMANCE.md, "thirty-third session"): for
+// 17 ≤ S ≤ 31 the lane kernel took 0.58-0.84 of the per-segment kernel's time (forward and backward); at
+// S = 32 the forward was about as fast and the backward 1.05-1.2 times as slow (the per-segment kernel
+// needs no masks there).
+inline constexpr int kLanesMax = 32, kLanesMaxDy = 31;
+
+// The lane terms t[l] (l = 0..7) of the horizontal sums over the lane vectors v[0..n) (n ≤ 16) of segments
+// 0..7 (h = 0) or 8..15 (h = 1), where the one-segment kernel forms, per segment, lane l of
 //   first pass (zero_add):  ((0 + a) + (0 + b)) + (0 + 0)
 //   second pass:            (0 + a) + (0 + b)
-// with a = double(v[l]), b = double(v[l + 8]), and +0 for the lanes at or past n (load_n's and keep_n's
-// zero fill). The additions of +0 that can never change a value are left out. In round-to-nearest a sum is
-// −0 only when both operands are −0, so 0 + a is never −0, nor is (0 + a) + (0 + b); adding +0 to a value
-// that is not −0 returns that value (a NaN is returned as it is). So the first pass's term is (0 + a) +
-// (0 + b) without the last addition, (0 + a) when b is padding, +0 when both are. The second pass adds
-// fp32 squares e·e and products dy·e + 0 (below), neither ever −0, so there 0 + a = a as well. The tree
-// then adds the +0 terms to values that are not −0: the same values as the one-vector case.
+// with a = double(v[l]), b = double(v[l + 8]), and +0 for the lanes at or past n (the zero fill of the
+// padded tail). (For 16 < n ≤ 32 the first pass adds lanes 16..31 too, upper_terms below, and the second
+// pass takes v = its fp32 block sums, n = 16.) The additions of +0 that can never change a value are left
+// out. In round-to-nearest a sum is −0 only when both operands are −0, so 0 + a is never −0, nor is
+// (0 + a) + (0 + b); adding +0 to a value that is not −0 returns that value (a NaN is returned as it is).
+// So the first pass's term is (0 + a) + (0 + b) without the last addition, (0 + a) when b is padding, +0
+// when both are. The second pass adds fp32 sums of squares e·e and of products dy·e, + 0 (stats_lanes),
+// neither ever −0, so there 0 + a = a as well. The tree then adds the +0 terms to values that are not −0:
+// the same values as the one-segment kernel.
 inline void pair_terms(VD* t, const VF* v, int h, int n, bool zero_add) {
   const VD z = zerod();
   for (int l = 0; l < kD; ++l) {
@@ -268,34 +277,57 @@ inline void pair_terms(VD* t, const VF* v, int h, int n, bool zero_add) {
   }
 }
 
-// stats_short of 16 segments at once, segment s (x + s·n, dy + s·n; 1 ≤ n ≤ kF) in lane s: element j of
-// the segments gathered into xs[j] (for n = 16 loaded and transposed), and each of stats_short's operations
-// on lane l of one segment's vector done on the vector of that lane across the segments, in doubles for
-// segments 0..7 (h = 0) and 8..15 (h = 1); a horizontal sum becomes hsum_lanes over pair_terms, which leave
-// out the additions of +0 that never change a value (there). The same values as stats_short segment by
-// segment: the same bits.
-template <bool Dy>
+// For 16 < n ≤ 32 the first pass (its zero-padded tail, or for n = 32 one block of 32: the same values)
+// forms lane l of four accumulators a_u = 0 + x[8u + l] (u = 0..3, +0 past n) and sums (a0 + a1) +
+// (a2 + a3). pair_terms gives a0 + a1 (n = 16 there); this adds a2 + a3, or a2 alone when x[24 + l] is
+// padding (a2 + 0 = a2: a2 is never −0), or nothing when both are (+0, added to a value that is not −0).
+inline void upper_terms(VD* t, const VF* v, int h, int n) {
+  const VD z = zerod();
+  auto a = [&](int j) { return add(z, h ? cvt_hi(v[j]) : cvt_lo(v[j])); };  // 0 + x[j]
+  for (int l = 0; l < kD && 16 + l < n; ++l)
+    t[l] = add(t[l], 24 + l < n ? add(a(16 + l), a(24 + l)) : a(16 + l));
+}
+
+// The lane vectors of 16 segments of n floats (segment s at p + s·n, 1 ≤ n ≤ Max ≤ 32): v[j] lane s =
+// element j of segment s. For n ≥ 16 the first 16 elements loaded and transposed in registers (on
+// AVX-512; gathers on the other targets), the others by one gather per element (a second, zero-padded
+// block transposed took 1.2-1.45 of the time at S = 24 and 28: its permutes share a port with the
+// conversions to double, a gather's loads do not).
+template <int Max>
+inline void load_lanes(const float* p, int n, VF* v) {
+  if (n < kF) {
+    for (int j = 0; j < n; ++j) v[j] = gather(p + j, n);
+    return;
+  }
+  load_transposed16(p, n, v);
+  if constexpr (Max > kF)
+    for (int j = kF; j < n; ++j) v[j] = gather(p + j, n);
+}
+
+// stats_impl (stats_short for n ≤ 16) of 16 segments at once, segment s (x + s·n, dy + s·n; 1 ≤ n ≤ 32) in
+// lane s: element j of the segments in the lane vector xs[j] (load_lanes), and each of the per-segment
+// operations on lane l of a segment's vector done on the vector of that lane across the segments, in
+// doubles for segments 0..7 (h = 0) and 8..15 (h = 1); a horizontal sum becomes hsum_lanes over lane terms
+// (pair_terms, upper_terms), which leave out the additions of +0 that never change a value. The same values
+// as segment_stats segment by segment: the same bits (tests/norm/channel_kernels_test.cpp).
+template <bool Dy, int Max>
 inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, const float* dy, Index n) {
   const int k = static_cast<int>(n);
+  const int nb = std::min(k, kF);  // the lanes of one vector; the second pass's block sums
   const VF zf = zerof();
-  VF xs[kF], gs[kF];
-  if (k == kF) {  // (on AVX-512 a transpose in registers: 0.8 of the time with gathers, docs/PERFORMANCE.md)
-    load_transposed16(x, xs);
-    if constexpr (Dy) load_transposed16(dy, gs);
-  } else {
-    for (int j = 0; j < k; ++j) {
-      xs[j] = gather(x + j, k);
-      if constexpr (Dy) gs[j] = gather(dy + j, k);
-    }
-  }
+  VF xs[Max], gs[Max];
+  load_lanes<Max>(x, k, xs);
+  if constexpr (Dy) load_lanes<Max>(dy, k, gs);
   const VD nd = bcastd(static_cast<double>(n));
   VD t[kD], sum[2], sdy[2], mean[2], ml[2];
   for (int h = 0; h < 2; ++h) {
-    // Scalar math: per segment, sum = Σx (0.0 + each), mean = sum / n (likewise Σdy)
-    pair_terms(t, xs, h, k, true);
+    // Scalar math: per segment, sum = Σx (the first pass's zero-padded tail), mean = sum / n (likewise Σdy)
+    pair_terms(t, xs, h, nb, true);
+    if constexpr (Max > kF) upper_terms(t, xs, h, k);
     sum[h] = hsum_lanes(t);
     if constexpr (Dy) {
-      pair_terms(t, gs, h, k, true);
+      pair_terms(t, gs, h, nb, true);
+      if constexpr (Max > kF) upper_terms(t, gs, h, k);
       sdy[h] = hsum_lanes(t);
     }
     mean[h] = div(sum[h], nd);
@@ -305,23 +337,32 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   const VF mlf = narrow_pd(sub(mean[0], cvt_lo(mh)), sub(mean[1], cvt_hi(mh)));
   ml[0] = cvt_lo(mlf);
   ml[1] = cvt_hi(mlf);
-  // Scalar math: e = x − m_hi; the one-vector case's fp32 (e·e + 0·0) + (0·0 + 0·0) is e·e (never −0),
-  // its (dy·e + 0·0) + (0·0 + 0·0) is dy·e + 0
+  // Scalar math: e = x − m_hi; per segment the second pass's zero-padded block of 64 (e = +0 past n; for
+  // n ≤ 32 its vectors 2 and 3 are all padding), lane j of its fp32 block sum (e²[j] + e²[16 + j]) + (0 + 0),
+  // likewise dy·e. A square is never −0, so the +0 terms change nothing and are left out (e²[16 + j] too
+  // when 16 + j ≥ n). A product can be −0: there the block's sum is (the products that are there) + 0,
+  // and the accumulator's 0 + adds +0 once more (idempotent), so a product sum is never −0.
   VF q[kF], pr[kF];
-  for (int j = 0; j < k; ++j) {
+  for (int j = 0; j < nb; ++j) {
     const VF e = sub(xs[j], mh);
     q[j] = mul(e, e);
-    if constexpr (Dy) pr[j] = add(mul(gs[j], e), zf);
+    if constexpr (Dy) pr[j] = mul(gs[j], e);
+    if (Max > kF && j + kF < k) {
+      const VF e1 = sub(xs[j + kF], mh);
+      q[j] = add(q[j], mul(e1, e1));
+      if constexpr (Dy) pr[j] = add(pr[j], mul(gs[j + kF], e1));
+    }
+    if constexpr (Dy) pr[j] = add(pr[j], zf);
   }
   for (int h = 0; h < 2; ++h) {
     const Index o = at + h * kD;
     // Scalar math: M2 = Σe² − n·m_lo·m_lo floored at 0; Σdy·(x − mean) = Σdy·e − m_lo·Σdy
-    pair_terms(t, q, h, k, false);
+    pair_terms(t, q, h, nb, false);
     stored(out.sum + o, sum[h]);
     stored(out.mean + o, mean[h]);
     stored(out.m2 + o, floor0(sub(hsum_lanes(t), mul(mul(nd, ml[h]), ml[h]))));
     if constexpr (Dy) {
-      pair_terms(t, pr, h, k, false);
+      pair_terms(t, pr, h, nb, false);
       stored(out.sdy + o, sdy[h]);
       stored(out.sdyd + o, sub(hsum_lanes(t), mul(ml[h], sdy[h])));
     }
@@ -342,28 +383,32 @@ void segments_stats(const SegmentColumns& out, const float* x, const float* dy, 
   const StatsPrefetch pf;  // segment_stats' default: follow x in memory (into the next segments)
   // Scalar math: segment_stats(x + i·n, dy + i·n, n) into the columns' entry i, for i in [0, count)
   Index i = 0;
-  SegmentStats s;
-  if (n <= kF) {
+  if (n <= (dy ? kLanesMaxDy : kLanesMax)) {
     for (; i + kF <= count; i += kF) {
-      if (dy)
-        stats_lanes<true>(out, i, x + i * n, dy + i * n, n);
-      else
-        stats_lanes<false>(out, i, x + i * n, nullptr, n);
+      if (n <= kF) {
+        if (dy)
+          stats_lanes<true, kF>(out, i, x + i * n, dy + i * n, n);
+        else
+          stats_lanes<false, kF>(out, i, x + i * n, nullptr, n);
+      } else if (dy) {
+        stats_lanes<true, kLanesMax>(out, i, x + i * n, dy + i * n, n);
+      } else {
+        stats_lanes<false, kLanesMax>(out, i, x + i * n, nullptr, n);
+      }
     }
-    for (; i < count; ++i) {
+  }
+  SegmentStats s;
+  for (; i < count; ++i) {
+    if (n <= kF) {
       if (dy)
         stats_short<true>(&s, x + i * n, dy + i * n, n);
       else
         stats_short<false>(&s, x + i * n, nullptr, n);
-      put(out, i, s, dy);
-    }
-    return;
-  }
-  for (; i < count; ++i) {
-    if (dy)
+    } else if (dy) {
       stats_impl<true>(&s, x + i * n, dy + i * n, n, pf);
-    else
+    } else {
       stats_impl<false>(&s, x + i * n, nullptr, n, pf);
+    }
     put(out, i, s, dy);
   }
 }

@@ -138,7 +138,7 @@ inline VF gather(const float* p, int stride) {
       _mm512_set1_epi32(stride), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   return {_mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, idx, p, 4)};
 }
-// v[j] lane s = p[16·s + j] for j, s in [0, 16): sixteen loads and a 16 × 16 transpose, four stages of
+// v[j] lane s = p[stride·s + j] for j, s in [0, 16): sixteen loads and a 16 × 16 transpose, four stages of
 // two-source permutes, stage b exchanging bit b of the row (vector) and column (lane) indices.
 template <int B>
 NL_FORCE_INLINE inline void transpose_stage(__m512* m) {
@@ -157,9 +157,9 @@ NL_FORCE_INLINE inline void transpose_stage(__m512* m) {
     m[r | B] = _mm512_permutex2var_ps(a, ih, c);
   }
 }
-NL_FORCE_INLINE inline void load_transposed16(const float* p, VF* v) {
+NL_FORCE_INLINE inline void load_transposed16(const float* p, int stride, VF* v) {
   __m512 m[16];
-  for (int r = 0; r < 16; ++r) m[r] = _mm512_loadu_ps(p + 16 * r);
+  for (int r = 0; r < 16; ++r) m[r] = _mm512_loadu_ps(p + stride * r);
   transpose_stage<1>(m);
   transpose_stage<2>(m);
   transpose_stage<4>(m);
@@ -356,8 +356,8 @@ inline VF gather(const float* p, int stride) {
   return {_mm256_mask_i32gather_ps(_mm256_setzero_ps(), p, idx, ones, 4),
           _mm256_mask_i32gather_ps(_mm256_setzero_ps(), p + 8 * stride, idx, ones, 4)};
 }
-inline void load_transposed16(const float* p, VF* v) {
-  for (int j = 0; j < 16; ++j) v[j] = gather(p + j, 16);
+inline void load_transposed16(const float* p, int stride, VF* v) {
+  for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
 }
 inline VD loadd(const double* p) { return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; }
 inline void stored(double* p, VD a) {
@@ -533,8 +533,8 @@ inline VF gather(const float* p, int stride) {
   for (int l = 0; l < kF; ++l) r.v[l] = p[l * stride];
   return r;
 }
-inline void load_transposed16(const float* p, VF* v) {
-  for (int j = 0; j < 16; ++j) v[j] = gather(p + j, 16);
+inline void load_transposed16(const float* p, int stride, VF* v) {
+  for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
 }
 inline VD loadd(const double* p) {
   VD r;

@@ -22,14 +22,16 @@ std::uint64_t bits(double v) {
 }
 
 // segments_stats against segment_stats called segment by segment: every column entry the same bits, for
-// segment lengths n = 1 .. 17 and 33 (n ≤ 16 goes sixteen segments at a time, one per lane, and the rest
-// one by one) and counts around multiples of 16, with and without dy, on every target. The segments hold
-// −0.0, all −0.0, a constant, huge and tiny values, an offset of 1e4, a NaN and ±Inf (x and dy).
+// segment lengths n = 1 .. 18 and from 20 to 65 around multiples of 8 and 16 (n ≤ 32 goes sixteen segments
+// at a time, one per lane, n ≤ 31 with dy, and the rest one by one) and counts around multiples of 16, with
+// and without dy, on every target. The segments hold −0.0, all −0.0 (also with every dy·e −0), a constant,
+// huge and tiny values, an offset of 1e4, a NaN and ±Inf (x and dy).
 TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
   std::mt19937_64 rng(91);
   std::normal_distribution<float> nd;
   const Isa saved = active_isa();
-  for (const Index n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 33}) {
+  for (const Index n : {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18,
+                        20, 23, 24, 25, 28, 30, 31, 32, 33, 40, 47, 48, 49, 57, 63, 64, 65}) {
     for (const Index count : {1, 15, 16, 17, 33, 48}) {
       const Index total = n * count;
       std::vector<float> x(static_cast<std::size_t>(total)), dy(x.size());
@@ -49,6 +51,11 @@ TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
       if (count > 6) seg(6, n - 1) = 3e38f;
       if (count > 7) seg(7, 0) = 1e-40f;  // subnormal
       if (count > 9) seg(9, n / 2) = std::numeric_limits<float>::quiet_NaN();
+      if (count > 10)
+        for (Index j = 0; j < n; ++j) {  // every dy·e = 1·(−0 − 0) = −0: the product sums' + 0
+          seg(10, j) = -0.0f;
+          dy[static_cast<std::size_t>(10 * n + j)] = 1.0f;
+        }
       if (count > 12) seg(12, 0) = inf;
       if (count > 13) seg(13, n - 1) = -inf;
       if (count > 14) dy[static_cast<std::size_t>(14 * n)] = inf;

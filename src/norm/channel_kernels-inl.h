@@ -369,16 +369,6 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   }
 }
 
-inline void put(const SegmentColumns& out, Index i, const SegmentStats& s, bool dy) {
-  out.sum[i] = s.sum;
-  out.mean[i] = s.mean;
-  out.m2[i] = s.m2;
-  if (dy) {
-    out.sdy[i] = s.sdy;
-    out.sdyd[i] = s.sdyd;
-  }
-}
-
 void segments_stats(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count) {
   const StatsPrefetch pf;  // segment_stats' default: follow x in memory (into the next segments)
   // Scalar math: segment_stats(x + i·n, dy + i·n, n) into the columns' entry i, for i in [0, count)

@@ -32,6 +32,16 @@ struct SegmentStats {
 struct SegmentColumns {
   double *sum = nullptr, *mean = nullptr, *m2 = nullptr, *sdy = nullptr, *sdyd = nullptr;
 };
+// Segment i's statistics s into the columns (sdy and sdyd only with dy).
+inline void put(const SegmentColumns& out, Index i, const SegmentStats& s, bool dy = true) {
+  out.sum[i] = s.sum;
+  out.mean[i] = s.mean;
+  out.m2[i] = s.m2;
+  if (dy) {
+    out.sdy[i] = s.sdy;
+    out.sdyd[i] = s.sdyd;
+  }
+}
 
 // Constants of the elementwise passes (fp32), per segment:
 //   normalize:  y  = ((x − mh) − ml)·s + b                        (evaluated left to right)

@@ -259,9 +259,9 @@ std::vector<double> group_counts(const Plan& p) {
 
 namespace {
 
-// The per-segment statistics (kernels::SegmentStats) of one pass, as arrays of B·C doubles.
+// The per-segment statistics (kernels::SegmentStats) of one pass, as arrays of B·C doubles (entry s
+// written by kernels::put).
 struct SegmentArrays : kernels::SegmentColumns {
-  void put(Index s, const kernels::SegmentStats& t) const;
   // The columns from segment s on (as segments_stats takes them).
   kernels::SegmentColumns from(Index s) const { return {sum + s, mean + s, m2 + s, sdy + s, sdyd + s}; }
 };
@@ -330,14 +330,6 @@ SegmentArrays segment_workspace(const Plan& p) {
   if (ws.size() < 5 * n) ws.resize(5 * n);
   double* d = ws.data();
   return {{d, d + n, d + 2 * n, d + 3 * n, d + 4 * n}};
-}
-
-void SegmentArrays::put(Index s, const kernels::SegmentStats& t) const {
-  sum[s] = t.sum;
-  mean[s] = t.mean;
-  m2[s] = t.m2;
-  sdy[s] = t.sdy;
-  sdyd[s] = t.sdyd;
 }
 
 }  // namespace
@@ -676,7 +668,7 @@ GradStats grad_stats(const Plan& p, ConstView dy, ConstView x, double eps, const
                  if (n)
                    k.segment_stats(&t, seg_in(xo, p, b, c, scratch), seg_in(dyo, p, b, c, scratch + p.S), n,
                                    kernels::StatsPrefetch{});
-                 st.put(s, t);
+                 kernels::put(st, s, t);
                });
   GradStats r;
   r.m = sized_moments(p.groups);
@@ -887,7 +879,7 @@ void block_stats(const kernels::ChannelKernels& k, const Plan& p, const Block& b
       if (const Index n = p.valid(b))
         k.segment_stats(&t, xb + seg_offset(xo, p, b, c), dyo ? dyb + seg_offset(*dyo, p, b, c) : nullptr, n,
                         pf);
-      st.put(b * p.C + c, t);
+      kernels::put(st, b * p.C + c, t);
     }
   }
 }
@@ -1026,7 +1018,7 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
     if (n)
       k.segment_stats(&t, seg_in(xo, p, b, c, scratch), dyo ? seg_in(*dyo, p, b, c, scratch + p.S) : nullptr,
                       n, kernels::StatsPrefetch{});
-    st.put(b * p.C + c, t);
+    kernels::put(st, b * p.C + c, t);
   }
 }
 

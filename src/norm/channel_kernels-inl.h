@@ -240,12 +240,12 @@ inline VD hsum_lanes(const VD* v) {
   return add(add(add(v[0], v[4]), add(v[2], v[6])), add(add(v[1], v[5]), add(v[3], v[7])));
 }
 
-// The segments that segments_stats takes sixteen at a time (stats_lanes below): n ≤ 32 without dy, n ≤ 31
-// with it. Measured on GroupNorm of [N, 256, S] (docs/PERFORMANCE.md, "thirty-third session"): for
-// 17 ≤ S ≤ 31 the lane kernel took 0.58-0.84 of the per-segment kernel's time (forward and backward); at
-// S = 32 the forward was about as fast and the backward 1.05-1.2 times as slow (the per-segment kernel
-// needs no masks there).
-inline constexpr int kLanesMax = 32, kLanesMaxDy = 31;
+// The segments that segments_stats takes sixteen at a time (stats_lanes below): n ≤ 40, with or without dy
+// (kLanesMax: the lane vectors held, three vectors' worth). Measured on GroupNorm of [N, 256, S]
+// (docs/PERFORMANCE.md, "thirty-third session"), against the per-segment kernel: for 17 ≤ S ≤ 31 0.58-0.84 of
+// its time (forward and backward), for S = 32 .. 40 0.79-0.86 forward and 0.87-0.98 backward; at S = 44 and
+// 48 about as fast forward and 1.07-1.12 times as slow backward, at S = 64 slower still.
+inline constexpr int kLanesUpTo = 40, kLanesMax = 3 * kF;
 
 // The lane terms t[l] (l = 0..7) of the horizontal sums over the lane vectors v[0..n) (n ≤ 16) of segments
 // 0..7 (h = 0) or 8..15 (h = 1), where the one-segment kernel forms, per segment, lane l of
@@ -288,7 +288,25 @@ inline void upper_terms(VD* t, const VF* v, int h, int n) {
     t[l] = add(t[l], 24 + l < n ? add(a(16 + l), a(24 + l)) : a(16 + l));
 }
 
-// The lane vectors of 16 segments of n floats (segment s at p + s·n, 1 ≤ n ≤ Max ≤ 32): v[j] lane s =
+// For 32 < n ≤ 48 the first pass takes one block of 32 and then a zero-padded tail: lane l of accumulator u
+// holds a_u = (0 + x[8u + l]) + x[32 + 8u + l] (+0 past n, which changes nothing: 0 + x is never −0), and
+// it sums (a0 + a1) + (a2 + a3).
+template <int Max>
+inline void far_terms(VD* t, const VF* v, int h, int n) {
+  const VD z = zerod();
+  auto c = [&](int j) { return h ? cvt_hi(v[j]) : cvt_lo(v[j]); };
+  for (int l = 0; l < kD; ++l) {
+    VD a[4];
+    for (int u = 0; u < 4; ++u) {
+      const int j = 8 * u + l;
+      a[u] = add(z, c(j));
+      if (j + 32 < n && j + 32 < Max) a[u] = add(a[u], c(j + 32));  // (n ≤ Max)
+    }
+    t[l] = add(add(a[0], a[1]), add(a[2], a[3]));
+  }
+}
+
+// The lane vectors of 16 segments of n floats (segment s at p + s·n, 1 ≤ n ≤ Max ≤ 48): v[j] lane s =
 // element j of segment s. For n ≥ 16 the first 16 elements loaded and transposed in registers (on
 // AVX-512; gathers on the other targets), the others by one gather per element (a second, zero-padded
 // block transposed took 1.2-1.45 of the time at S = 24 and 28: its permutes share a port with the
@@ -304,15 +322,26 @@ inline void load_lanes(const float* p, int n, VF* v) {
     for (int j = kF; j < n; ++j) v[j] = gather(p + j, n);
 }
 
-// stats_impl (stats_short for n ≤ 16) of 16 segments at once, segment s (x + s·n, dy + s·n; 1 ≤ n ≤ 32) in
+// The first pass's lane terms for the segments that stats_lanes<Max> takes: n ≤ 16, 16 < n ≤ 32, 32 < n ≤ 48.
+template <int Max>
+inline void first_terms(VD* t, const VF* v, int h, int n) {
+  if constexpr (Max > 2 * kF) {
+    far_terms<Max>(t, v, h, n);
+  } else {
+    pair_terms(t, v, h, std::min(n, kF), true);
+    if constexpr (Max > kF) upper_terms(t, v, h, n);
+  }
+}
+
+// stats_impl (stats_short for n ≤ 16) of 16 segments at once, segment s (x + s·n, dy + s·n; 1 ≤ n ≤ Max) in
 // lane s: element j of the segments in the lane vector xs[j] (load_lanes), and each of the per-segment
 // operations on lane l of a segment's vector done on the vector of that lane across the segments, in
 // doubles for segments 0..7 (h = 0) and 8..15 (h = 1); a horizontal sum becomes hsum_lanes over lane terms
-// (pair_terms, upper_terms), which leave out the additions of +0 that never change a value. The same values
+// (first_terms), which leave out the additions of +0 that never change a value. The same values
 // as segment_stats segment by segment: the same bits (tests/norm/channel_kernels_test.cpp).
 template <bool Dy, int Max>
 inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, const float* dy, Index n) {
-  const int k = static_cast<int>(n);
+  const int k = static_cast<int>(std::min<Index>(n, Max));  // (n ≤ Max: the bound, for the compiler)
   const int nb = std::min(k, kF);  // the lanes of one vector; the second pass's block sums
   const VF zf = zerof();
   VF xs[Max], gs[Max];
@@ -321,13 +350,11 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   const VD nd = bcastd(static_cast<double>(n));
   VD t[kD], sum[2], sdy[2], mean[2], ml[2];
   for (int h = 0; h < 2; ++h) {
-    // Scalar math: per segment, sum = Σx (the first pass's zero-padded tail), mean = sum / n (likewise Σdy)
-    pair_terms(t, xs, h, nb, true);
-    if constexpr (Max > kF) upper_terms(t, xs, h, k);
+    // Scalar math: per segment, sum = Σx (the first pass: first_terms), mean = sum / n (likewise Σdy)
+    first_terms<Max>(t, xs, h, k);
     sum[h] = hsum_lanes(t);
     if constexpr (Dy) {
-      pair_terms(t, gs, h, nb, true);
-      if constexpr (Max > kF) upper_terms(t, gs, h, k);
+      first_terms<Max>(t, gs, h, k);
       sdy[h] = hsum_lanes(t);
     }
     mean[h] = div(sum[h], nd);
@@ -338,10 +365,11 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   ml[0] = cvt_lo(mlf);
   ml[1] = cvt_hi(mlf);
   // Scalar math: e = x − m_hi; per segment the second pass's zero-padded block of 64 (e = +0 past n; for
-  // n ≤ 32 its vectors 2 and 3 are all padding), lane j of its fp32 block sum (e²[j] + e²[16 + j]) + (0 + 0),
-  // likewise dy·e. A square is never −0, so the +0 terms change nothing and are left out (e²[16 + j] too
-  // when 16 + j ≥ n). A product can be −0: there the block's sum is (the products that are there) + 0,
-  // and the accumulator's 0 + adds +0 once more (idempotent), so a product sum is never −0.
+  // n ≤ 48 its vector 3 is all padding), lane j of its fp32 block sum (e²[j] + e²[16 + j]) + (e²[32 + j] +
+  // 0), likewise dy·e. A square is never −0, so the +0 terms change nothing and are left out (as are the
+  // squares past n). A product can be −0: there the block's sum is (the products that are there) + 0 (for
+  // a suffix of +0 terms each case of the tree works out to that), and the accumulator's 0 + adds +0 once
+  // more (idempotent), so a product sum is never −0.
   VF q[kF], pr[kF];
   for (int j = 0; j < nb; ++j) {
     const VF e = sub(xs[j], mh);
@@ -351,6 +379,11 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
       const VF e1 = sub(xs[j + kF], mh);
       q[j] = add(q[j], mul(e1, e1));
       if constexpr (Dy) pr[j] = add(pr[j], mul(gs[j + kF], e1));
+    }
+    if (Max > 2 * kF && j + 2 * kF < k) {
+      const VF e2 = sub(xs[j + 2 * kF], mh);
+      q[j] = add(q[j], mul(e2, e2));
+      if constexpr (Dy) pr[j] = add(pr[j], mul(gs[j + 2 * kF], e2));
     }
     if constexpr (Dy) pr[j] = add(pr[j], zf);
   }
@@ -373,13 +406,18 @@ void segments_stats(const SegmentColumns& out, const float* x, const float* dy, 
   const StatsPrefetch pf;  // segment_stats' default: follow x in memory (into the next segments)
   // Scalar math: segment_stats(x + i·n, dy + i·n, n) into the columns' entry i, for i in [0, count)
   Index i = 0;
-  if (n <= (dy ? kLanesMaxDy : kLanesMax)) {
+  if (n <= kLanesUpTo) {
     for (; i + kF <= count; i += kF) {
       if (n <= kF) {
         if (dy)
           stats_lanes<true, kF>(out, i, x + i * n, dy + i * n, n);
         else
           stats_lanes<false, kF>(out, i, x + i * n, nullptr, n);
+      } else if (n <= 2 * kF) {
+        if (dy)
+          stats_lanes<true, 2 * kF>(out, i, x + i * n, dy + i * n, n);
+        else
+          stats_lanes<false, 2 * kF>(out, i, x + i * n, nullptr, n);
       } else if (dy) {
         stats_lanes<true, kLanesMax>(out, i, x + i * n, dy + i * n, n);
       } else {

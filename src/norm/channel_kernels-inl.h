@@ -243,7 +243,7 @@ inline VD hsum_lanes(const VD* v) {
 // The segments that segments_stats takes sixteen at a time (stats_lanes below): n ≤ 40, with or without dy
 // (kLanesMax: the lane vectors held, three vectors' worth). Measured on GroupNorm of [N, 256, S]
 // (docs/PERFORMANCE.md, "thirty-third session"), against the per-segment kernel: for 17 ≤ S ≤ 31 0.58-0.84 of
-// its time (forward and backward), for S = 32 .. 40 0.79-0.86 forward and 0.87-0.98 backward; at S = 44 and
+// its time (forward and backward), for S = 32 .. 40 0.79-0.89 forward and 0.85-1.01 backward; at S = 44 and
 // 48 about as fast forward and 1.07-1.12 times as slow backward, at S = 64 slower still.
 inline constexpr int kLanesUpTo = 40, kLanesMax = 3 * kF;
 

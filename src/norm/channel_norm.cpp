@@ -312,9 +312,6 @@ Moments combine_moments(const Plan& p, const SegmentArrays& st) {
   return m;
 }
 
-// Per-segment statistics of the calling thread, reused from call to call (a pass over a large tensor
-// would otherwise allocate, fault in and zero B·C entries every time). Entry s is written by the task
-// that owns segment s.
 // One row's terms added to the channels' dγ and dβ sums: sw[c] += tw[c], sb[c] += tb[c] for c in [0, n)
 // (param_grad_sums row by row; the sample-rows backward as its rows go: one loop for both).
 void add_row_terms(double* sw, double* sb, const double* tw, const double* tb, Index n) {
@@ -324,6 +321,9 @@ void add_row_terms(double* sw, double* sb, const double* tw, const double* tb, I
   }
 }
 
+// Per-segment statistics of the calling thread, reused from call to call (a pass over a large tensor
+// would otherwise allocate, fault in and zero B·C entries every time). Entry s is written by the task
+// that owns segment s.
 SegmentArrays segment_workspace(const Plan& p) {
   thread_local std::vector<double> ws;
   const std::size_t n = static_cast<std::size_t>(p.segments());

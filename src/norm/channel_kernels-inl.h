@@ -6,6 +6,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
@@ -482,16 +483,85 @@ void input_grad(float* dx, const float* dy, const float* x, Index n, const Input
   });
 }
 
-void segments_normalize(float* y, const float* x, Index n, Index count, const NormalizeConsts* k,
+// The lane selectors of a run of segments of n < kF floats: kRunLanes[n][r] lane l = (r + l) / n, the
+// segment of lane l of a vector whose first element is element r of segment 0 (16 lanes span at most 16
+// segments).
+inline constexpr auto kRunLanes = [] {
+  std::array<std::array<std::array<std::uint8_t, kF>, kF>, kF> t{};
+  for (int n = 1; n < kF; ++n)
+    for (int r = 0; r < n; ++r)
+      for (int l = 0; l < kF; ++l) t[n][r][l] = static_cast<std::uint8_t>((r + l) / n);
+  return t;
+}();
+
+// The vector of per-segment values a[s + lanes[l]] (a holds count entries; only those are read).
+inline VF segment_lanes(const float* a, Index s, Index count, VI lanes) {
+  return pick(count - s >= kF ? load(a + s) : load_n(a + s, static_cast<int>(count - s)), lanes);
+}
+
+// out[i] for i in [0, count·n) of `count` consecutive segments of n < kF floats, as elementwise() forms
+// it: f(i, k, s, lanes), where element i is in segment s and lane l in segment s + lanes[l]. The blocks
+// after the first go kF elements on (s, r advanced without a division); a streamed run's head is shorter.
+template <typename F>
+inline void run_elementwise(float* out, Index n, Index count, bool use_stream, F&& f) {
+  const Index step_s = kF / n, step_r = kF % n;
+  Index next = 0, s = 0, r = 0;  // the block expected next, its segment, its offset in that segment
+  elementwise(out, n * count, use_stream, [&](Index i, int k) {
+    if (i != next) {
+      s = i / n;
+      r = i - s * n;
+    }
+    const VF v =
+        f(i, k, s, load_idx(kRunLanes[static_cast<std::size_t>(n)][static_cast<std::size_t>(r)].data()));
+    next = i + kF;
+    s += step_s;
+    r += step_r;
+    if (r >= n) {
+      r -= n;
+      ++s;
+    }
+    return v;
+  });
+}
+
+// Segments of n < kF floats go through the run as one stream of vectors, each lane with its segment's
+// constants (pick): the per-segment calls (a masked vector or two per segment, four or six broadcasts
+// each) took most of GroupNorm's elementwise time at S = 4 and 8 (docs/PERFORMANCE.md, thirty-fourth
+// session). Every element's value is normalize's / input_grad's.
+void segments_normalize(float* y, const float* x, Index n, Index count, const RowNormalizeConsts& k,
                         bool use_stream) {
-  // Scalar math: normalize(y + i·n, x + i·n, n, k[i]) for i in [0, count)
-  for (Index i = 0; i < count; ++i) normalize(y + i * n, x + i * n, n, k[i], use_stream);
+  if (n < kF) {
+    // Scalar math: y[i] = ((x[i] − mh_s) − ml_s)·s_s + b_s, s the segment of element i, all in fp32
+    run_elementwise(y, n, count, use_stream, [&](Index i, int kk, Index s, VI lanes) {
+      const VF mh = segment_lanes(k.mh, s, count, lanes), ml = segment_lanes(k.ml, s, count, lanes),
+               sc = segment_lanes(k.s, s, count, lanes), b = segment_lanes(k.b, s, count, lanes);
+      return add(mul(sub(sub(load_k(x, i, kk), mh), ml), sc), b);
+    });
+    return;
+  }
+  // Scalar math: normalize(y + i·n, x + i·n, n, segment i's constants) for i in [0, count)
+  for (Index i = 0; i < count; ++i)
+    normalize(y + i * n, x + i * n, n, NormalizeConsts{k.mh[i], k.ml[i], k.s[i], k.b[i]}, use_stream);
 }
 
 void segments_input_grad(float* dx, const float* dy, const float* x, Index n, Index count,
-                         const InputGradConsts* k, bool use_stream) {
-  // Scalar math: input_grad(dx + i·n, dy + i·n, x + i·n, n, k[i]) for i in [0, count)
-  for (Index i = 0; i < count; ++i) input_grad(dx + i * n, dy + i * n, x + i * n, n, k[i], use_stream);
+                         const RowInputGradConsts& k, bool use_stream) {
+  if (n < kF) {
+    // Scalar math: dx[i] = r_s·((dy[i]·w_s − c0_s) − ((x[i] − mh_s) − ml_s)·c2_s), s the segment of element
+    // i, all in fp32
+    run_elementwise(dx, n, count, use_stream, [&](Index i, int kk, Index s, VI lanes) {
+      const VF mh = segment_lanes(k.mh, s, count, lanes), ml = segment_lanes(k.ml, s, count, lanes);
+      const VF d = sub(sub(load_k(x, i, kk), mh), ml);
+      const VF w = segment_lanes(k.w, s, count, lanes), c0 = segment_lanes(k.c0, s, count, lanes),
+               c2 = segment_lanes(k.c2, s, count, lanes), r = segment_lanes(k.r, s, count, lanes);
+      return mul(r, sub(sub(mul(load_k(dy, i, kk), w), c0), mul(d, c2)));
+    });
+    return;
+  }
+  // Scalar math: input_grad(dx + i·n, dy + i·n, x + i·n, n, segment i's constants) for i in [0, count)
+  for (Index i = 0; i < count; ++i)
+    input_grad(dx + i * n, dy + i * n, x + i * n, n,
+               InputGradConsts{k.mh[i], k.ml[i], k.r[i], k.w[i], k.c0[i], k.c2[i]}, use_stream);
 }
 
 void fence() {

@@ -104,7 +104,8 @@ struct SingleGradTerms {
   double *sdy = nullptr, *sdyxh = nullptr, *wsdy = nullptr, *wsdyxh = nullptr;
 };
 
-// Per-channel fp32 constants of the elementwise row passes, as NormalizeConsts / InputGradConsts.
+// Per-channel fp32 constants of the elementwise row passes (per segment for segments_normalize /
+// segments_input_grad), as NormalizeConsts / InputGradConsts.
 struct RowNormalizeConsts {
   const float *mh, *ml, *s, *b;
 };
@@ -128,11 +129,12 @@ struct ChannelKernels {
   void (*input_grad)(float* dx, const float* dy, const float* x, Index n, const InputGradConsts& k,
                      bool stream);
   // normalize / input_grad of `count` consecutive segments of n floats (segment i at y + i·n, x + i·n, ...)
-  // with segment i's constants k[i].
-  void (*segments_normalize)(float* y, const float* x, Index n, Index count, const NormalizeConsts* k,
+  // with segment i's constants at entry i of k's arrays (count entries each; only those are read). For
+  // n < 16 the run goes as one stream of vectors, each lane with its segment's constants (the same values).
+  void (*segments_normalize)(float* y, const float* x, Index n, Index count, const RowNormalizeConsts& k,
                              bool stream);
   void (*segments_input_grad)(float* dx, const float* dy, const float* x, Index n, Index count,
-                              const InputGradConsts* k, bool stream);
+                              const RowInputGradConsts& k, bool stream);
   void (*fence)();
   // Channel rows (above). rows_sum: sum[c] = Σ_r double(x). rows_sqdev: q[c] = Σ_r d·d, d = double(x) −
   // mean[c]. rows_grads: RowGradSums. rows_normalize, rows_input_grad: the elementwise passes into out

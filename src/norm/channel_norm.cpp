@@ -1264,9 +1264,10 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
 // groups are one run of C·S floats. The group-by-group passes make two kernel calls per segment (GroupNorm
 // of [8192, 256, 2], 32 groups: 74 ms forward at 1 thread where [64, 256, 256] takes 1.5). Here a run of
 // consecutive groups of one item takes one segments_stats call (segment_stats' loop: the same values), the
-// groups' moments and gradient sums come from combine_group and group_grads as on the group path, and the
-// elementwise pass is one segments_normalize / segments_input_grad call with each segment's constants as
-// the segment path forms them: the same bits. Tasks are fixed chunks of groups, as for_groups'.
+// groups' moments and gradient sums are combine_group's and group_grads' operations with the run's groups
+// interleaved (run_moments, run_grads), and the elementwise pass is one segments_normalize /
+// segments_input_grad call with each segment's constants as the segment path forms them: the same bits.
+// Tasks are fixed chunks of groups, as for_groups'.
 
 // The longest segments taken on sample runs. GroupNorm of [N, 256, S] (4 Mi floats, 32 groups) at 1 thread
 // took 0.68 / 0.71 of the group path's time at S = 2 (forward / backward), 0.71 / 0.76 at S = 8, 0.79 / 0.91
@@ -1293,7 +1294,8 @@ void for_group_runs(const Plan& p, bool stream, F&& f) {
   const Index spg = segments_per_group(p), per_row = p.C / spg;
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / (p.S * spg));
   parallel::parallel_for((p.groups + per_task - 1) / per_task, [&](Index t) {
-    Buffers buf(std::min(p.groups - t * per_task, per_task) * spg);
+    const Index ng = std::min(p.groups - t * per_task, per_task);
+    Buffers buf(ng * spg, ng);
     const Index end = std::min(p.groups, (t + 1) * per_task);
     for (Index g0 = t * per_task; g0 < end;) {
       const Index b = g0 / per_row, g1 = std::min(end, (b + 1) * per_row);
@@ -1304,11 +1306,13 @@ void for_group_runs(const Plan& p, bool stream, F&& f) {
   });
 }
 
-// Per-task buffers: the run's segment constants (at most a chunk's segments).
+// Per-task buffers: the run's segment constants (at most a chunk's segments; RowsNormalize or
+// RowsInputGrad, entry j for the run's segment j) and five doubles per group (the run's moments and sums).
 template <typename Consts>
 struct RunBuffers {
-  std::vector<Consts> kc;
-  explicit RunBuffers(Index n) : kc(static_cast<std::size_t>(n)) {}
+  Consts kc;
+  std::vector<double> t;
+  RunBuffers(Index segments, Index groups) : kc(segments), t(static_cast<std::size_t>(5 * groups)) {}
 };
 
 // Operand o's pointer to segment (r.b, r.c0), the run's first.
@@ -1324,6 +1328,51 @@ void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& 
                    dyo ? run_at<const float>(*dyo, r) : nullptr, p.S, r.c1 - r.c0);
 }
 
+// combine_group for the groups of a run (every segment unmasked, n_s = S): each group's operations in
+// combine_group's order from 0.0 on the segment statistics, the run's groups interleaved (independent
+// chains, not one group after another, as row_moments for sample rows): the same values. One entry per
+// group of the run in mean and var.
+void run_moments(const Plan& p, const GroupRun& r, const SegmentArrays& st, double count, double* mean,
+                 double* var) {
+  const Index spg = segments_per_group(p), ng = r.g1 - r.g0, s0 = r.b * p.C + r.c0;
+  const double ns = static_cast<double>(p.S);
+  std::fill_n(mean, ng, 0.0);
+  for (Index j = 0; j < spg; ++j)
+    for (Index g = 0; g < ng; ++g) mean[g] += st.sum[s0 + g * spg + j];
+  for (Index g = 0; g < ng; ++g) mean[g] = count > 0 ? mean[g] / count : 0.0;
+  std::fill_n(var, ng, 0.0);
+  for (Index j = 0; j < spg; ++j)
+    for (Index g = 0; g < ng; ++g) {
+      const Index s = s0 + g * spg + j;
+      const double d = st.mean[s] - mean[g];
+      var[g] += st.m2[s] + ns * d * d;
+    }
+  for (Index g = 0; g < ng; ++g) var[g] = count > 0 ? var[g] / count : 0.0;
+}
+
+// group_grads for the groups of a run likewise (each group's operations in group_grads' order from 0.0,
+// the run's groups interleaved): mg, mgx per group, each segment's Σdy·x̂ into sdyxh (B·C entries).
+void run_grads(const Plan& p, const GroupRun& r, const SegmentArrays& st, double count, const double* mean,
+               const double* rstd, const float* w, double* mg, double* mgx, double* sdyxh) {
+  const Index spg = segments_per_group(p), ng = r.g1 - r.g0, s0 = r.b * p.C + r.c0;
+  std::fill_n(mg, ng, 0.0);
+  std::fill_n(mgx, ng, 0.0);
+  for (Index j = 0; j < spg; ++j)
+    for (Index g = 0; g < ng; ++g) {
+      const Index s = s0 + g * spg + j;
+      const double sdy = st.sdy[s];
+      const double v = segment_sdyxh(rstd[g], st.sdyd[s], st.mean[s], mean[g], sdy);
+      const double wc = w ? static_cast<double>(w[r.c0 + g * spg + j]) : 1.0;
+      mg[g] += wc * sdy;
+      mgx[g] += wc * v;
+      sdyxh[s] = v;
+    }
+  for (Index g = 0; g < ng; ++g) {
+    mg[g] = count > 0 ? mg[g] / count : 0.0;
+    mgx[g] = count > 0 ? mgx[g] / count : 0.0;
+  }
+}
+
 // per_sample_forward on sample runs.
 Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo, double eps, const float* w,
                             const float* b, std::vector<double>& rstd) {
@@ -1333,19 +1382,21 @@ Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo,
   Moments m = sized_moments(p.groups);
   rstd.assign(m.count.size(), 0.0);
   const Index spg = segments_per_group(p);
-  using Buffers = RunBuffers<kernels::NormalizeConsts>;
+  const double count = group_count(p, 0);  // every group's (unmasked)
+  using Buffers = RunBuffers<RowsNormalize>;
   for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
     run_stats(k, p, r, xo, nullptr, st);
-    for (Index g = r.g0; g < r.g1; ++g) {
-      const GroupMoments gm = combine_group(p, g, st);
-      const std::size_t gi = static_cast<std::size_t>(g);
-      store(m, g, gm);
-      rstd[gi] = group_rstd(gm.count, gm.var, eps);
-      const Index c0 = r.c0 + (g - r.g0) * spg;
-      for (Index c = c0; c < c0 + spg; ++c)
-        buf.kc[static_cast<std::size_t>(c - r.c0)] = normalize_consts(gm.mean, rstd[gi], w, b, c);
+    double *const mean = m.mean.data() + r.g0, *const var = m.var.data() + r.g0,
+                  *const rs = rstd.data() + r.g0;
+    run_moments(p, r, st, count, mean, var);
+    const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ, β
+    for (Index g = 0; g < r.g1 - r.g0; ++g) {
+      m.count[static_cast<std::size_t>(r.g0 + g)] = count;
+      rs[g] = group_rstd(count, var[g], eps);
+      buf.kc.set_group(g * spg, spg, mean[g], rs[g], wr);
     }
-    k.segments_normalize(run_at(yo, r), run_at<const float>(xo, r), p.S, r.c1 - r.c0, buf.kc.data(), stream);
+    for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.b[static_cast<std::size_t>(j)] = b ? b[r.c0 + j] : 0.0f;
+    k.segments_normalize(run_at(yo, r), run_at<const float>(xo, r), p.S, r.c1 - r.c0, buf.kc.at(0), stream);
   });
   return m;
 }
@@ -1358,20 +1409,21 @@ void sample_runs_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
   SegmentArrays st = segment_workspace(p);
   st.sdy = sdy.data();  // the segments' Σdy go straight to the caller
   const Index spg = segments_per_group(p);
-  using Buffers = RunBuffers<kernels::InputGradConsts>;
+  const double count = group_count(p, 0);  // every group's (unmasked)
+  using Buffers = RunBuffers<RowsInputGrad>;
   for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
     run_stats(k, p, r, xo, &dyo, st);
-    for (Index g = r.g0; g < r.g1; ++g) {
-      const GroupMoments gm = combine_group(p, g, st);
-      const double rstd = group_rstd(gm.count, gm.var, eps);
-      const GroupGrads gg =
-          group_grads(p, g, st, gm, rstd, w, [&](Index, Index, Index s, double v) { sdyxh[s] = v; });
-      const Index c0 = r.c0 + (g - r.g0) * spg;
-      for (Index c = c0; c < c0 + spg; ++c)
-        buf.kc[static_cast<std::size_t>(c - r.c0)] = input_grad_consts(gm.mean, rstd, w, c, gg.mg, gg.mgx);
-    }
+    const Index ng = r.g1 - r.g0;
+    double *mean = buf.t.data(), *var = mean + ng, *rs = var + ng, *mg = rs + ng, *mgx = mg + ng;
+    run_moments(p, r, st, count, mean, var);
+    for (Index g = 0; g < ng; ++g) rs[g] = group_rstd(count, var[g], eps);
+    run_grads(p, r, st, count, mean, rs, w, mg, mgx, sdyxh.data());
+    const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ
+    for (Index g = 0; g < ng; ++g)
+      buf.kc.set_group(g * spg, spg, input_grad_consts(mean[g], rs[g], wr, g * spg, mg[g], mgx[g]));
+    for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.w[static_cast<std::size_t>(j)] = wr ? wr[j] : 1.0f;
     k.segments_input_grad(run_at(dxo, r), run_at<const float>(dyo, r), run_at<const float>(xo, r), p.S,
-                          r.c1 - r.c0, buf.kc.data(), stream);
+                          r.c1 - r.c0, buf.kc.at(0), stream);
   });
 }
 

@@ -7,10 +7,10 @@
 // Every operation is lane-wise IEEE arithmetic (add, sub, mul, div, float→double conversion, which is
 // exact, and double→float rounding to nearest)
 // with the same lane semantics on each target, and the horizontal sum hsum() combines lanes by one fixed
-// tree; gather() loads floats a fixed stride apart into the lanes. No operation fuses a multiply and
-// an add (the kernels are compiled with -ffp-contract=off and the intrinsics used are plain mul/add), so a
-// kernel written against this layer produces the same bits on every target. Tails use zero-filled loads and
-// masked stores, which never change a result.
+// tree; gather() loads floats a fixed stride apart into the lanes, pick() selects lanes by index. No
+// operation fuses a multiply and an add (the kernels are compiled with -ffp-contract=off and the intrinsics
+// used are plain mul/add), so a kernel written against this layer produces the same bits on every target.
+// Tails use zero-filled loads and masked stores, which never change a result.
 //
 // Include only from a file compiled per target (row_kernels-inl.h) with NL_TARGET defined; the code
 // lives in namespace normlab::kernels::NL_TARGET::vec, so the per-target definitions never collide.
@@ -165,6 +165,17 @@ NL_FORCE_INLINE inline void load_transposed16(const float* p, int stride, VF* v)
   transpose_stage<4>(m);
   transpose_stage<8>(m);
   for (int r = 0; r < 16; ++r) v[r] = {m[r]};
+}
+// Lane selectors: VI holds 16 lane indices, each in [0, 16), loaded from 16 bytes; pick(a, i) lane l =
+// a[i[l]] (one permute; the maskz forms, as above, for GCC 12's -Wmaybe-uninitialized).
+struct VI {
+  __m512i v;
+};
+inline VI load_idx(const std::uint8_t* p) {
+  return {_mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+inline VF pick(VF a, VI i) {
+  return {_mm512_maskz_permutexvar_ps(0xFFFF, i.v, a.v)};
 }
 // Exact conversions: lanes 0..7 / 8..15 of a; 8 floats at p.
 // (The maskz forms with an all-ones mask and __builtin_shufflevector for the low half avoid GCC 12's
@@ -359,6 +370,25 @@ inline VF gather(const float* p, int stride) {
 inline void load_transposed16(const float* p, int stride, VF* v) {
   for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
 }
+// Lane selectors (as on AVX-512): each half picks from both halves of a (vpermps reads an index's low three
+// bits) and blends by whether the index is ≥ 8.
+struct VI {
+  __m256i lo, hi;
+  __m256 lo_up, hi_up;
+};
+inline VI load_idx(const std::uint8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i lo = _mm256_cvtepu8_epi32(b), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+  const __m256i seven = _mm256_set1_epi32(7);
+  return {lo, hi, _mm256_castsi256_ps(_mm256_cmpgt_epi32(lo, seven)),
+          _mm256_castsi256_ps(_mm256_cmpgt_epi32(hi, seven))};
+}
+inline VF pick(VF a, VI i) {
+  auto half = [&](__m256i idx, __m256 up) {
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(a.lo, idx), _mm256_permutevar8x32_ps(a.hi, idx), up);
+  };
+  return {half(i.lo, i.lo_up), half(i.hi, i.hi_up)};
+}
 inline VD loadd(const double* p) { return {_mm256_loadu_pd(p), _mm256_loadu_pd(p + 4)}; }
 inline void stored(double* p, VD a) {
   _mm256_storeu_pd(p, a.lo);
@@ -535,6 +565,19 @@ inline VF gather(const float* p, int stride) {
 }
 inline void load_transposed16(const float* p, int stride, VF* v) {
   for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
+}
+struct VI {
+  std::uint8_t v[kF];
+};
+inline VI load_idx(const std::uint8_t* p) {
+  VI r;
+  std::memcpy(r.v, p, sizeof r.v);
+  return r;
+}
+inline VF pick(VF a, VI i) {
+  VF r;
+  for (int l = 0; l < kF; ++l) r.v[l] = a.v[i.v[l]];
+  return r;
 }
 inline VD loadd(const double* p) {
   VD r;

@@ -89,5 +89,89 @@ TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
   set_isa(saved);
 }
 
+std::uint32_t fbits(float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+// segments_normalize / segments_input_grad against normalize / input_grad called segment by segment with
+// the same constants: every output the same bits, nothing written outside the output, for n = 1 .. 17 (n < 16
+// goes through the run as one stream of vectors, each lane with its segment's constants) and a few longer
+// segments, counts around multiples of 16, outputs at every offset of a 64-byte line with and without
+// streaming stores (a streamed run starts with a shorter head), on every target. The constant arrays hold
+// exactly count entries (a read past them shows under the sanitizers); they include −0.0, a NaN and an
+// infinity, and x a NaN and an infinity.
+TEST(ChannelKernels, SegmentsElementwiseIsPerSegment) {
+  std::mt19937_64 rng(93);
+  std::normal_distribution<float> nd;
+  const Isa saved = active_isa();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const Index n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 33}) {
+    for (const Index count : {1, 2, 15, 16, 17, 40}) {
+      const Index total = n * count;
+      std::vector<float> x(static_cast<std::size_t>(total)), dy(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        x[i] = nd(rng) * 2.0f + 0.5f;
+        dy[i] = nd(rng);
+      }
+      if (total > 3) x[3] = nan;
+      if (total > 5) x[static_cast<std::size_t>(total - 2)] = -inf;
+      std::vector<float>
+          c[6];  // mh, ml, s, b (normalize); mh, ml, r, w, c0, c2 (input_grad: c[0], c[1], c[2..5])
+      for (auto& v : c) {
+        v.resize(static_cast<std::size_t>(count));
+        for (float& e : v) e = nd(rng);
+      }
+      c[3][0] = -0.0f;
+      if (count > 1) c[2][1] = nan;
+      if (count > 2) c[5][2] = inf;
+      const std::size_t cn = static_cast<std::size_t>(count);
+      const kernels::RowNormalizeConsts kn{c[0].data(), c[1].data(), c[2].data(), c[3].data()};
+      const kernels::RowInputGradConsts kg{c[0].data(), c[1].data(), c[2].data(),
+                                           c[3].data(), c[4].data(), c[5].data()};
+      for (const Isa isa : supported_isas()) {
+        set_isa(isa);
+        const kernels::ChannelKernels& k = kernels::channel_kernels();
+        for (const bool stream : {false, true}) {
+          for (const Index off : {Index{0}, Index{1}, Index{5}, Index{15}}) {
+            const float guard = 1234.5f;
+            // the outputs from float `off` past a 64-byte boundary, 16 floats or more into their buffers
+            std::vector<float> ya(static_cast<std::size_t>(total + 48), guard), yb = ya, ga = ya, gb = ya;
+            auto at = [&](std::vector<float>& v) {
+              const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(v.data() + 16);
+              return v.data() + 16 + ((64 - (a & 63)) & 63) / 4 + off;
+            };
+            float *y1 = at(ya), *y2 = at(yb), *g1 = at(ga), *g2 = at(gb);
+            k.segments_normalize(y1, x.data(), n, count, kn, stream);
+            k.segments_input_grad(g1, dy.data(), x.data(), n, count, kg, stream);
+            for (std::size_t s = 0; s < cn; ++s) {
+              const Index o = static_cast<Index>(s) * n;
+              k.normalize(y2 + o, x.data() + o, n,
+                          kernels::NormalizeConsts{c[0][s], c[1][s], c[2][s], c[3][s]}, false);
+              k.input_grad(g2 + o, dy.data() + o, x.data() + o, n,
+                           kernels::InputGradConsts{c[0][s], c[1][s], c[2][s], c[3][s], c[4][s], c[5][s]},
+                           false);
+            }
+            k.fence();
+            const std::string what = std::string(isa_name(isa)) + " n " + std::to_string(n) + " count " +
+                                     std::to_string(count) + " offset " + std::to_string(off) +
+                                     (stream ? " streamed" : "");
+            for (Index i = 0; i < total; ++i) {
+              ASSERT_EQ(fbits(y1[i]), fbits(y2[i])) << what << " normalize, element " << i;
+              ASSERT_EQ(fbits(g1[i]), fbits(g2[i])) << what << " input_grad, element " << i;
+            }
+            for (const float* p : {y1, g1}) {
+              EXPECT_EQ(fbits(p[-1]), fbits(guard)) << what;
+              EXPECT_EQ(fbits(p[total]), fbits(guard)) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+  set_isa(saved);
+}
+
 }  // namespace
 }  // namespace normlab

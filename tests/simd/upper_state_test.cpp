@@ -158,15 +158,21 @@ std::vector<Call> calls() {
   v.push_back({"channel segments_normalize", [] {
                  const Tensor x = filled({3, 37});
                  Tensor y({3, 37});
-                 const kernels::NormalizeConsts k[3];
+                 const float c[4][17] = {};
+                 const kernels::RowNormalizeConsts k{c[0], c[1], c[2], c[3]};
                  kernels::channel_kernels().segments_normalize(y.data(), x.data(), 37, 3, k, false);
+                 kernels::channel_kernels().segments_normalize(y.data(), x.data(), 5, 17, k,
+                                                               false);  // n < 16
                }});
   v.push_back({"channel segments_input_grad", [] {
                  const Tensor x = filled({3, 37}), dy = filled({3, 37});
                  Tensor dx({3, 37});
-                 const kernels::InputGradConsts k[3];
+                 const float c[6][17] = {};
+                 const kernels::RowInputGradConsts k{c[0], c[1], c[2], c[3], c[4], c[5]};
                  kernels::channel_kernels().segments_input_grad(dx.data(), dy.data(), x.data(), 37, 3, k,
                                                                 false);
+                 kernels::channel_kernels().segments_input_grad(dx.data(), dy.data(), x.data(), 5, 17, k,
+                                                                false);  // n < 16
                }});
   v.push_back({"channel single_var_terms and single_grad_terms", [] {
                  const Tensor x = filled({37}), dy = filled({37});

@@ -1295,7 +1295,8 @@ void for_group_runs(const Plan& p, bool stream, F&& f) {
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / (p.S * spg));
   parallel::parallel_for((p.groups + per_task - 1) / per_task, [&](Index t) {
     const Index ng = std::min(p.groups - t * per_task, per_task);
-    Buffers buf(ng * spg, ng);
+    thread_local Buffers buf;  // the calling thread's, reused from task to task and call to call
+    buf.reserve(ng * spg, ng);
     const Index end = std::min(p.groups, (t + 1) * per_task);
     for (Index g0 = t * per_task; g0 < end;) {
       const Index b = g0 / per_row, g1 = std::min(end, (b + 1) * per_row);
@@ -1306,13 +1307,19 @@ void for_group_runs(const Plan& p, bool stream, F&& f) {
   });
 }
 
-// Per-task buffers: the run's segment constants (at most a chunk's segments; RowsNormalize or
-// RowsInputGrad, entry j for the run's segment j) and five doubles per group (the run's moments and sums).
+// Task buffers: the run's segment constants (at most a chunk's segments; RowsNormalize or RowsInputGrad,
+// entry j for the run's segment j) and five doubles per group (the run's moments and sums). Each thread
+// keeps its own from call to call (reserve grows them, never shrinks): allocated and zeroed per task they
+// cost GroupNorm of [N, 256, S] 1-7 % more time at S = 2 .. 16 (memset and page faults; docs/PERFORMANCE.md,
+// thirty-fourth session).
 template <typename Consts>
 struct RunBuffers {
-  Consts kc;
+  Consts kc{0};
   std::vector<double> t;
-  RunBuffers(Index segments, Index groups) : kc(segments), t(static_cast<std::size_t>(5 * groups)) {}
+  void reserve(Index segments, Index groups) {
+    if (static_cast<std::size_t>(segments) > kc.nc) kc = Consts(segments);
+    if (t.size() < static_cast<std::size_t>(5 * groups)) t.resize(static_cast<std::size_t>(5 * groups));
+  }
 };
 
 // Operand o's pointer to segment (r.b, r.c0), the run's first.

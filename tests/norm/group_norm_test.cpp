@@ -271,9 +271,11 @@ TEST(InstanceNormMasked, EqualsUnmaskedInstanceNormOfEachSequenceCutToItsLength)
 // elementwise kernels); short segments (2 ≤ S ≤ 64, [N, C, H, W]) with the channels S floats apart on
 // sample runs (one segments_stats call per run of groups, S ≤ 40 sixteen segments at a time, one per lane,
 // as with [3, 40, 4, 4], [2, 48, 20], [3, 32, 6, 6]; segments_normalize / segments_input_grad with each
-// segment's constants); with the channels twice as far apart both take the segment path (kernel calls per
-// segment). Both give the same bits, forward and backward, every target and thread count. The rows hold -0.0,
-// a group of equal values (variance 0), a NaN and an infinity, and dy an infinity.
+// segment's constants, for S < 16 one stream of vectors over the run: [3, 12, 2], [3, 35, 3], [4, 6, 3] (one
+// segment per group), [40, 256, 3] (two tasks, the first ending within a batch item)); with the channels
+// twice as far apart both take the segment path (kernel calls per segment). Both give the same bits, forward
+// and backward, every target and thread count. The rows hold -0.0, a group of equal values (variance 0), a
+// NaN and an infinity, and dy an infinity.
 TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
   std::mt19937_64 rng(47);
   const Isa saved_isa = active_isa();
@@ -288,7 +290,8 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
         Case{{4, 7, 64}, -1, 64}, Case{{9, 1024}, 1, 32}, Case{{3, 12, 2}, 1, 3}, Case{{4, 8, 5, 3}, 1, 2},
         Case{{3, 33, 7}, 1, 11}, Case{{2, 64, 64}, 1, 32}, Case{{5, 9, 4, 4}, 1, 9},
         Case{{7, 48, 8, 8}, 1, 3}, Case{{3, 40, 4, 4}, 1, 20}, Case{{3, 35, 3}, 1, 7}, Case{{40, 1024}, 1, 2},
-        Case{{2, 48, 20}, 1, 6}, Case{{3, 32, 6, 6}, 1, 8}}) {
+        Case{{2, 48, 20}, 1, 6}, Case{{3, 32, 6, 6}, 1, 8}, Case{{4, 6, 3}, 1, 6},
+        Case{{40, 256, 3}, 1, 64}}) {
     const int ca = k.channel_axis < 0 ? k.channel_axis + k.shape.size() : k.channel_axis;
     const Index C = k.shape[ca];
     Tensor x = testing::random_tensor(k.shape, rng, 2.0, 3.0);

@@ -1288,7 +1288,7 @@ struct GroupRun {
 };
 
 // Runs f(run, task buffers) over the groups in fixed chunks (for_groups' chunks: shape only), each chunk
-// split where a batch item ends; fenced when streaming.
+// split where a batch item ends; fenced when streaming. At 1 thread the runs go in order (b major).
 template <typename Buffers, typename F>
 void for_group_runs(const Plan& p, bool stream, F&& f) {
   const Index spg = segments_per_group(p), per_row = p.C / spg;
@@ -1307,19 +1307,34 @@ void for_group_runs(const Plan& p, bool stream, F&& f) {
   });
 }
 
-// Task buffers: the run's segment constants (at most a chunk's segments; RowsNormalize or RowsInputGrad,
-// entry j for the run's segment j) and five doubles per group (the run's moments and sums). Each thread
+// Task buffers (at most a chunk's segments and groups; entry j for the run's segment j): the run's segment
+// statistics (Σdy goes to the caller's B·C array; the others in the B·C segment workspace went out to
+// memory: 24 or 32 bytes per segment, at S = 4 as much as x and y themselves), its segment constants
+// (RowsNormalize or RowsInputGrad) and five doubles per group (the run's moments and sums). Each thread
 // keeps its own from call to call (reserve grows them, never shrinks): allocated and zeroed per task they
 // cost GroupNorm of [N, 256, S] 1-7 % more time at S = 2 .. 16 (memset and page faults; docs/PERFORMANCE.md,
 // thirty-fourth session).
 template <typename Consts>
 struct RunBuffers {
   Consts kc{0};
-  std::vector<double> t;
+  // st: the run's segment statistics (sum, mean, m2, sdyd) and the run's own Σdy and Σdy·x̂ columns
+  std::vector<double> t, st;
+  Index cap = 0;  // segments of room in each column of st
   void reserve(Index segments, Index groups) {
     if (static_cast<std::size_t>(segments) > kc.nc) kc = Consts(segments);
     if (t.size() < static_cast<std::size_t>(5 * groups)) t.resize(static_cast<std::size_t>(5 * groups));
+    if (segments > cap) {
+      st.resize(static_cast<std::size_t>(6 * segments));
+      cap = segments;
+    }
   }
+  // The run's statistics columns, entry j for the run's segment j, with Σdy into sdy.
+  kernels::SegmentColumns columns(double* sdy) {
+    double* d = st.data();
+    return {d, d + cap, d + 2 * cap, sdy, d + 3 * cap};
+  }
+  double* own_sdy() { return st.data() + 4 * cap; }
+  double* own_sdyxh() { return st.data() + 5 * cap; }
 };
 
 // Operand o's pointer to segment (r.b, r.c0), the run's first.
@@ -1328,29 +1343,31 @@ T* run_at(const Operand& o, const GroupRun& r) {
   return reinterpret_cast<T*>(o.base) + o.b_off[static_cast<std::size_t>(r.b)] + r.c0 * o.c_stride;
 }
 
-// The segment statistics of the run (x, and dy when not null) into st, one segments_stats call.
+// The segment statistics of the run (x, and dy when not null) into st (entry j for the run's segment j),
+// one segments_stats call.
 void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r, const Operand& xo,
-               const Operand* dyo, const SegmentArrays& st) {
-  k.segments_stats(st.from(r.b * p.C + r.c0), run_at<const float>(xo, r),
-                   dyo ? run_at<const float>(*dyo, r) : nullptr, p.S, r.c1 - r.c0);
+               const Operand* dyo, const kernels::SegmentColumns& st) {
+  k.segments_stats(st, run_at<const float>(xo, r), dyo ? run_at<const float>(*dyo, r) : nullptr, p.S,
+                   r.c1 - r.c0);
 }
 
-// combine_group for the groups of a run (every segment unmasked, n_s = S): each group's operations in
-// combine_group's order from 0.0 on the segment statistics, the run's groups interleaved (independent
+// combine_group for the groups of a run (every segment unmasked, n_s = S) from its segment statistics st
+// (entry j for the run's segment j): each group's operations in combine_group's order from 0.0, the run's
+// groups interleaved (independent
 // chains, not one group after another, as row_moments for sample rows): the same values. One entry per
 // group of the run in mean and var.
-void run_moments(const Plan& p, const GroupRun& r, const SegmentArrays& st, double count, double* mean,
-                 double* var) {
-  const Index spg = segments_per_group(p), ng = r.g1 - r.g0, s0 = r.b * p.C + r.c0;
+void run_moments(const Plan& p, const GroupRun& r, const kernels::SegmentColumns& st, double count,
+                 double* mean, double* var) {
+  const Index spg = segments_per_group(p), ng = r.g1 - r.g0;
   const double ns = static_cast<double>(p.S);
   std::fill_n(mean, ng, 0.0);
   for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < ng; ++g) mean[g] += st.sum[s0 + g * spg + j];
+    for (Index g = 0; g < ng; ++g) mean[g] += st.sum[g * spg + j];
   for (Index g = 0; g < ng; ++g) mean[g] = count > 0 ? mean[g] / count : 0.0;
   std::fill_n(var, ng, 0.0);
   for (Index j = 0; j < spg; ++j)
     for (Index g = 0; g < ng; ++g) {
-      const Index s = s0 + g * spg + j;
+      const Index s = g * spg + j;
       const double d = st.mean[s] - mean[g];
       var[g] += st.m2[s] + ns * d * d;
     }
@@ -1358,15 +1375,17 @@ void run_moments(const Plan& p, const GroupRun& r, const SegmentArrays& st, doub
 }
 
 // group_grads for the groups of a run likewise (each group's operations in group_grads' order from 0.0,
-// the run's groups interleaved): mg, mgx per group, each segment's Σdy·x̂ into sdyxh (B·C entries).
-void run_grads(const Plan& p, const GroupRun& r, const SegmentArrays& st, double count, const double* mean,
-               const double* rstd, const float* w, double* mg, double* mgx, double* sdyxh) {
-  const Index spg = segments_per_group(p), ng = r.g1 - r.g0, s0 = r.b * p.C + r.c0;
+// the run's groups interleaved): mg, mgx per group, each segment's Σdy·x̂ into sdyxh (entry j for the run's
+// segment j).
+void run_grads(const Plan& p, const GroupRun& r, const kernels::SegmentColumns& st, double count,
+               const double* mean, const double* rstd, const float* w, double* mg, double* mgx,
+               double* sdyxh) {
+  const Index spg = segments_per_group(p), ng = r.g1 - r.g0;
   std::fill_n(mg, ng, 0.0);
   std::fill_n(mgx, ng, 0.0);
   for (Index j = 0; j < spg; ++j)
     for (Index g = 0; g < ng; ++g) {
-      const Index s = s0 + g * spg + j;
+      const Index s = g * spg + j;
       const double sdy = st.sdy[s];
       const double v = segment_sdyxh(rstd[g], st.sdyd[s], st.mean[s], mean[g], sdy);
       const double wc = w ? static_cast<double>(w[r.c0 + g * spg + j]) : 1.0;
@@ -1385,13 +1404,13 @@ Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo,
                             const float* b, std::vector<double>& rstd) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
-  const SegmentArrays st = segment_workspace(p);
   Moments m = sized_moments(p.groups);
   rstd.assign(m.count.size(), 0.0);
   const Index spg = segments_per_group(p);
   const double count = group_count(p, 0);  // every group's (unmasked)
   using Buffers = RunBuffers<RowsNormalize>;
   for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
+    const kernels::SegmentColumns st = buf.columns(nullptr);
     run_stats(k, p, r, xo, nullptr, st);
     double *const mean = m.mean.data() + r.g0, *const var = m.var.data() + r.g0,
                   *const rs = rstd.data() + r.g0;
@@ -1408,29 +1427,57 @@ Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo,
   return m;
 }
 
-// per_sample_backward on sample runs (each segment's Σdy into sdy, Σdy·x̂ into sdyxh).
+// The backward of one run: dx, each segment's Σdy into sdy and Σdy·x̂ into sdyxh (entry j for the run's
+// segment j).
+void run_backward(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r,
+                  RunBuffers<RowsInputGrad>& buf, const Operand& dxo, const Operand& dyo, const Operand& xo,
+                  double eps, const float* w, bool stream, double* sdy, double* sdyxh) {
+  const Index spg = segments_per_group(p), ng = r.g1 - r.g0;
+  const double count = group_count(p, 0);  // every group's (unmasked)
+  const kernels::SegmentColumns st = buf.columns(sdy);
+  run_stats(k, p, r, xo, &dyo, st);
+  double *mean = buf.t.data(), *var = mean + ng, *rs = var + ng, *mg = rs + ng, *mgx = mg + ng;
+  run_moments(p, r, st, count, mean, var);
+  for (Index g = 0; g < ng; ++g) rs[g] = group_rstd(count, var[g], eps);
+  run_grads(p, r, st, count, mean, rs, w, mg, mgx, sdyxh);
+  const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ
+  for (Index g = 0; g < ng; ++g)
+    buf.kc.set_group(g * spg, spg, input_grad_consts(mean[g], rs[g], wr, g * spg, mg[g], mgx[g]));
+  for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.w[static_cast<std::size_t>(j)] = wr ? wr[j] : 1.0f;
+  k.segments_input_grad(run_at(dxo, r), run_at<const float>(dyo, r), run_at<const float>(xo, r), p.S,
+                        r.c1 - r.c0, buf.kc.at(0), stream);
+}
+
+// per_sample_backward on sample runs, its segment terms in B·C arrays (each segment's Σdy into sdy, Σdy·x̂
+// into sdyxh), for param_grad_sums.
 void sample_runs_backward(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
                           double eps, const float* w, std::vector<double>& sdy, std::vector<double>& sdyxh) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
-  SegmentArrays st = segment_workspace(p);
-  st.sdy = sdy.data();  // the segments' Σdy go straight to the caller
-  const Index spg = segments_per_group(p);
-  const double count = group_count(p, 0);  // every group's (unmasked)
   using Buffers = RunBuffers<RowsInputGrad>;
   for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
-    run_stats(k, p, r, xo, &dyo, st);
-    const Index ng = r.g1 - r.g0;
-    double *mean = buf.t.data(), *var = mean + ng, *rs = var + ng, *mg = rs + ng, *mgx = mg + ng;
-    run_moments(p, r, st, count, mean, var);
-    for (Index g = 0; g < ng; ++g) rs[g] = group_rstd(count, var[g], eps);
-    run_grads(p, r, st, count, mean, rs, w, mg, mgx, sdyxh.data());
-    const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ
-    for (Index g = 0; g < ng; ++g)
-      buf.kc.set_group(g * spg, spg, input_grad_consts(mean[g], rs[g], wr, g * spg, mg[g], mgx[g]));
-    for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.w[static_cast<std::size_t>(j)] = wr ? wr[j] : 1.0f;
-    k.segments_input_grad(run_at(dxo, r), run_at<const float>(dyo, r), run_at<const float>(xo, r), p.S,
-                          r.c1 - r.c0, buf.kc.at(0), stream);
+    const Index s0 = r.b * p.C + r.c0;  // the run's first segment
+    run_backward(k, p, r, buf, dxo, dyo, xo, eps, w, stream, sdy.data() + s0, sdyxh.data() + s0);
+  });
+}
+
+// per_sample_backward on sample runs at 1 thread, with dγ and dβ per channel (sw, sb), without B·C arrays:
+// the runs of for_group_runs in b order, each run's Σdy·x̂ and Σdy added to its channels' sums from 0.0 as
+// the runs go (param_grad_sums' additions in its order). Writing the B·C arrays and summing them took
+// GroupNorm's backward of [N, 256, S] 1.04-1.2 times as long at S = 2 .. 16 (docs/PERFORMANCE.md,
+// thirty-fourth session). With more threads the B·C arrays stay: shares of every row's groups for each
+// thread (sample_rows_backward's way of keeping b order) took 1.2-1.3 times as long at 2 threads for
+// S = 2 .. 16, each thread's reads of x and dy broken at every row.
+void sample_runs_backward_1t(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
+                             double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb) {
+  const kernels::ChannelKernels& k = kernels::channel_kernels();
+  const bool stream = stream_output(p);
+  sw.assign(static_cast<std::size_t>(p.C), 0.0);
+  sb.assign(sw.size(), 0.0);
+  using Buffers = RunBuffers<RowsInputGrad>;
+  for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
+    run_backward(k, p, r, buf, dxo, dyo, xo, eps, w, stream, buf.own_sdy(), buf.own_sdyxh());
+    add_row_terms(sw.data() + r.c0, sb.data() + r.c0, buf.own_sdyxh(), buf.own_sdy(), r.c1 - r.c0);
   });
 }
 
@@ -1489,6 +1536,8 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
                          std::vector<double>& sw, std::vector<double>& sb) {
   const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
   if (on_sample_rows(p, {&xo, &dyo, &dxo})) return sample_rows_backward(p, dxo, dyo, xo, eps, w, sw, sb);
+  if (num_threads() == 1 && on_sample_runs(p, {&xo, &dyo, &dxo}))
+    return sample_runs_backward_1t(p, dxo, dyo, xo, eps, w, sw, sb);
   // Each segment's Σdy and Σdy·x̂, then their sums per channel. Reused from call to call, as the segment
   // workspace: B·C doubles each, which a fresh pair of vectors would allocate, fault in and zero on every
   // call (GroupNorm of [4096, 1024] on the segment path: a fifth of the backward).

@@ -483,23 +483,46 @@ void input_grad(float* dx, const float* dy, const float* x, Index n, const Input
   });
 }
 
-// The lane selectors of a run of segments of n < kF floats: kRunLanes[n][r] lane l = (r + l) / n, the
-// segment of lane l of a vector whose first element is element r of segment 0 (16 lanes span at most 16
-// segments).
+// The lane selectors of a run of segments of n floats: lane l of a vector whose first element is element r
+// of segment 0 lies in segment (r + l) / n. kRunLanes[n][r] for n ≤ kF (16 lanes span at most 16
+// segments); for n > kF at most two, and lane l is in segment 1 when l ≥ n − r: kRunStep[min(n − r, kF)].
 inline constexpr auto kRunLanes = [] {
-  std::array<std::array<std::array<std::uint8_t, kF>, kF>, kF> t{};
-  for (int n = 1; n < kF; ++n)
+  std::array<std::array<std::array<std::uint8_t, kF>, kF>, kF + 1> t{};
+  for (int n = 1; n <= kF; ++n)
     for (int r = 0; r < n; ++r)
       for (int l = 0; l < kF; ++l) t[n][r][l] = static_cast<std::uint8_t>((r + l) / n);
   return t;
 }();
+inline constexpr auto kRunStep = [] {
+  std::array<std::array<std::uint8_t, kF>, kF + 1> t{};
+  for (int b = 0; b <= kF; ++b)
+    for (int l = 0; l < kF; ++l) t[b][l] = l >= b ? 1 : 0;
+  return t;
+}();
+inline const std::uint8_t* run_lanes(Index n, Index r) {
+  if (n <= kF) return kRunLanes[static_cast<std::size_t>(n)][static_cast<std::size_t>(r)].data();
+  return kRunStep[static_cast<std::size_t>(std::min<Index>(n - r, kF))].data();
+}
 
 // The vector of per-segment values a[s + lanes[l]] (a holds count entries; only those are read).
 inline VF segment_lanes(const float* a, Index s, Index count, VI lanes) {
   return pick(count - s >= kF ? load(a + s) : load_n(a + s, static_cast<int>(count - s)), lanes);
 }
 
-// out[i] for i in [0, count·n) of `count` consecutive segments of n < kF floats, as elementwise() forms
+// Whether segments_normalize / segments_input_grad go through the run as one stream of vectors (else segment
+// by segment): for n < kF; and for n = 16, 32, 64 when streaming to an output that is not 64-byte aligned,
+// where each segment's partial first and last lines (ordinary stores) cost GroupNorm of [N, 256, n] 1.1-1.4
+// times the time of the run's vectors (outputs 16 or 32 bytes past a line; those lines then lie a power
+// of two apart, in a fraction of the cache's sets, perhaps why n = 48 does not show it). Aligned, or not
+// streamed, the segments one by one were as fast or faster from n = 16 on (docs/PERFORMANCE.md,
+// thirty-fourth session).
+inline bool on_run_vectors(Index n, const float* out, bool use_stream) {
+  if (n < kF) return true;
+  return use_stream && (n == kF || n == 2 * kF || n == 4 * kF) &&
+         (reinterpret_cast<std::uintptr_t>(out) & 63) != 0;
+}
+
+// out[i] for i in [0, count·n) of `count` consecutive segments of n floats, as elementwise() forms
 // it: f(i, k, s, lanes), where element i is in segment s and lane l in segment s + lanes[l]. The blocks
 // after the first go kF elements on (s, r advanced without a division); a streamed run's head is shorter.
 template <typename F>
@@ -511,8 +534,7 @@ inline void run_elementwise(float* out, Index n, Index count, bool use_stream, F
       s = i / n;
       r = i - s * n;
     }
-    const VF v =
-        f(i, k, s, load_idx(kRunLanes[static_cast<std::size_t>(n)][static_cast<std::size_t>(r)].data()));
+    const VF v = f(i, k, s, load_idx(run_lanes(n, r)));
     next = i + kF;
     s += step_s;
     r += step_r;
@@ -524,13 +546,13 @@ inline void run_elementwise(float* out, Index n, Index count, bool use_stream, F
   });
 }
 
-// Segments of n < kF floats go through the run as one stream of vectors, each lane with its segment's
-// constants (pick): the per-segment calls (a masked vector or two per segment, four or six broadcasts
-// each) took most of GroupNorm's elementwise time at S = 4 and 8 (docs/PERFORMANCE.md, thirty-fourth
-// session). Every element's value is normalize's / input_grad's.
+// Segments of n < kF floats (and the cases of on_run_vectors) go through the run as one stream of vectors,
+// each lane with its segment's constants (pick): the per-segment calls (a masked vector or two per segment,
+// four or six broadcasts each) took most of GroupNorm's elementwise time at S = 4 and 8 (docs/PERFORMANCE.md,
+// thirty-fourth session). Every element's value is normalize's / input_grad's.
 void segments_normalize(float* y, const float* x, Index n, Index count, const RowNormalizeConsts& k,
                         bool use_stream) {
-  if (n < kF) {
+  if (on_run_vectors(n, y, use_stream)) {
     // Scalar math: y[i] = ((x[i] − mh_s) − ml_s)·s_s + b_s, s the segment of element i, all in fp32
     run_elementwise(y, n, count, use_stream, [&](Index i, int kk, Index s, VI lanes) {
       const VF mh = segment_lanes(k.mh, s, count, lanes), ml = segment_lanes(k.ml, s, count, lanes),
@@ -546,7 +568,7 @@ void segments_normalize(float* y, const float* x, Index n, Index count, const Ro
 
 void segments_input_grad(float* dx, const float* dy, const float* x, Index n, Index count,
                          const RowInputGradConsts& k, bool use_stream) {
-  if (n < kF) {
+  if (on_run_vectors(n, dx, use_stream)) {
     // Scalar math: dx[i] = r_s·((dy[i]·w_s − c0_s) − ((x[i] − mh_s) − ml_s)·c2_s), s the segment of element
     // i, all in fp32
     run_elementwise(dx, n, count, use_stream, [&](Index i, int kk, Index s, VI lanes) {

@@ -97,7 +97,8 @@ std::uint32_t fbits(float v) {
 
 // segments_normalize / segments_input_grad against normalize / input_grad called segment by segment with
 // the same constants: every output the same bits, nothing written outside the output, for n = 1 .. 17 (n < 16
-// goes through the run as one stream of vectors, each lane with its segment's constants) and a few longer
+// goes through the run as one stream of vectors, each lane with its segment's constants; so do 16, 32 and 64
+// when streamed to an output off a 64-byte boundary, lanes of at most two segments) and a few longer
 // segments, counts around multiples of 16, outputs at every offset of a 64-byte line with and without
 // streaming stores (a streamed run starts with a shorter head), on every target. The constant arrays hold
 // exactly count entries (a read past them shows under the sanitizers); they include −0.0, a NaN and an
@@ -107,7 +108,7 @@ TEST(ChannelKernels, SegmentsElementwiseIsPerSegment) {
   std::normal_distribution<float> nd;
   const Isa saved = active_isa();
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  for (const Index n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 33}) {
+  for (const Index n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 31, 32, 33, 48, 64}) {
     for (const Index count : {1, 2, 15, 16, 17, 40}) {
       const Index total = n * count;
       std::vector<float> x(static_cast<std::size_t>(total)), dy(x.size());

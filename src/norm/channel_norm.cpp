@@ -1353,9 +1353,8 @@ void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& 
 
 // combine_group for the groups of a run (every segment unmasked, n_s = S) from its segment statistics st
 // (entry j for the run's segment j): each group's operations in combine_group's order from 0.0, the run's
-// groups interleaved (independent
-// chains, not one group after another, as row_moments for sample rows): the same values. One entry per
-// group of the run in mean and var.
+// groups interleaved (independent chains, not one group after another, as row_moments for sample rows):
+// the same values. One entry per group of the run in mean and var.
 void run_moments(const Plan& p, const GroupRun& r, const kernels::SegmentColumns& st, double count,
                  double* mean, double* var) {
   const Index spg = segments_per_group(p), ng = r.g1 - r.g0;

@@ -10,13 +10,17 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace normlab {
 namespace {
 
-std::uint64_t bits(double v) {
-  std::uint64_t u;
+// The bits of a double or a float.
+template <typename T>
+auto bits(T v) {
+  std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t> u;
+  static_assert(sizeof u == sizeof v);
   std::memcpy(&u, &v, sizeof u);
   return u;
 }
@@ -89,19 +93,13 @@ TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
   set_isa(saved);
 }
 
-std::uint32_t fbits(float v) {
-  std::uint32_t u;
-  std::memcpy(&u, &v, sizeof u);
-  return u;
-}
-
 // segments_normalize / segments_input_grad against normalize / input_grad called segment by segment with
 // the same constants: every output the same bits, nothing written outside the output, for n = 1 .. 17 (n < 16
 // goes through the run as one stream of vectors, each lane with its segment's constants; so do 16, 32 and 64
 // when streamed to an output off a 64-byte boundary, lanes of at most two segments) and a few longer
-// segments, counts around multiples of 16, outputs at every offset of a 64-byte line with and without
-// streaming stores (a streamed run starts with a shorter head), on every target. The constant arrays hold
-// exactly count entries (a read past them shows under the sanitizers); they include −0.0, a NaN and an
+// segments, counts around multiples of 16, outputs 0, 1, 5 and 15 floats past a 64-byte boundary, with and
+// without streaming stores (a streamed run starts with a shorter head), on every target. The constant arrays
+// hold exactly count entries (a read past them shows under the sanitizers); they include −0.0, a NaN and an
 // infinity, and x a NaN and an infinity.
 TEST(ChannelKernels, SegmentsElementwiseIsPerSegment) {
   std::mt19937_64 rng(93);
@@ -159,12 +157,12 @@ TEST(ChannelKernels, SegmentsElementwiseIsPerSegment) {
                                      std::to_string(count) + " offset " + std::to_string(off) +
                                      (stream ? " streamed" : "");
             for (Index i = 0; i < total; ++i) {
-              ASSERT_EQ(fbits(y1[i]), fbits(y2[i])) << what << " normalize, element " << i;
-              ASSERT_EQ(fbits(g1[i]), fbits(g2[i])) << what << " input_grad, element " << i;
+              ASSERT_EQ(bits(y1[i]), bits(y2[i])) << what << " normalize, element " << i;
+              ASSERT_EQ(bits(g1[i]), bits(g2[i])) << what << " input_grad, element " << i;
             }
             for (const float* p : {y1, g1}) {
-              EXPECT_EQ(fbits(p[-1]), fbits(guard)) << what;
-              EXPECT_EQ(fbits(p[total]), fbits(guard)) << what;
+              EXPECT_EQ(bits(p[-1]), bits(guard)) << what;
+              EXPECT_EQ(bits(p[total]), bits(guard)) << what;
             }
           }
         }

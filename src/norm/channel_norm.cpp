@@ -261,10 +261,7 @@ namespace {
 
 // The per-segment statistics (kernels::SegmentStats) of one pass, as arrays of B·C doubles (entry s
 // written by kernels::put).
-struct SegmentArrays : kernels::SegmentColumns {
-  // The columns from segment s on (as segments_stats takes them).
-  kernels::SegmentColumns from(Index s) const { return {sum + s, mean + s, m2 + s, sdy + s, sdyd + s}; }
-};
+using SegmentArrays = kernels::SegmentColumns;
 
 // One group's moments (channel_norm.h's Moments).
 struct GroupMoments {
@@ -329,7 +326,7 @@ SegmentArrays segment_workspace(const Plan& p) {
   const std::size_t n = static_cast<std::size_t>(p.segments());
   if (ws.size() < 5 * n) ws.resize(5 * n);
   double* d = ws.data();
-  return {{d, d + n, d + 2 * n, d + 3 * n, d + 4 * n}};
+  return {d, d + n, d + 2 * n, d + 3 * n, d + 4 * n};
 }
 
 }  // namespace

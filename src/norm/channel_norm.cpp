@@ -1356,9 +1356,7 @@ void run_moments(const Plan& p, const GroupRun& r, const kernels::SegmentColumns
                  double* mean, double* var) {
   const Index spg = segments_per_group(p), ng = r.g1 - r.g0;
   const double ns = static_cast<double>(p.S);
-  std::fill_n(mean, ng, 0.0);
-  for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < ng; ++g) mean[g] += st.sum[g * spg + j];
+  group_chains(mean, st.sum, spg, ng);
   for (Index g = 0; g < ng; ++g) mean[g] = count > 0 ? mean[g] / count : 0.0;
   std::fill_n(var, ng, 0.0);
   for (Index j = 0; j < spg; ++j)

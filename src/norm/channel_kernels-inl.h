@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -771,6 +772,87 @@ void single_grad_terms(const SingleGradTerms& o, const float* x, const float* dy
   });
 }
 
+// ---- Sample runs: the run's groups combined ------------------------------------------------------------
+// (channel_kernels.h, run_moments / run_grads.) Lane l of a block of eight holds group g0 + l; its entries
+// for segment j are spg apart in the columns (gatherd). The groups past the last full block go one at a
+// time through the same expressions in scalar double (this file is compiled without FMA contraction).
+
+void run_moments(double* mean, double* var, double* rstd, const SegmentColumns& st, Index spg, Index groups,
+                 double ns, double count, double eps) {
+  const VD vns = bcastd(ns), vcount = bcastd(count), veps = bcastd(eps), one = bcastd(1.0);
+  Index g = 0;
+  // Scalar math: mean[g] = (0 + Σ_j sum[s]) / count; var[g] = (0 + Σ_j (m2[s] + (ns·d)·d)) / count,
+  //   d = mean_s[s] − mean[g], s = g·spg + j; rstd[g] = 1 / √(var[g] + eps) (count 0: all 0)
+  for (; g + kD <= groups; g += kD) {
+    const Index s0 = g * spg;
+    VD m = zerod();
+    for (Index j = 0; j < spg; ++j) m = add(m, gatherd(st.sum + s0 + j, spg));
+    m = count > 0 ? div(m, vcount) : zerod();
+    VD v = zerod();
+    for (Index j = 0; j < spg; ++j) {
+      const VD d = sub(gatherd(st.mean + s0 + j, spg), m);
+      v = add(v, add(gatherd(st.m2 + s0 + j, spg), mul(mul(vns, d), d)));
+    }
+    v = count > 0 ? div(v, vcount) : zerod();
+    stored(mean + g, m);
+    stored(var + g, v);
+    stored(rstd + g, count > 0 ? div(one, sqrtd(add(v, veps))) : zerod());
+  }
+  for (; g < groups; ++g) {
+    const Index s0 = g * spg;
+    double m = 0.0;
+    for (Index j = 0; j < spg; ++j) m += st.sum[s0 + j];
+    m = count > 0 ? m / count : 0.0;
+    double v = 0.0;
+    for (Index j = 0; j < spg; ++j) {
+      const double d = st.mean[s0 + j] - m;
+      v += st.m2[s0 + j] + ns * d * d;
+    }
+    v = count > 0 ? v / count : 0.0;
+    mean[g] = m;
+    var[g] = v;
+    rstd[g] = count > 0 ? 1.0 / std::sqrt(v + eps) : 0.0;
+  }
+}
+
+void run_grads(double* mg, double* mgx, double* sdyxh, const SegmentColumns& st, const double* mean,
+               const double* rstd, const float* w, Index spg, Index groups, double count) {
+  const VD one = bcastd(1.0), vcount = bcastd(count);
+  Index g = 0;
+  // Scalar math: v = rstd[g]·(sdyd[s] + (mean_s[s] − mean[g])·sdy[s]) into sdyxh[s];
+  //   mg[g] = (0 + Σ_j w_s·sdy[s]) / count, mgx[g] = (0 + Σ_j w_s·v) / count (count 0: 0)
+  for (; g + kD <= groups; g += kD) {
+    const Index s0 = g * spg;
+    const VD m = loadd(mean + g), r = loadd(rstd + g);
+    VD a = zerod(), b = zerod();
+    for (Index j = 0; j < spg; ++j) {
+      const Index s = s0 + j;
+      const VD sdy = gatherd(st.sdy + s, spg);
+      const VD v = mul(r, add(gatherd(st.sdyd + s, spg), mul(sub(gatherd(st.mean + s, spg), m), sdy)));
+      const VD wc = w ? gather_cvt(w + s, spg) : one;
+      a = add(a, mul(wc, sdy));
+      b = add(b, mul(wc, v));
+      scatterd(sdyxh + s, spg, v);
+    }
+    stored(mg + g, count > 0 ? div(a, vcount) : zerod());
+    stored(mgx + g, count > 0 ? div(b, vcount) : zerod());
+  }
+  for (; g < groups; ++g) {
+    double a = 0.0, b = 0.0;
+    for (Index j = 0; j < spg; ++j) {
+      const Index s = g * spg + j;
+      const double sdy = st.sdy[s];
+      const double v = rstd[g] * (st.sdyd[s] + (st.mean[s] - mean[g]) * sdy);
+      const double wc = w ? static_cast<double>(w[s]) : 1.0;
+      a += wc * sdy;
+      b += wc * v;
+      sdyxh[s] = v;
+    }
+    mg[g] = count > 0 ? a / count : 0.0;
+    mgx[g] = count > 0 ? b / count : 0.0;
+  }
+}
+
 }  // namespace
 }  // namespace chan
 
@@ -788,6 +870,8 @@ const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
                                       vec::leave_clean<chan::rows_normalize>,
                                       vec::leave_clean<chan::rows_input_grad>,
                                       vec::leave_clean<chan::single_var_terms>,
-                                      vec::leave_clean<chan::single_grad_terms>};
+                                      vec::leave_clean<chan::single_grad_terms>,
+                                      vec::leave_clean<chan::run_moments>,
+                                      vec::leave_clean<chan::run_grads>};
 
 }  // namespace normlab::kernels::NL_TARGET

@@ -150,6 +150,19 @@ struct ChannelKernels {
   void (*single_var_terms)(double* u, const float* x, const double* gmean, Index n);
   void (*single_grad_terms)(const SingleGradTerms& o, const float* x, const float* dy, const float* w,
                             const double* gmean, const double* grstd, Index n);
+  // A sample run's groups (channel_norm.cpp): `groups` groups of spg consecutive segments of st's entries
+  // (segment s = g·spg + j), each segment of ns floats, each group of count elements (count 0: every
+  // result 0); every group's sums from 0.0 in j order, as combine_group and group_grads form them:
+  //   run_moments: mean[g] = (Σ_j sum[s]) / count, var[g] = (Σ_j (m2[s] + (ns·d)·d)) / count with
+  //                d = mean_s[s] − mean[g] (mean_s: st.mean), rstd[g] = 1/√(var[g] + eps) (group_rstd);
+  //   run_grads:   sdyxh[s] = rstd[g]·(sdyd[s] + (mean_s[s] − mean[g])·sdy[s]), mg[g] = (Σ_j w_s·sdy[s]) /
+  //                count, mgx[g] = (Σ_j w_s·sdyxh[s]) / count, w_s = double(w[s]) (1 when w is null).
+  // Eight groups at a time, group g + l in lane l (st's entries gathered spg apart), the rest one by one:
+  // the same operations on the same values, so the bits of the scalar chains.
+  void (*run_moments)(double* mean, double* var, double* rstd, const SegmentColumns& st, Index spg,
+                      Index groups, double ns, double count, double eps);
+  void (*run_grads)(double* mg, double* mgx, double* sdyxh, const SegmentColumns& st, const double* mean,
+                    const double* rstd, const float* w, Index spg, Index groups, double count);
 };
 
 // The table for the active instruction set (see normlab/simd.h).

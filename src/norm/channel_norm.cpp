@@ -1350,47 +1350,23 @@ void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& 
 
 // combine_group for the groups of a run (every segment unmasked, n_s = S) from its segment statistics st
 // (entry j for the run's segment j): each group's operations in combine_group's order from 0.0, the run's
-// groups interleaved (independent chains, not one group after another, as row_moments for sample rows):
-// the same values. One entry per group of the run in mean and var.
-void run_moments(const Plan& p, const GroupRun& r, const kernels::SegmentColumns& st, double count,
-                 double* mean, double* var) {
-  const Index spg = segments_per_group(p), ng = r.g1 - r.g0;
-  const double ns = static_cast<double>(p.S);
-  group_chains(mean, st.sum, spg, ng);
-  for (Index g = 0; g < ng; ++g) mean[g] = count > 0 ? mean[g] / count : 0.0;
-  std::fill_n(var, ng, 0.0);
-  for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < ng; ++g) {
-      const Index s = g * spg + j;
-      const double d = st.mean[s] - mean[g];
-      var[g] += st.m2[s] + ns * d * d;
-    }
-  for (Index g = 0; g < ng; ++g) var[g] = count > 0 ? var[g] / count : 0.0;
+// groups eight at a time in the lanes of the run_moments kernel (independent chains, as row_moments for
+// sample rows): the same values; with each group's group_rstd. One entry per group of the run in mean, var
+// and rstd.
+void run_moments(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r,
+                 const kernels::SegmentColumns& st, double count, double eps, double* mean, double* var,
+                 double* rstd) {
+  k.run_moments(mean, var, rstd, st, segments_per_group(p), r.g1 - r.g0, static_cast<double>(p.S), count,
+                eps);
 }
 
-// group_grads for the groups of a run likewise (each group's operations in group_grads' order from 0.0,
-// the run's groups interleaved): mg, mgx per group, each segment's Σdy·x̂ into sdyxh (entry j for the run's
-// segment j).
-void run_grads(const Plan& p, const GroupRun& r, const kernels::SegmentColumns& st, double count,
-               const double* mean, const double* rstd, const float* w, double* mg, double* mgx,
-               double* sdyxh) {
-  const Index spg = segments_per_group(p), ng = r.g1 - r.g0;
-  std::fill_n(mg, ng, 0.0);
-  std::fill_n(mgx, ng, 0.0);
-  for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < ng; ++g) {
-      const Index s = g * spg + j;
-      const double sdy = st.sdy[s];
-      const double v = segment_sdyxh(rstd[g], st.sdyd[s], st.mean[s], mean[g], sdy);
-      const double wc = w ? static_cast<double>(w[r.c0 + g * spg + j]) : 1.0;
-      mg[g] += wc * sdy;
-      mgx[g] += wc * v;
-      sdyxh[s] = v;
-    }
-  for (Index g = 0; g < ng; ++g) {
-    mg[g] = count > 0 ? mg[g] / count : 0.0;
-    mgx[g] = count > 0 ? mgx[g] / count : 0.0;
-  }
+// group_grads for the groups of a run likewise (each group's operations in group_grads' order from 0.0, the
+// run_grads kernel): mg, mgx per group, each segment's Σdy·x̂ into sdyxh (entry j for the run's segment j).
+void run_grads(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r,
+               const kernels::SegmentColumns& st, double count, const double* mean, const double* rstd,
+               const float* w, double* mg, double* mgx, double* sdyxh) {
+  k.run_grads(mg, mgx, sdyxh, st, mean, rstd, w ? w + r.c0 : nullptr, segments_per_group(p), r.g1 - r.g0,
+              count);
 }
 
 // per_sample_forward on sample runs.
@@ -1408,11 +1384,10 @@ Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo,
     run_stats(k, p, r, xo, nullptr, st);
     double *const mean = m.mean.data() + r.g0, *const var = m.var.data() + r.g0,
                   *const rs = rstd.data() + r.g0;
-    run_moments(p, r, st, count, mean, var);
+    run_moments(k, p, r, st, count, eps, mean, var, rs);
     const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ, β
     for (Index g = 0; g < r.g1 - r.g0; ++g) {
       m.count[static_cast<std::size_t>(r.g0 + g)] = count;
-      rs[g] = group_rstd(count, var[g], eps);
       buf.kc.set_group(g * spg, spg, mean[g], rs[g], wr);
     }
     for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.b[static_cast<std::size_t>(j)] = b ? b[r.c0 + j] : 0.0f;
@@ -1431,9 +1406,8 @@ void run_backward(const kernels::ChannelKernels& k, const Plan& p, const GroupRu
   const kernels::SegmentColumns st = buf.columns(sdy);
   run_stats(k, p, r, xo, &dyo, st);
   double *mean = buf.t.data(), *var = mean + ng, *rs = var + ng, *mg = rs + ng, *mgx = mg + ng;
-  run_moments(p, r, st, count, mean, var);
-  for (Index g = 0; g < ng; ++g) rs[g] = group_rstd(count, var[g], eps);
-  run_grads(p, r, st, count, mean, rs, w, mg, mgx, sdyxh);
+  run_moments(k, p, r, st, count, eps, mean, var, rs);
+  run_grads(k, p, r, st, count, mean, rs, w, mg, mgx, sdyxh);
   const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ
   for (Index g = 0; g < ng; ++g)
     buf.kc.set_group(g * spg, spg, input_grad_consts(mean[g], rs[g], wr, g * spg, mg[g], mgx[g]));

@@ -4,10 +4,11 @@
 //   AVX-512: one __m512 / __m512d;
 //   AVX2:    two __m256 / __m256d (lanes 0..7, 8..15 of VF; 0..3, 4..7 of VD);
 //   scalar:  GCC generic vectors of 16 floats / 8 doubles (lowered to SSE2).
-// Every operation is lane-wise IEEE arithmetic (add, sub, mul, div, float→double conversion, which is
-// exact, and double→float rounding to nearest)
+// Every operation is lane-wise IEEE arithmetic (add, sub, mul, div, sqrtd, float→double conversion, which
+// is exact, and double→float rounding to nearest)
 // with the same lane semantics on each target, and the horizontal sum hsum() combines lanes by one fixed
-// tree; gather() loads floats a fixed stride apart into the lanes, pick() selects lanes by index. No
+// tree; gather() loads floats a fixed stride apart into the lanes (gatherd() and gather_cvt() doubles and
+// floats into double lanes, scatterd() stores them back), pick() selects lanes by index. No
 // operation fuses a multiply and an add (the kernels are compiled with -ffp-contract=off and the intrinsics
 // used are plain mul/add), so a kernel written against this layer produces the same bits on every target.
 // Tails use zero-filled loads and masked stores, which never change a result.
@@ -118,6 +119,9 @@ inline VD add(VD a, VD b) {
 inline VD sub(VD a, VD b) { return {_mm512_sub_pd(a.v, b.v)}; }
 inline VD mul(VD a, VD b) { return {_mm512_mul_pd(a.v, b.v)}; }
 inline VD div(VD a, VD b) { return {_mm512_div_pd(a.v, b.v)}; }
+inline VD sqrtd(VD a) {
+  return {_mm512_maskz_sqrt_pd(0xFF, a.v)};
+}
 inline VD bcastd(double a) { return {_mm512_set1_pd(a)}; }
 // Lanes 0..7 from lo, 8..15 from hi, each rounded to nearest float (as static_cast<float>).
 inline VF narrow_pd(VD lo, VD hi) {
@@ -127,6 +131,21 @@ inline VF narrow_pd(VD lo, VD hi) {
 }
 inline VD loadd(const double* p) { return {_mm512_loadu_pd(p)}; }
 inline void stored(double* p, VD a) { _mm512_storeu_pd(p, a.v); }
+// Lane l = p[l·stride] (l = 0..7), and p[l·stride] = lane l: only those doubles are read or written.
+// gather_cvt: lane l = double(p[l·stride]) of floats.
+inline __m512i lane_offsets(Index stride) {
+  return _mm512_mullo_epi64(_mm512_set1_epi64(stride), _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline VD gatherd(const double* p, Index stride) {
+  return {_mm512_mask_i64gather_pd(_mm512_setzero_pd(), 0xFF, lane_offsets(stride), p, 8)};
+}
+inline void scatterd(double* p, Index stride, VD a) {
+  _mm512_mask_i64scatter_pd(p, 0xFF, lane_offsets(stride), a.v, 8);
+}
+inline VD gather_cvt(const float* p, Index stride) {
+  return {_mm512_maskz_cvtps_pd(
+      0xFF, _mm512_mask_i64gather_ps(_mm256_setzero_ps(), 0xFF, lane_offsets(stride), p, 4))};
+}
 // Lane l = a[l] < 0 ? +0 : a[l] (a NaN stays NaN, −0 stays −0): vmaxpd returns its second operand unless
 // the first is greater.
 inline VD floor0(VD a) {
@@ -352,6 +371,9 @@ inline VD add(VD a, VD b) { return {_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.h
 inline VD sub(VD a, VD b) { return {_mm256_sub_pd(a.lo, b.lo), _mm256_sub_pd(a.hi, b.hi)}; }
 inline VD mul(VD a, VD b) { return {_mm256_mul_pd(a.lo, b.lo), _mm256_mul_pd(a.hi, b.hi)}; }
 inline VD div(VD a, VD b) { return {_mm256_div_pd(a.lo, b.lo), _mm256_div_pd(a.hi, b.hi)}; }
+inline VD sqrtd(VD a) {
+  return {_mm256_sqrt_pd(a.lo), _mm256_sqrt_pd(a.hi)};
+}
 inline VD bcastd(double a) { return {_mm256_set1_pd(a), _mm256_set1_pd(a)}; }
 inline VF narrow_pd(VD lo, VD hi) {
   return {_mm256_set_m128(_mm256_cvtpd_ps(lo.hi), _mm256_cvtpd_ps(lo.lo)),
@@ -393,6 +415,26 @@ inline VD loadd(const double* p) { return {_mm256_loadu_pd(p), _mm256_loadu_pd(p
 inline void stored(double* p, VD a) {
   _mm256_storeu_pd(p, a.lo);
   _mm256_storeu_pd(p + 4, a.hi);
+}
+inline __m256i lane_offsets(Index stride) {
+  return _mm256_setr_epi64x(0, stride, 2 * stride, 3 * stride);
+}
+inline VD gatherd(const double* p, Index stride) {
+  const __m256i idx = lane_offsets(stride);
+  const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  return {_mm256_mask_i64gather_pd(_mm256_setzero_pd(), p, idx, all, 8),
+          _mm256_mask_i64gather_pd(_mm256_setzero_pd(), p + 4 * stride, idx, all, 8)};
+}
+inline void scatterd(double* p, Index stride, VD a) {
+  alignas(32) double t[kD];
+  stored(t, a);
+  for (int l = 0; l < kD; ++l) p[l * stride] = t[l];
+}
+inline VD gather_cvt(const float* p, Index stride) {
+  const __m256i idx = lane_offsets(stride);
+  const __m128 all = _mm_castsi128_ps(_mm_set1_epi32(-1));
+  return {_mm256_cvtps_pd(_mm256_mask_i64gather_ps(_mm_setzero_ps(), p, idx, all, 4)),
+          _mm256_cvtps_pd(_mm256_mask_i64gather_ps(_mm_setzero_ps(), p + 4 * stride, idx, all, 4))};
 }
 inline VD cvt8(__m256 a) {
   return {_mm256_cvtps_pd(_mm256_castps256_ps128(a)), _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1))};
@@ -545,6 +587,10 @@ inline VD mul(VD a, VD b) {
 inline VD div(VD a, VD b) {
   return VD{a.v / b.v};
 }
+inline VD sqrtd(VD a) {
+  for (int l = 0; l < kD; ++l) a.v[l] = __builtin_sqrt(a.v[l]);
+  return a;
+}
 inline VD bcastd(double a) {
   VD r;
   for (int l = 0; l < kD; ++l) r.v[l] = a;
@@ -586,6 +632,19 @@ inline VD loadd(const double* p) {
 }
 inline void stored(double* p, VD a) {
   std::memcpy(p, &a.v, sizeof a.v);
+}
+inline VD gatherd(const double* p, Index stride) {
+  VD r;
+  for (int l = 0; l < kD; ++l) r.v[l] = p[l * stride];
+  return r;
+}
+inline void scatterd(double* p, Index stride, VD a) {
+  for (int l = 0; l < kD; ++l) p[l * stride] = a.v[l];
+}
+inline VD gather_cvt(const float* p, Index stride) {
+  VD r;
+  for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(p[l * stride]);
+  return r;
 }
 inline VD cvt_lo(VF a) {
   return VD{__builtin_convertvector(__builtin_shufflevector(a.v, a.v, 0, 1, 2, 3, 4, 5, 6, 7), VDv)};

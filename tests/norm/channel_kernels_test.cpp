@@ -2,9 +2,11 @@
 // (src/norm/channel_kernels.h).
 #include "norm/channel_kernels.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <normlab/simd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -164,6 +166,100 @@ TEST(ChannelKernels, SegmentsElementwiseIsPerSegment) {
               EXPECT_EQ(bits(p[-1]), bits(guard)) << what;
               EXPECT_EQ(bits(p[total]), bits(guard)) << what;
             }
+          }
+        }
+      }
+    }
+  }
+  set_isa(saved);
+}
+
+// run_moments / run_grads (a sample run's groups, eight at a time in the lanes) against the scalar chains
+// of combine_group / group_grads written out here: every output the same bits, for spg = 1, 2, 3, 8, 16
+// segments per group and 1 .. 17 groups (a block of eight and the groups after it one by one), with and
+// without γ, count 0 (every result 0), on every target. The statistics hold −0.0, a NaN and ±Inf; the
+// outputs exactly the entries the kernels may write (a write past them shows under the sanitizers).
+TEST(ChannelKernels, RunCombinationIsTheScalarChains) {
+  std::mt19937_64 rng(93);
+  std::normal_distribution<double> nd;
+  const Isa saved = active_isa();
+  const double eps = 1e-5, ns = 3.0;  // (not a power of two: (ns·d)·d and ns·(d·d) differ)
+  for (const Index spg : {1, 2, 3, 8, 16}) {
+    for (const Index groups : {1, 7, 8, 9, 16, 17}) {
+      const Index segs = spg * groups;
+      std::vector<double> sum(static_cast<std::size_t>(segs)), mean_s(sum.size()), m2(sum.size()),
+          sdy(sum.size()), sdyd(sum.size());
+      std::vector<float> w(sum.size());
+      for (Index s = 0; s < segs; ++s) {
+        const std::size_t i = static_cast<std::size_t>(s);
+        mean_s[i] = nd(rng) + 2.0;
+        sum[i] = mean_s[i] * ns;
+        m2[i] = std::abs(nd(rng)) * 3.0;
+        sdy[i] = nd(rng);
+        sdyd[i] = nd(rng);
+        w[i] = static_cast<float>(nd(rng));
+      }
+      sum[0] = -0.0;
+      sdy[0] = -0.0;
+      if (segs > 3) sum[3] = std::numeric_limits<double>::quiet_NaN();
+      if (segs > 5) sdyd[5] = std::numeric_limits<double>::infinity();
+      if (segs > 6) m2[6] = std::numeric_limits<double>::infinity();
+      if (segs > 10) sdy[10] = -std::numeric_limits<double>::infinity();
+      const kernels::SegmentColumns st{sum.data(), mean_s.data(), m2.data(), sdy.data(), sdyd.data()};
+      for (const double count : {ns * static_cast<double>(spg), 0.0}) {
+        // The scalar chains (channel_norm.cpp's combine_group / group_grads on a run), group by group.
+        const std::size_t ng = static_cast<std::size_t>(groups);
+        std::vector<double> rmean(ng), rvar(ng), rrstd(ng);
+        for (Index g = 0; g < groups; ++g) {
+          double m = 0.0, v = 0.0;
+          for (Index j = 0; j < spg; ++j) m += sum[static_cast<std::size_t>(g * spg + j)];
+          m = count > 0 ? m / count : 0.0;
+          for (Index j = 0; j < spg; ++j) {
+            const std::size_t s = static_cast<std::size_t>(g * spg + j);
+            const double d = mean_s[s] - m;
+            v += m2[s] + ns * d * d;
+          }
+          v = count > 0 ? v / count : 0.0;
+          const std::size_t gi = static_cast<std::size_t>(g);
+          rmean[gi] = m;
+          rvar[gi] = v;
+          rrstd[gi] = count > 0 ? 1.0 / std::sqrt(v + eps) : 0.0;
+        }
+        for (const bool with_w : {true, false}) {
+          std::vector<double> rmg(ng), rmgx(ng), rsdyxh(sum.size());
+          for (Index g = 0; g < groups; ++g) {
+            const std::size_t gi = static_cast<std::size_t>(g);
+            double a = 0.0, b = 0.0;
+            for (Index j = 0; j < spg; ++j) {
+              const std::size_t s = static_cast<std::size_t>(g * spg + j);
+              const double v = rrstd[gi] * (sdyd[s] + (mean_s[s] - rmean[gi]) * sdy[s]);
+              const double wc = with_w ? static_cast<double>(w[s]) : 1.0;
+              a += wc * sdy[s];
+              b += wc * v;
+              rsdyxh[s] = v;
+            }
+            rmg[gi] = count > 0 ? a / count : 0.0;
+            rmgx[gi] = count > 0 ? b / count : 0.0;
+          }
+          for (const Isa isa : supported_isas()) {
+            set_isa(isa);
+            const kernels::ChannelKernels& k = kernels::channel_kernels();
+            const std::string what = fmt::format("spg {} groups {} count {}{} {}", spg, groups, count,
+                                                 with_w ? " w" : "", isa_name(isa));
+            std::vector<double> mean(ng), var(ng), rstd(ng), mg(ng), mgx(ng), sdyxh(sum.size());
+            k.run_moments(mean.data(), var.data(), rstd.data(), st, spg, groups, ns, count, eps);
+            // From the reference moments, so that a difference shows in run_grads itself.
+            k.run_grads(mg.data(), mgx.data(), sdyxh.data(), st, rmean.data(), rrstd.data(),
+                        with_w ? w.data() : nullptr, spg, groups, count);
+            for (std::size_t g = 0; g < ng; ++g) {
+              EXPECT_EQ(bits(mean[g]), bits(rmean[g])) << what << " mean, group " << g;
+              EXPECT_EQ(bits(var[g]), bits(rvar[g])) << what << " var, group " << g;
+              EXPECT_EQ(bits(rstd[g]), bits(rrstd[g])) << what << " rstd, group " << g;
+              EXPECT_EQ(bits(mg[g]), bits(rmg[g])) << what << " mg, group " << g;
+              EXPECT_EQ(bits(mgx[g]), bits(rmgx[g])) << what << " mgx, group " << g;
+            }
+            for (std::size_t s = 0; s < sdyxh.size(); ++s)
+              EXPECT_EQ(bits(sdyxh[s]), bits(rsdyxh[s])) << what << " sdyxh, segment " << s;
           }
         }
       }

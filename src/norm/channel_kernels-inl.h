@@ -237,9 +237,19 @@ inline void stats_short(SegmentStats* out, const float* x, const float* dy, Inde
   *out = s;
 }
 
-// The hsum tree over lane vectors: lane s = hsum of the vector whose lanes are lane s of v[0..8).
-inline VD hsum_lanes(const VD* v) {
-  return add(add(add(v[0], v[4]), add(v[2], v[6])), add(add(v[1], v[5]), add(v[3], v[7])));
+// The hsum tree over lane vectors: lane s = hsum of the vector whose lanes are lane s of v[0..8), that is
+// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)), for lane terms where v[l] = +0 for l ≥ m and no lane
+// of any v[l] is −0 (pair_terms' terms for segments of m < 8 floats). The additions of such a +0 vector are
+// left out: x + 0 = x for x not −0, and a sum of two values that are not −0 is not −0 either (a sum is −0
+// only when both operands are), so every partial sum the tree would add +0 to is left as it is. m ≥ 8: the
+// whole tree.
+inline VD hsum_lanes(const VD* v, int m = kD) {
+  if (m >= kD) return add(add(add(v[0], v[4]), add(v[2], v[6])), add(add(v[1], v[5]), add(v[3], v[7])));
+  VD u[4];  // u[l] = v[l] + v[l + 4]: v[l] alone where v[l + 4] is +0 (l + 4 ≥ m), +0 where both are
+  for (int l = 0; l < 4; ++l) u[l] = l + 4 < m ? add(v[l], v[l + 4]) : v[l];
+  const VD w0 = m > 2 ? add(u[0], u[2]) : u[0];  // u[2] is +0 unless 2 < m
+  const VD w1 = m > 3 ? add(u[1], u[3]) : u[1];
+  return m > 1 ? add(w0, w1) : w0;  // w1 is +0 unless 1 < m
 }
 
 // The segments that segments_stats takes sixteen at a time (stats_lanes below): n ≤ 40, with or without dy
@@ -260,8 +270,8 @@ inline constexpr int kLanesUpTo = 40, kLanesMax = 3 * kF;
 // (0 + a) + (0 + b); adding +0 to a value that is not −0 returns that value (a NaN is returned as it is).
 // So the first pass's term is (0 + a) + (0 + b) without the last addition, (0 + a) when b is padding, +0
 // when both are. The second pass adds fp32 sums of squares e·e and of products dy·e, + 0 (stats_lanes),
-// neither ever −0, so there 0 + a = a as well. The tree then adds the +0 terms to values that are not −0:
-// the same values as the one-segment kernel.
+// neither ever −0, so there 0 + a = a as well. The tree would then add the +0 terms to values that are not
+// −0; hsum_lanes(t, n) leaves those additions out too (n < 8): the same values as the one-segment kernel.
 inline void pair_terms(VD* t, const VF* v, int h, int n, bool zero_add) {
   const VD z = zerod();
   for (int l = 0; l < kD; ++l) {
@@ -354,10 +364,10 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   for (int h = 0; h < 2; ++h) {
     // Scalar math: per segment, sum = Σx (the first pass: first_terms), mean = sum / n (likewise Σdy)
     first_terms<Max>(t, xs, h, k);
-    sum[h] = hsum_lanes(t);
+    sum[h] = hsum_lanes(t, k);
     if constexpr (Dy) {
       first_terms<Max>(t, gs, h, k);
-      sdy[h] = hsum_lanes(t);
+      sdy[h] = hsum_lanes(t, k);
     }
     mean[h] = div(sum[h], nd);
   }
@@ -395,11 +405,11 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
     pair_terms(t, q, h, nb, false);
     stored(out.sum + o, sum[h]);
     stored(out.mean + o, mean[h]);
-    stored(out.m2 + o, floor0(sub(hsum_lanes(t), mul(mul(nd, ml[h]), ml[h]))));
+    stored(out.m2 + o, floor0(sub(hsum_lanes(t, nb), mul(mul(nd, ml[h]), ml[h]))));
     if constexpr (Dy) {
       pair_terms(t, pr, h, nb, false);
       stored(out.sdy + o, sdy[h]);
-      stored(out.sdyd + o, sub(hsum_lanes(t), mul(ml[h], sdy[h])));
+      stored(out.sdyd + o, sub(hsum_lanes(t, nb), mul(ml[h], sdy[h])));
     }
   }
 }

@@ -322,10 +322,15 @@ inline void far_terms(VD* t, const VF* v, int h, int n) {
 // element j of segment s. For n ≥ 16 the first 16 elements loaded and transposed in registers (on
 // AVX-512; gathers on the other targets), the others by one gather per element (a second, zero-padded
 // block transposed took 1.2-1.45 of the time at S = 24 and 28: its permutes share a port with the
-// conversions to double, a gather's loads do not).
+// conversions to double, a gather's loads do not). For n = 2 and 4 the 16·n floats loaded and deinterleaved
+// in registers (vec.h, load_deinterleaved; gathers on the other targets): a gather of 16 floats took 4.7
+// cycles from L1 on the Xeon of docs/PERFORMANCE.md's thirty-fifth session, one or two permutes per vector
+// about 1-2. Other n < 16 gather.
 template <int Max>
 inline void load_lanes(const float* p, int n, VF* v) {
   if (n < kF) {
+    if (n == 2) return load_deinterleaved<2>(p, v);
+    if (n == 4) return load_deinterleaved<4>(p, v);
     for (int j = 0; j < n; ++j) v[j] = gather(p + j, n);
     return;
   }

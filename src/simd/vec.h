@@ -185,6 +185,34 @@ NL_FORCE_INLINE inline void load_transposed16(const float* p, int stride, VF* v)
   transpose_stage<8>(m);
   for (int r = 0; r < 16; ++r) v[r] = {m[r]};
 }
+// v[j] lane s = p[N·s + j] for j < N, s < 16, N = 2 or 4 (16 segments of N floats, element j of segment s):
+// N loads of the 16·N floats and, for N = 2, one two-source permute per vector; for N = 4, two stages (the
+// even and odd elements of pairs of vectors, then their 256-bit halves put together). Reads only those floats
+// (the gathers of the other targets read the same).
+template <int N>
+NL_FORCE_INLINE inline void load_deinterleaved(const float* p, VF* v) {
+  static_assert(N == 2 || N == 4);
+  if constexpr (N == 2) {
+    const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    v[0] = {_mm512_permutex2var_ps(a, even, b)};
+    v[1] = {_mm512_permutex2var_ps(a, odd, b)};
+  } else {
+    // Lanes 0..7: element j of the first source's 4 segments and then the second's; lanes 8..15: j + 1.
+    const __m512i i01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+    const __m512i i23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+    const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16), c = _mm512_loadu_ps(p + 32),
+                 d = _mm512_loadu_ps(p + 48);
+    const __m512 ab01 = _mm512_permutex2var_ps(a, i01, b), ab23 = _mm512_permutex2var_ps(a, i23, b);
+    const __m512 cd01 = _mm512_permutex2var_ps(c, i01, d), cd23 = _mm512_permutex2var_ps(c, i23, d);
+    // 0x44: the first source's 128-bit blocks 0, 1, then the second's 0, 1; 0xEE: blocks 2, 3 of each.
+    v[0] = {_mm512_maskz_shuffle_f32x4(0xFFFF, ab01, cd01, 0x44)};
+    v[1] = {_mm512_maskz_shuffle_f32x4(0xFFFF, ab01, cd01, 0xEE)};
+    v[2] = {_mm512_maskz_shuffle_f32x4(0xFFFF, ab23, cd23, 0x44)};
+    v[3] = {_mm512_maskz_shuffle_f32x4(0xFFFF, ab23, cd23, 0xEE)};
+  }
+}
 // Lane selectors: VI holds 16 lane indices, each in [0, 16), loaded from 16 bytes; pick(a, i) lane l =
 // a[i[l]] (one permute; the maskz forms, as above, for GCC 12's -Wmaybe-uninitialized).
 struct VI {
@@ -391,6 +419,10 @@ inline VF gather(const float* p, int stride) {
 }
 inline void load_transposed16(const float* p, int stride, VF* v) {
   for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
+}
+template <int N>
+inline void load_deinterleaved(const float* p, VF* v) {
+  for (int j = 0; j < N; ++j) v[j] = gather(p + j, N);
 }
 // Lane selectors (as on AVX-512): each half picks from both halves of a (vpermps reads an index's low three
 // bits) and blends by whether the index is ≥ 8.
@@ -611,6 +643,10 @@ inline VF gather(const float* p, int stride) {
 }
 inline void load_transposed16(const float* p, int stride, VF* v) {
   for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
+}
+template <int N>
+inline void load_deinterleaved(const float* p, VF* v) {
+  for (int j = 0; j < N; ++j) v[j] = gather(p + j, N);
 }
 struct VI {
   std::uint8_t v[kF];

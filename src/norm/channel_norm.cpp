@@ -1262,8 +1262,9 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
 // of [8192, 256, 2], 32 groups: 74 ms forward at 1 thread where [64, 256, 256] takes 1.5). Here a run of
 // consecutive groups of one item takes one segments_stats call (segment_stats' loop: the same values), the
 // groups' moments and gradient sums are combine_group's and group_grads' operations with the run's groups
-// interleaved (run_moments, run_grads), and the elementwise pass is one segments_normalize /
-// segments_input_grad call with each segment's constants as the segment path forms them: the same bits.
+// eight at a time in vector lanes (the run_moments, run_grads kernels), and the elementwise pass is one
+// segments_normalize / segments_input_grad call with each segment's constants as the segment path forms
+// them: the same bits.
 // Tasks are fixed chunks of groups, as for_groups'.
 
 // The longest segments taken on sample runs. GroupNorm of [N, 256, S] (4 Mi floats, 32 groups) at 1 thread

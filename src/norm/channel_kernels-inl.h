@@ -243,7 +243,7 @@ inline void stats_short(SegmentStats* out, const float* x, const float* dy, Inde
 // left out: x + 0 = x for x not −0, and a sum of two values that are not −0 is not −0 either (a sum is −0
 // only when both operands are), so every partial sum the tree would add +0 to is left as it is. m ≥ 8: the
 // whole tree.
-inline VD hsum_lanes(const VD* v, int m = kD) {
+inline VD hsum_lanes(const VD* v, int m) {
   if (m >= kD) return add(add(add(v[0], v[4]), add(v[2], v[6])), add(add(v[1], v[5]), add(v[3], v[7])));
   VD u[4];  // u[l] = v[l] + v[l + 4]: v[l] alone where v[l + 4] is +0 (l + 4 ≥ m), +0 where both are
   for (int l = 0; l < 4; ++l) u[l] = l + 4 < m ? add(v[l], v[l + 4]) : v[l];

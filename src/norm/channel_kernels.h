@@ -118,8 +118,8 @@ struct ChannelKernels {
   void (*segment_stats)(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf);
   // segment_stats of `count` consecutive segments of n floats (segment i at x + i·n, dy + i·n) into the
   // columns' entries [0, count) (sdy and sdyd only with dy), with the default prefetch: one kernel entry for
-  // many short segments. For n ≤ 16 the segments go sixteen at a time, one per lane (the same operations on
-  // the same values: the same bits).
+  // many short segments. For n ≤ 40 (channel_kernels-inl.h, kLanesUpTo) the segments go sixteen at a time,
+  // one per lane (the same operations on the same values: the same bits).
   void (*segments_stats)(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count);
   // y may equal x. stream: non-temporal stores from the first 64-byte boundary of y on (ordinary
   // stores before it and at the tail; the values are the same). Call fence() before another thread

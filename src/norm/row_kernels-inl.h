@@ -859,9 +859,16 @@ inline constexpr Index kSplitChunk = 256;
 // the call: dx of the rows and the group's dγ/dβ contributions (row_norm.cpp: groups of four rows from
 // the first row of a call; the first group of a call with init assigns the partial rows).
 // NR > 0: nr == NR, known at compile time. Halves (with NR == 4): the pass in two halves (above).
+// next[0 .. nnext): rows of the next group (next_group_rows) whose lines the pass prefetches into L2, line
+// i of each at column i (the halves split them between them).
+// (GCC 12 warns that tw may be unset where group(tw) sums it: it is set wherever want_w is, and only then
+// summed. Setting it to zero otherwise changed the code GCC made of the loop: 2-7 % slower at D = 256, 768.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <bool Center, bool W, int NR, bool Halves = false, typename T>
 inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, const float* mhs,
-                             const float* mls, const float* rs, const float* c0s, const float* c2s) {
+                             const float* mls, const float* rs, const float* c0s, const float* c2s,
+                             std::type_identity_t<const T* const*> next, int nnext) {
   constexpr int R = kParamGradRowGroup;
   const int nr = NR > 0 ? NR : nr_;
   const Index n = a.n;
@@ -927,7 +934,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
                         else
                           store(dxs[j] + i, dx);
                         if (want_w) tw = mul(dyv, mul(d, r[j]));
-                        if (want_b) tb = dyv;
+                        tb = dyv;  // (summed only where want_b)
                       };
     // The group's float sums of the terms at columns i .. i + k (gw, gb), converted to double and added to
     // (First: assigned to) the partial rows dw, db.
@@ -951,7 +958,17 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
       if (want_w) flush(dwp, cvt_lo(gw), cvt_hi(gw));
       if (want_b) flush(dbp, cvt_lo(gb), cvt_hi(gb));
     };
+    // The line at column i of each of next[j0 .. j1), into L2, at the columns that start a line of the row
+    // (every vector of 16 floats; every other one of 8 floats or of 16-bit types). Not Fast: next is only
+    // given out of cache (streaming stores). (A separate instantiation for nnext == 0 made the kernel up to
+    // 5 % slower at D = 256, where it has none: GCC then compiled the rest differently.)
+    auto prefetch_next = [&](Index i, int j0, int j1) NL_FORCE_INLINE {
+      constexpr Index kLineStep = std::max<Index>(1, 64 / Index{sizeof(T) * kF}) * kF;
+      if (!Fast && i % kLineStep == 0)
+        for (int j = j0; j < j1; ++j) __builtin_prefetch(next[j] + i, 0, 2);
+    };
     auto column = [&](Index i, int k, bool tail) NL_FORCE_INLINE {
+      prefetch_next(i, 0, nnext);
       const VF wv = W ? cols(wp, i, k, tail) : z;
       VF tw[R], tb[R];  // the rows' fp32 terms of dγ, dβ
       for (int j = 0; j < nr; ++j) {
@@ -971,6 +988,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
     if constexpr (Halves && NR == 4) {
       alignas(64) float sw[kSplitChunk], sb[kSplitChunk];
       auto half = [&](Index cb, Index i, int k, bool tail, int h) NL_FORCE_INLINE {
+        prefetch_next(i, h * nnext / 2, (h + 1) * nnext / 2);
         const VF wv = W ? cols(wp, i, k, tail) : z;
         VF tw[2], tb[2];
         VF xv[2], dyv[2];
@@ -1018,6 +1036,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   else
     on_first(std::false_type{}, std::false_type{});
 }
+#pragma GCC diagnostic pop
 
 // The per-group constants of the backward from the statistics of a row (docs/numerics.md, 6-7):
 // dx = rstd·(g − mean_g − x̂·mean_gx̂) = r·((g − mean_g) − d·(rstd·mean_gx̂)), mean_g = Σg/n (Center),
@@ -1065,6 +1084,37 @@ inline void backward_consts8(float* c0, float* c2, const double* sg, const doubl
 #endif
 }
 
+// Out of cache (with the prefetches of rows_backward_impl, `ahead`), the column pass of a group of four rows
+// prefetches rows of the next group of the call into L2 (backward_columns), so that the next group's first
+// passes find them there, read while this group's pass (which reads nothing from memory) streams dx out: x
+// where a Σx pass reads it first (the LayerNorm backward recomputing its statistics), or, for the kernels
+// without one (from saved statistics, RMSNorm), x where LayerNorm rows have kNextGroupSavedMinN elements or
+// more, x and dy from kNextGroupBothMinN. Paired runs on the Intel Xeon (1 thread, 128 MiB of x;
+// docs/PERFORMANCE.md, "thirty-sixth session"), normlab_bench's kernels new against old at D = 256, 768,
+// 4096: the LayerNorm backward 0.95, 0.98, 0.90 of the time, from saved statistics 0.99, 0.97, 0.85, RMSNorm
+// 0.98, 0.95, 0.87, bf16 LayerNorm 1.01, 0.91, 0.92 (2 threads: 0.87-0.92 at 4096); scripts/ab-rows on AVX2
+// 0.85-0.91 at 4096, 0.93-1.00 at 768. RMSNorm from saved statistics lost 2 % with x alone at 512 and 768,
+// and LayerNorm from saved statistics at 256; prefetching dy too where there is a Σx pass gained nothing
+// more. Returns how many rows it put in next (at most 2·R).
+inline constexpr Index kNextGroupSavedMinN = 512;
+inline constexpr Index kNextGroupBothMinN = 2048;
+template <bool Center, bool Saved, typename T>
+inline int next_group_rows(const RowsBackwardOf<T>& a, Index r0, const T** next) {
+  constexpr int R = kParamGradRowGroup;
+  const Index n = a.n, first = r0 + R;
+  if (first >= a.rows) return 0;
+  const bool sum_pass = Center && !Saved;
+  const bool with_x = sum_pass || (Center && n >= kNextGroupSavedMinN) || n >= kNextGroupBothMinN;
+  const bool with_dy = !sum_pass && n >= kNextGroupBothMinN;
+  const int rows = static_cast<int>(std::min<Index>(R, a.rows - first));
+  int k = 0;
+  if (with_x)
+    for (int j = 0; j < rows; ++j) next[k++] = a.x + (first + j) * a.ldx;
+  if (with_dy)
+    for (int j = 0; j < rows; ++j) next[k++] = a.dy + (first + j) * a.lddy;
+  return k;
+}
+
 template <bool Center, bool W, bool Saved, typename T>
 void rows_backward_impl(const RowsBackwardOf<T>& a) {
   const Index n = a.n;
@@ -1096,12 +1146,14 @@ void rows_backward_impl(const RowsBackwardOf<T>& a) {
       ml[j] = st[j].ml;
       r[j] = st[j].r;
     }
+    const T* next[2 * R];
+    const int nnext = ahead ? next_group_rows<Center, Saved>(a, r0, next) : 0;
     if (nr == R && n >= kSplitMinN && column_halves(a, r0))
-      backward_columns<Center, W, R, true>(a, r0, nr, mh, ml, r, c0, c2);
+      backward_columns<Center, W, R, true>(a, r0, nr, mh, ml, r, c0, c2, next, nnext);
     else if (nr == R)
-      backward_columns<Center, W, R>(a, r0, nr, mh, ml, r, c0, c2);
+      backward_columns<Center, W, R>(a, r0, nr, mh, ml, r, c0, c2, next, nnext);
     else
-      backward_columns<Center, W, 0>(a, r0, nr, mh, ml, r, c0, c2);
+      backward_columns<Center, W, 0>(a, r0, nr, mh, ml, r, c0, c2, next, nnext);
   }
   if (a.stream) stream_fence();
 }
@@ -1143,10 +1195,10 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
         const int g = std::min(kParamGradRowGroup, nr - j);
         if (g == kParamGradRowGroup)
           backward_columns<Center, W, kParamGradRowGroup>(a, r0 + j, g, c.st.mh + j, c.st.ml + j, c.st.r + j,
-                                                          c.c0 + j, c.c2 + j);
+                                                          c.c0 + j, c.c2 + j, nullptr, 0);
         else
           backward_columns<Center, W, 0>(a, r0 + j, g, c.st.mh + j, c.st.ml + j, c.st.r + j, c.c0 + j,
-                                         c.c2 + j);
+                                         c.c2 + j, nullptr, 0);
       }
     }
     if (s >= 1 && s - 1 < blocks) {  // the second passes, rstd and constants of block s − 1

@@ -27,6 +27,10 @@
 // Without it they are wherever the allocator put them.
 // Only the kernel sources differ between A and B: both use the working tree's row_kernels.h and
 // column_kernels.h, so a revision whose argument structs differ from them cannot be compared this way.
+// A and B read the same x (and dy): where the last-level cache holds a good part of it (the Intel Xeon's
+// 480 MiB L3, docs/PERFORMANCE.md, "thirty-sixth session"), the second call of a round finds some of it
+// there, so "out of cache" shapes are not quite that; a prefetch change measured here wants confirming
+// with normlab_bench (old and new binaries alternating), which rereads its x from memory as the copy does.
 #ifndef NL_AB_A
 #error \
     "build with scripts/ab-rows (NL_AB_A, NL_AB_B: the two copies of row_kernels-inl.h; NL_AB_A_COL, NL_AB_B_COL: of column_kernels-inl.h)"

@@ -73,7 +73,7 @@ inline constexpr Index kPairsMinN = 128;
 // Intel Xeon (scripts/ab-rows, 1 thread, 128 MiB of x; docs/PERFORMANCE.md, "thirtieth session"): the
 // LayerNorm backward 0.90-0.99 of the time from D = 128 to 4096, from saved statistics 0.86-0.95, bf16
 // 0.72-0.79; 1 KiB ahead gained less, 4 KiB lost at D = 768 and 4096; in L3 it changed 1.05-0.96, so only
-// out of cache.
+// out of cache. Their column pass also prefetches the next group's rows into L2 (next_group_rows below).
 inline constexpr Index kRowPrefetchBytes = 2048;
 template <typename T>
 NL_FORCE_INLINE inline void prefetch_ahead64(const T* p) {

@@ -36,8 +36,9 @@ struct RowTuning {
   // The eight-row backward of 16-bit rows likewise.
   bool batched_prefetch = true;
   // Out of cache, the backward's groups of four rows prefetch rows of at least this many elements ahead of
-  // the passes that first read x and dy (row_kernels-inl.h, kRowPrefetchBytes): measured on the Xeon (every
-  // length gained from D = 128); on AMD processors the forward's length, unmeasured there.
+  // the passes that first read x and dy (row_kernels-inl.h, kRowPrefetchBytes) and, in their column pass,
+  // the next group's rows (next_group_rows): measured on the Xeon (every length gained from D = 128); on AMD
+  // processors the forward's length, unmeasured there.
   Index backward_prefetch_min_n = 0;
 };
 inline const RowTuning& machine_row_tuning() {

@@ -1092,8 +1092,8 @@ inline void backward_consts8(float* c0, float* c2, const double* sg, const doubl
 // more, x and dy from kNextGroupBothMinN. Paired runs on the Intel Xeon (1 thread, 128 MiB of x;
 // docs/PERFORMANCE.md, "thirty-sixth session"), normlab_bench's kernels new against old at D = 256, 768,
 // 4096: the LayerNorm backward 0.95, 0.98, 0.90 of the time, from saved statistics 0.99, 0.97, 0.85, RMSNorm
-// 0.98, 0.95, 0.87, bf16 LayerNorm 1.01, 0.91, 0.92 (2 threads: 0.87-0.92 at 4096); scripts/ab-rows on AVX2
-// 0.85-0.91 at 4096, 0.93-1.00 at 768. RMSNorm from saved statistics lost 2 % with x alone at 512 and 768,
+// 0.98, 0.95, 0.87, bf16 LayerNorm 1.01, 0.91, 0.92 (2 threads: 0.85-0.92 at 4096); scripts/ab-rows on AVX2
+// 0.85-0.91 at 4096, 0.93-1.00 at 768. RMSNorm from saved statistics lost 1-2 % with x alone at 512 and 768,
 // and LayerNorm from saved statistics at 256; prefetching dy too where there is a Σx pass gained nothing
 // more. Returns how many rows it put in next (at most 2·R).
 inline constexpr Index kNextGroupSavedMinN = 512;

@@ -748,16 +748,99 @@ inline void each_half(const float* x, Index n, F&& f) {
   }
 }
 
-void single_var_terms(double* u, const float* x, const double* gmean, Index n) {
-  // Scalar math: mean_s = 0 + x; e = x − float(mean_s); m_lo = float(mean_s − float(mean_s));
-  //   u[c] = (double(e·e) − m_lo·m_lo) + d·d, d = mean_s − gmean[c]
-  each_half(x, n, [&](Index i, int h, VD xd, VF xf) {
-    const Index j = i + h * kD;
-    const SingleLanes s = single_lanes(xd, xf);
-    const VD m2 = sub(cvt_lo(mul(s.e, s.e)), mul(s.ml, s.ml));
-    const VD d = sub(s.mean, loadd(gmean + j));
-    stored(u + j, add(m2, mul(d, d)));
-  });
+// f(j, xd) for j = 0 .. spg − 1 in order, xd lane l = double(xg[l·spg + j]): the channels of eight groups
+// of spg floats at xg, eight channels at a time from columns of 8x8 blocks (load_cols8_cvt), the last
+// spg mod 8 by gathers.
+template <typename F>
+NL_FORCE_INLINE inline void each_channel8(const float* xg, Index spg, F&& f) {
+  Index j = 0;
+  for (; j + 8 <= spg; j += 8) {
+    VD t[8];
+    load_cols8_cvt(t, xg + j, spg);
+    for (int k = 0; k < 8; ++k) f(j + k, t[k]);
+  }
+  for (; j < spg; ++j) f(j, gather_cvt(xg + j, spg));
+}
+
+// The moments of a sample row's groups (channel_kernels.h): eight groups at a time, group g + l in lane l
+// (its channel j at x + (g + l)·spg + j: each_channel8), the groups past the last full block one by one
+// in scalar code with the same operations.
+void single_moments(double* mean, double* var, double* rstd, const float* x, Index spg, Index groups,
+                    double count, double eps) {
+  const VD vcount = bcastd(count), veps = bcastd(eps), one = bcastd(1.0);
+  Index g = 0;
+  // Scalar math: mean_s = 0 + x; m = (Σ_j mean_s) / count; e = x − float(mean_s);
+  //   m_lo = float(mean_s − float(mean_s)); u = (double(e·e) − m_lo·m_lo) + d·d, d = mean_s − m;
+  //   var = (Σ_j u) / count; rstd = 1/√(var + eps) (count 0: all 0)
+  for (; g + kD <= groups; g += kD) {
+    const float* const xg = x + g * spg;
+    VD m = zerod();
+    each_channel8(xg, spg, [&](Index, VD xd) NL_FORCE_INLINE { m = add(m, add(zerod(), xd)); });
+    m = count > 0 ? div(m, vcount) : zerod();
+    // Every mean finite: so is every x of these groups (a double sum of at most 2^63 floats cannot
+    // overflow), and then mean_s = x (+0 for −0), e = m_lo = +0, M2 = +0 − +0·+0 = +0 and u = +0 + d·d is
+    // d·d (never −0): the terms without M2, the same values.
+    alignas(64) double ml[kD];
+    stored(ml, m);
+    bool finite = true;
+    for (int l = 0; l < kD; ++l) finite = finite && std::isfinite(ml[l]);
+    VD v = zerod();
+    if (finite) {
+      each_channel8(xg, spg, [&](Index, VD xd) NL_FORCE_INLINE {
+        const VD d = sub(add(zerod(), xd), m);
+        v = add(v, mul(d, d));
+      });
+    } else {
+      for (Index j = 0; j < spg; ++j) {
+        const VD xd = gather_cvt(xg + j, spg);
+        const SingleLanes s = single_lanes(xd, narrow_pd(xd, zerod()));
+        const VD m2 = sub(cvt_lo(mul(s.e, s.e)), mul(s.ml, s.ml));
+        const VD d = sub(s.mean, m);
+        v = add(v, add(m2, mul(d, d)));
+      }
+    }
+    v = count > 0 ? div(v, vcount) : zerod();
+    stored(mean + g, m);
+    stored(var + g, v);
+    stored(rstd + g, count > 0 ? div(one, sqrtd(add(v, veps))) : zerod());
+  }
+  for (; g < groups; ++g) {
+    const float* const xg = x + g * spg;
+    double m = 0.0;
+    for (Index j = 0; j < spg; ++j) m += 0.0 + static_cast<double>(xg[j]);
+    m = count > 0 ? m / count : 0.0;
+    double v = 0.0;
+    for (Index j = 0; j < spg; ++j) {
+      const double ms = 0.0 + static_cast<double>(xg[j]);
+      const float mh = static_cast<float>(ms);
+      const double ml = static_cast<double>(static_cast<float>(ms - static_cast<double>(mh)));
+      const float e = xg[j] - mh;
+      const double d = ms - m;
+      v += (static_cast<double>(e * e) - ml * ml) + d * d;
+    }
+    v = count > 0 ? v / count : 0.0;
+    mean[g] = m;
+    var[g] = v;
+    rstd[g] = count > 0 ? 1.0 / std::sqrt(v + eps) : 0.0;
+  }
+}
+
+// acc[g] = (Σ_j t[g·spg + j]) / count from 0.0 in j order (count 0: 0), eight groups at a time as
+// single_moments, the rest one by one.
+void group_means(double* acc, const double* t, Index spg, Index groups, double count) {
+  const VD vcount = bcastd(count);
+  Index g = 0;
+  // Scalar math: acc[g] = (0 + t[g·spg] + t[g·spg + 1] + ...) / count
+  for (; g + kD <= groups; g += kD) {
+    VD a = zerod();
+    for (Index j = 0; j < spg; ++j) a = add(a, gatherd(t + g * spg + j, spg));
+    stored(acc + g, count > 0 ? div(a, vcount) : zerod());
+  }
+  for (; g < groups; ++g) {
+    double a = 0.0;
+    for (Index j = 0; j < spg; ++j) a += t[g * spg + j];
+    acc[g] = count > 0 ? a / count : 0.0;
+  }
 }
 
 void single_grad_terms(const SingleGradTerms& o, const float* x, const float* dy, const float* w,
@@ -884,7 +967,8 @@ const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
                                       vec::leave_clean<chan::rows_grads>,
                                       vec::leave_clean<chan::rows_normalize>,
                                       vec::leave_clean<chan::rows_input_grad>,
-                                      vec::leave_clean<chan::single_var_terms>,
+                                      vec::leave_clean<chan::single_moments>,
+                                      vec::leave_clean<chan::group_means>,
                                       vec::leave_clean<chan::single_grad_terms>,
                                       vec::leave_clean<chan::run_moments>,
                                       vec::leave_clean<chan::run_grads>};

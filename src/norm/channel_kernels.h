@@ -147,7 +147,17 @@ struct ChannelKernels {
   void (*rows_normalize)(const RowNormalizeConsts& k, const ChannelRows& a, bool stream);
   void (*rows_input_grad)(const RowInputGradConsts& k, const ChannelRows& a, bool stream);
   // Single-element segments' terms (above): x, dy, w the row's n floats (w may be null).
-  void (*single_var_terms)(double* u, const float* x, const double* gmean, Index n);
+  // single_moments: the moments of the `groups` groups of spg consecutive channels of one such row (each
+  // group of count elements, count 0: every result 0) as combine_group forms them from those segments,
+  // every sum from 0.0 in channel order: mean[g] = (Σ_j mean_s) / count, var[g] = (Σ_j u) / count with u
+  // as above (gmean = mean[g]), rstd[g] = 1/√(var[g] + eps) (group_rstd).
+  // group_means: acc[g] = (Σ_j t[g·spg + j]) / count from 0.0 in j order (count 0: 0), as group_grads'
+  // mg and mgx from the grads terms wsdy, wsdyxh.
+  // Both take eight groups at a time, group g + l in lane l (its channels gathered spg apart), the rest one
+  // by one: the same operations on the same values, so the bits of the scalar chains.
+  void (*single_moments)(double* mean, double* var, double* rstd, const float* x, Index spg, Index groups,
+                         double count, double eps);
+  void (*group_means)(double* acc, const double* t, Index spg, Index groups, double count);
   void (*single_grad_terms)(const SingleGradTerms& o, const float* x, const float* dy, const float* w,
                             const double* gmean, const double* grstd, Index n);
   // A sample run's groups (channel_norm.cpp): `groups` groups of spg consecutive segments of st's entries

@@ -287,12 +287,16 @@ GroupMoments combine_group(const Plan& p, Index g, const SegmentArrays& st) {
   return m;
 }
 
-// Moments with room for `groups` groups, and group g's entries set.
-Moments sized_moments(Index groups) {
-  Moments m;
+// m's vectors sized to `groups` entries of 0 (their storage reused).
+void size_moments(Moments& m, Index groups) {
   m.count.assign(static_cast<std::size_t>(groups), 0.0);
   m.mean.assign(m.count.size(), 0.0);
   m.var.assign(m.count.size(), 0.0);
+}
+// Moments with room for `groups` groups, and group g's entries set.
+Moments sized_moments(Index groups) {
+  Moments m;
+  size_moments(m, groups);
   return m;
 }
 void store(Moments& m, Index g, const GroupMoments& gm) {
@@ -1024,12 +1028,12 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // With single-element segments (S = 1: GroupNorm or InstanceNorm of [N, C]) and the channels consecutive
 // floats in every operand, each batch item is a row of C channels. The group-by-group passes would make two
 // kernel calls per element (GroupNorm forward of [4096, 1024], 32 groups: 134 ms at 1 thread). Here the
-// segments' statistics are formed exactly as the segment_stats kernel forms them for n = 1 (Σx = 0 + x in
-// scalar code for the means; the single_var_terms / single_grad_terms kernels, vectorized over the row's
-// channels, for each segment's variance and gradient terms: channel_kernels.h), combined with combine_group's
-// and group_grads' operations in their order (row_moments, row_grads: the row's groups interleaved), and the
-// elementwise pass is one channel-rows kernel call per row (rows_normalize, rows_input_grad) with every
-// channel's constants as the segment path forms them: the same bits. The forward's tasks are fixed chunks of
+// segments' statistics are formed exactly as the segment_stats kernel forms them for n = 1 and combined with
+// combine_group's and group_grads' operations in their order (channel_kernels.h: the single_moments kernel,
+// eight groups at a time in its lanes; for the backward single_grad_terms, vectorized over the row's
+// channels, and group_means, eight groups at a time), and the elementwise pass is one channel-rows kernel
+// call per row (rows_normalize, rows_input_grad) with every channel's constants as the segment path forms
+// them: the same bits. The forward's tasks are fixed chunks of
 // rows; the backward's, at 1 thread or with enough groups per row, shares of each row's groups over every
 // row (sample_rows_backward).
 
@@ -1066,11 +1070,11 @@ void for_sample_rows(const Plan& p, bool stream, F&& f) {
 }
 
 // Per-task buffers of the sample-row passes: per-channel doubles padded to kRowsPad (the kernels write
-// whole vectors): the groups' mean and rstd per channel, and the single-element terms.
+// whole vectors): the groups' mean and rstd per channel, and the single-element gradient terms.
 struct SampleRowBuffers {
-  std::vector<double> gmean, grstd, u, sdy, sdyxh, wsdy, wsdyxh;
+  std::vector<double> gmean, grstd, sdy, sdyxh, wsdy, wsdyxh;
   explicit SampleRowBuffers(Index C) {
-    for (auto* v : {&gmean, &grstd, &u, &sdy, &sdyxh, &wsdy, &wsdyxh})
+    for (auto* v : {&gmean, &grstd, &sdy, &sdyxh, &wsdy, &wsdyxh})
       v->resize(static_cast<std::size_t>(rows_padded(C)));
   }
 };
@@ -1080,39 +1084,16 @@ void spread(double* gv, const double* v, Index spg, Index groups) {
   for (Index g = 0; g < groups; ++g) std::fill_n(gv + g * spg, spg, v[g]);
 }
 
-// acc[g] = Σ_j t[g·spg + j] from 0.0 in j order, for the row's groups (interleaved, each chain in order).
-void group_chains(double* acc, const double* t, Index spg, Index groups) {
-  std::fill_n(acc, groups, 0.0);
-  for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < groups; ++g) acc[g] += t[g * spg + j];
-}
-
-// combine_group for the groups of one sample row (unmasked single-element segments: n_s = 1, each group
-// spg consecutive channels, count = spg): each group's operations in combine_group's order from 0.0 on
-// the segment statistics' values, the row's groups interleaved (independent chains, not one group after
-// another): the same values. The variance's terms st.m2 + n_s·d·d come from the single_var_terms kernel.
-// mean, var: one entry per group of the row.
-void row_moments(const kernels::ChannelKernels& k, const float* xr, Index spg, Index groups, double count,
-                 double* mean, double* var, SampleRowBuffers& buf) {
-  std::fill_n(mean, groups, 0.0);
-  for (Index j = 0; j < spg; ++j)
-    for (Index g = 0; g < groups; ++g)
-      mean[g] += 0.0 + static_cast<double>(xr[g * spg + j]);  // Σx of n_s = 1
-  for (Index g = 0; g < groups; ++g) mean[g] = count > 0 ? mean[g] / count : 0.0;
-  spread(buf.gmean.data(), mean, spg, groups);
-  k.single_var_terms(buf.u.data(), xr, buf.gmean.data(), spg * groups);
-  group_chains(var, buf.u.data(), spg, groups);
-  for (Index g = 0; g < groups; ++g) var[g] = count > 0 ? var[g] / count : 0.0;
-}
-
-// group_grads for the groups of one sample row likewise (the row's groups interleaved, each in
-// group_grads' order from 0.0; the per-channel terms from the single_grad_terms kernel, after row_moments
-// has spread the means): mg, mgx per group; each segment's Σdy and Σdy·x̂ into sdy, sdyxh (the row's
-// entries) when given, else into buf.sdy, buf.sdyxh.
+// group_grads for the groups of one sample row (unmasked single-element segments: n_s = 1, each group
+// spg consecutive channels, count = spg), from their mean and rstd (single_moments): the per-channel terms
+// from the single_grad_terms kernel, each group's sums in group_grads' order from 0.0 by the group_means
+// kernel: mg, mgx per group; each segment's Σdy and Σdy·x̂ into sdy, sdyxh (the row's entries) when
+// given, else into buf.sdy, buf.sdyxh.
 void row_grads(const kernels::ChannelKernels& k, const float* xr, const float* dyr, Index spg, Index groups,
-               double count, const double* rstd, const float* w, double* mg, double* mgx,
+               double count, const double* mean, const double* rstd, const float* w, double* mg, double* mgx,
                SampleRowBuffers& buf, double* sdy = nullptr, double* sdyxh = nullptr) {
   const Index C = spg * groups;
+  spread(buf.gmean.data(), mean, spg, groups);
   spread(buf.grstd.data(), rstd, spg, groups);
   // Straight into sdy, sdyxh when given and the kernel's whole vectors end with the row.
   const bool direct = sdy && C % kernels::kRowsPad == 0;
@@ -1123,20 +1104,16 @@ void row_grads(const kernels::ChannelKernels& k, const float* xr, const float* d
     std::copy_n(buf.sdy.data(), C, sdy);
     std::copy_n(buf.sdyxh.data(), C, sdyxh);
   }
-  group_chains(mg, buf.wsdy.data(), spg, groups);
-  group_chains(mgx, buf.wsdyxh.data(), spg, groups);
-  for (Index g = 0; g < groups; ++g) {
-    mg[g] = count > 0 ? mg[g] / count : 0.0;
-    mgx[g] = count > 0 ? mgx[g] / count : 0.0;
-  }
+  k.group_means(mg, buf.wsdy.data(), spg, groups, count);
+  k.group_means(mgx, buf.wsdyxh.data(), spg, groups, count);
 }
 
 // per_sample_forward on sample rows.
-Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo, double eps, const float* w,
-                            const float* b, std::vector<double>& rstd) {
+void sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo, double eps, const float* w,
+                         const float* b, Moments& m, std::vector<double>& rstd) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
-  Moments m = sized_moments(p.groups);
+  size_moments(m, p.groups);
   rstd.assign(m.count.size(), 0.0);
   const Index spg = segments_per_group(p), per_row = p.C / spg;
   const double count = group_count(p, 0);  // every group's (unmasked)
@@ -1144,22 +1121,18 @@ Moments sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo,
   for_sample_rows(p, stream, [&](Index b0, Index b1) {
     RowsNormalize kc(p.C);
     kc.set_bias(b);
-    SampleRowBuffers buf(p.C);
     for (Index bi = b0; bi < b1; ++bi) {
       const std::size_t g0 = static_cast<std::size_t>(bi * per_row);
       double* const mean = m.mean.data() + g0;
       double* const var = m.var.data() + g0;
       double* const r = rstd.data() + g0;
-      row_moments(k, reinterpret_cast<const float*>(xo.base) + xo.b_off[static_cast<std::size_t>(bi)], spg,
-                  per_row, count, mean, var, buf);
-      for (Index g = 0; g < per_row; ++g) {
-        r[g] = group_rstd(count, var[g], eps);
-        kc.set_group(g * spg, spg, mean[g], r[g], w);
-      }
+      k.single_moments(mean, var, r,
+                       reinterpret_cast<const float*>(xo.base) + xo.b_off[static_cast<std::size_t>(bi)], spg,
+                       per_row, count, eps);
+      for (Index g = 0; g < per_row; ++g) kc.set_group(g * spg, spg, mean[g], r[g], w);
       k.rows_normalize(kc.at(0), sample_row(bi, 0, p.C, xo, nullptr, yo), stream);
     }
   });
-  return m;
 }
 
 // The backward of one sample row's groups g0 .. g0 + ng − 1 (channels c0 .. c0 + nc − 1): dx, and each
@@ -1201,9 +1174,8 @@ struct SampleRowsBackward {
     const std::size_t bs = static_cast<std::size_t>(bi);
     const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs] + c0;
     const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs] + c0;
-    row_moments(k, xr, spg, ng, count, mean, var, buf);
-    for (Index g = 0; g < ng; ++g) r[g] = group_rstd(count, var[g], eps);
-    row_grads(k, xr, dyr, spg, ng, count, r, wc, mg, mgx, buf, sdy, sdyxh);
+    k.single_moments(mean, var, r, xr, spg, ng, count, eps);
+    row_grads(k, xr, dyr, spg, ng, count, mean, r, wc, mg, mgx, buf, sdy, sdyxh);
     for (Index g = 0; g < ng; ++g)
       kc.set_group(g * spg, spg, input_grad_consts(mean[g], r[g], wc, g * spg, mg[g], mgx[g]));
     k.rows_input_grad(kc.at(0), sample_row(bi, c0, nc, xo, &dyo, dxo), stream);
@@ -1371,11 +1343,11 @@ void run_grads(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& 
 }
 
 // per_sample_forward on sample runs.
-Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo, double eps, const float* w,
-                            const float* b, std::vector<double>& rstd) {
+void sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo, double eps, const float* w,
+                         const float* b, Moments& m, std::vector<double>& rstd) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
-  Moments m = sized_moments(p.groups);
+  size_moments(m, p.groups);
   rstd.assign(m.count.size(), 0.0);
   const Index spg = segments_per_group(p);
   const double count = group_count(p, 0);  // every group's (unmasked)
@@ -1394,7 +1366,6 @@ Moments sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo,
     for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.b[static_cast<std::size_t>(j)] = b ? b[r.c0 + j] : 0.0f;
     k.segments_normalize(run_at(yo, r), run_at<const float>(xo, r), p.S, r.c1 - r.c0, buf.kc.at(0), stream);
   });
-  return m;
 }
 
 // The backward of one run: dx, each segment's Σdy into sdy and Σdy·x̂ into sdyxh (entry j for the run's
@@ -1476,15 +1447,15 @@ void per_sample_segment_grads(const Plan& p, const Operand& dxo, const Operand& 
 
 }  // namespace
 
-Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
-                           std::vector<double>& rstd) {
+void per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
+                        Moments& m, std::vector<double>& rstd) {
   const Operand xo = operand(x, p), yo = operand(y, p);
-  if (on_sample_rows(p, {&xo, &yo})) return sample_rows_forward(p, yo, xo, eps, w, b, rstd);
-  if (on_sample_runs(p, {&xo, &yo})) return sample_runs_forward(p, yo, xo, eps, w, b, rstd);
+  if (on_sample_rows(p, {&xo, &yo})) return sample_rows_forward(p, yo, xo, eps, w, b, m, rstd);
+  if (on_sample_runs(p, {&xo, &yo})) return sample_runs_forward(p, yo, xo, eps, w, b, m, rstd);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
   const SegmentArrays st = segment_workspace(p);
-  Moments m = sized_moments(p.groups);
+  size_moments(m, p.groups);
   rstd.assign(m.count.size(), 0.0);
   for_groups(
       p, 2, needs_gather(xo, p) || needs_gather(yo, p),
@@ -1498,7 +1469,6 @@ Moments per_sample_forward(const Plan& p, View y, ConstView x, double eps, const
           normalize_seg(k, p, yo, xo, bi, c, gm.mean, rstd[gi], w, b, scratch, stream);
       },
       stream);
-  return m;
 }
 
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,

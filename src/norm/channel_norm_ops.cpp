@@ -244,8 +244,10 @@ void grouped_forward(const Plan& p, View y, View save_mean, View save_rstd, Cons
   const Dims ss = chnorm::stats_shape(p);
   chnorm::check_part_output(save_mean, ss, x, {}, "save_mean", op);
   chnorm::check_part_output(save_rstd, ss, x, {}, "save_rstd", op);
-  std::vector<double> rstd;
-  const chnorm::Moments m = chnorm::per_sample_forward(p, y, x, eps, ptr_or_null(w), ptr_or_null(b), rstd);
+  // The calling thread's statistics, reused from call to call (no page faults for fresh vectors).
+  thread_local chnorm::Moments m;
+  thread_local std::vector<double> rstd;
+  chnorm::per_sample_forward(p, y, x, eps, ptr_or_null(w), ptr_or_null(b), m, rstd);
   chnorm::write_stats(save_mean, m.mean);
   chnorm::write_stats(save_rstd, rstd);
 }

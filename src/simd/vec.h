@@ -8,7 +8,8 @@
 // is exact, and double→float rounding to nearest)
 // with the same lane semantics on each target, and the horizontal sum hsum() combines lanes by one fixed
 // tree; gather() loads floats a fixed stride apart into the lanes (gatherd() and gather_cvt() doubles and
-// floats into double lanes, scatterd() stores them back), pick() selects lanes by index. No
+// floats into double lanes, scatterd() stores them back; load_cols8_cvt() an 8x8 block's columns),
+// pick() selects lanes by index. No
 // operation fuses a multiply and an add (the kernels are compiled with -ffp-contract=off and the intrinsics
 // used are plain mul/add), so a kernel written against this layer produces the same bits on every target.
 // Tails use zero-filled loads and masked stores, which never change a result.
@@ -82,6 +83,29 @@ inline constexpr bool kIsBf16 = std::is_same_v<T, bfloat16>;
 // Whether stream() issues non-temporal stores on this target (it needs a 64-byte aligned address).
 inline bool aligned64(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 63) == 0; }
 
+#if NL_VEC_AVX512 || NL_VEC_AVX2
+// The 8x8 float block whose row l is at p + l·stride, transposed: r[k] lane l = p[l·stride + k] (for
+// load_cols8_cvt; moves only, so the values are exact).
+inline void load_transpose8(__m256* r, const float* p, Index stride) {
+  __m256 a[8], b[8];
+  for (int l = 0; l < 8; ++l) a[l] = _mm256_loadu_ps(p + l * stride);
+  for (int l = 0; l < 8; l += 2) {
+    b[l] = _mm256_unpacklo_ps(a[l], a[l + 1]);      // lanes: (l,0) (l+1,0) (l,1) (l+1,1) | (l,4) ...
+    b[l + 1] = _mm256_unpackhi_ps(a[l], a[l + 1]);  // (l,2) (l+1,2) (l,3) (l+1,3) | (l,6) ...
+  }
+  for (int h = 0; h < 8; h += 4) {
+    a[h] = _mm256_shuffle_ps(b[h], b[h + 2], 0x44);          // column 0 of rows h..h+3 | column 4
+    a[h + 1] = _mm256_shuffle_ps(b[h], b[h + 2], 0xEE);      // column 1 | 5
+    a[h + 2] = _mm256_shuffle_ps(b[h + 1], b[h + 3], 0x44);  // column 2 | 6
+    a[h + 3] = _mm256_shuffle_ps(b[h + 1], b[h + 3], 0xEE);  // column 3 | 7
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2f128_ps(a[k], a[k + 4], 0x20);
+    r[k + 4] = _mm256_permute2f128_ps(a[k], a[k + 4], 0x31);
+  }
+}
+#endif
+
 #if NL_VEC_AVX512
 
 struct VF { __m512 v; };
@@ -145,6 +169,13 @@ inline void scatterd(double* p, Index stride, VD a) {
 inline VD gather_cvt(const float* p, Index stride) {
   return {_mm512_maskz_cvtps_pd(
       0xFF, _mm512_mask_i64gather_ps(_mm256_setzero_ps(), 0xFF, lane_offsets(stride), p, 4))};
+}
+// out[k] lane l = double(p[l·stride + k]) for k, l < 8: the columns of the 8x8 float block whose rows are
+// stride apart (eight loads and a transpose: a quarter of the time of eight gather_cvt here).
+inline void load_cols8_cvt(VD* out, const float* p, Index stride) {
+  __m256 r[8];
+  load_transpose8(r, p, stride);
+  for (int k = 0; k < 8; ++k) out[k] = {_mm512_maskz_cvtps_pd(0xFF, r[k])};  // (maskz: see cvt8)
 }
 // Lane l = a[l] < 0 ? +0 : a[l] (a NaN stays NaN, −0 stays −0): vmaxpd returns its second operand unless
 // the first is greater.
@@ -468,6 +499,12 @@ inline VD gather_cvt(const float* p, Index stride) {
   return {_mm256_cvtps_pd(_mm256_mask_i64gather_ps(_mm_setzero_ps(), p, idx, all, 4)),
           _mm256_cvtps_pd(_mm256_mask_i64gather_ps(_mm_setzero_ps(), p + 4 * stride, idx, all, 4))};
 }
+inline void load_cols8_cvt(VD* out, const float* p, Index stride) {
+  __m256 r[8];
+  load_transpose8(r, p, stride);
+  for (int k = 0; k < 8; ++k)
+    out[k] = {_mm256_cvtps_pd(_mm256_castps256_ps128(r[k])), _mm256_cvtps_pd(_mm256_extractf128_ps(r[k], 1))};
+}
 inline VD cvt8(__m256 a) {
   return {_mm256_cvtps_pd(_mm256_castps256_ps128(a)), _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1))};
 }
@@ -681,6 +718,9 @@ inline VD gather_cvt(const float* p, Index stride) {
   VD r;
   for (int l = 0; l < kD; ++l) r.v[l] = static_cast<double>(p[l * stride]);
   return r;
+}
+inline void load_cols8_cvt(VD* out, const float* p, Index stride) {
+  for (int k = 0; k < kD; ++k) out[k] = gather_cvt(p + k, stride);
 }
 inline VD cvt_lo(VF a) {
   return VD{__builtin_convertvector(__builtin_shufflevector(a.v, a.v, 0, 1, 2, 3, 4, 5, 6, 7), VDv)};

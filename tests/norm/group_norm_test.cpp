@@ -267,15 +267,17 @@ TEST(InstanceNormMasked, EqualsUnmaskedInstanceNormOfEachSequenceCutToItsLength)
 // ---- short segments on sample rows and sample runs ---------------------------------------------------
 
 // GroupNorm and InstanceNorm whose segments are single elements (S = 1: [N, C], [N, C, 1], channels last
-// [N, T, C]) with the channels consecutive run on sample rows (scalar segment statistics, channel-rows
-// elementwise kernels); short segments (2 ≤ S ≤ 64, [N, C, H, W]) with the channels S floats apart on
-// sample runs (one segments_stats call per run of groups, S ≤ 40 sixteen segments at a time, one per lane,
-// as with [3, 40, 4, 4], [2, 48, 20], [3, 32, 6, 6]; segments_normalize / segments_input_grad with each
-// segment's constants, for S < 16 one stream of vectors over the run: [3, 12, 2], [3, 35, 3], [4, 6, 3] (one
-// segment per group), [40, 256, 3] (two tasks, the first ending within a batch item)); with the channels
-// twice as far apart both take the segment path (kernel calls per segment). Both give the same bits, forward
-// and backward, every target and thread count. The rows hold -0.0, a group of equal values (variance 0), a
-// NaN and an infinity, and dy an infinity.
+// [N, T, C]) with the channels consecutive run on sample rows (the groups' statistics eight at a time, their
+// channels from 8x8 blocks and the rest gathered: [4, 104], 8 groups of 13; [3, 216], 8 groups of 18 and 4
+// more one by one; [9, 1024]; [6, 33, 1], 3 channels per group, gathered; channel-rows elementwise
+// kernels); short segments (2 ≤ S ≤ 64, [N, C, H, W]) with the channels S floats apart on sample runs (one
+// segments_stats call per run of groups, S ≤ 40 sixteen segments at a time, one per lane, as with
+// [3, 40, 4, 4], [2, 48, 20], [3, 32, 6, 6]; segments_normalize / segments_input_grad with each segment's
+// constants, for S < 16 one stream of vectors over the run: [3, 12, 2], [3, 35, 3], [4, 6, 3] (one segment
+// per group), [40, 256, 3] (two tasks, the first ending within a batch item)); with the channels twice as
+// far apart both take the segment path (kernel calls per segment). Both give the same bits, forward and
+// backward, every target and thread count. The rows hold -0.0, a group of equal values (variance 0), a NaN
+// and an infinity (in a block of eight groups where there are eight), and dy an infinity.
 TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
   std::mt19937_64 rng(47);
   const Isa saved_isa = active_isa();
@@ -285,13 +287,13 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
     int channel_axis;
     int groups;
   };
-  for (const Case& k :
-       {Case{{2, 1}, 1, 1}, Case{{5, 12}, 1, 3}, Case{{6, 33, 1}, 1, 11}, Case{{3, 5, 48}, 2, 4},
-        Case{{4, 7, 64}, -1, 64}, Case{{9, 1024}, 1, 32}, Case{{3, 12, 2}, 1, 3}, Case{{4, 8, 5, 3}, 1, 2},
-        Case{{3, 33, 7}, 1, 11}, Case{{2, 64, 64}, 1, 32}, Case{{5, 9, 4, 4}, 1, 9},
-        Case{{7, 48, 8, 8}, 1, 3}, Case{{3, 40, 4, 4}, 1, 20}, Case{{3, 35, 3}, 1, 7}, Case{{40, 1024}, 1, 2},
-        Case{{2, 48, 20}, 1, 6}, Case{{3, 32, 6, 6}, 1, 8}, Case{{4, 6, 3}, 1, 6},
-        Case{{40, 256, 3}, 1, 64}}) {
+  for (const Case& k : {Case{{2, 1}, 1, 1},         Case{{5, 12}, 1, 3},       Case{{6, 33, 1}, 1, 11},
+                        Case{{3, 5, 48}, 2, 4},     Case{{4, 7, 64}, -1, 64},  Case{{9, 1024}, 1, 32},
+                        Case{{3, 12, 2}, 1, 3},     Case{{4, 8, 5, 3}, 1, 2},  Case{{3, 33, 7}, 1, 11},
+                        Case{{2, 64, 64}, 1, 32},   Case{{5, 9, 4, 4}, 1, 9},  Case{{7, 48, 8, 8}, 1, 3},
+                        Case{{3, 40, 4, 4}, 1, 20}, Case{{3, 35, 3}, 1, 7},    Case{{40, 1024}, 1, 2},
+                        Case{{2, 48, 20}, 1, 6},    Case{{3, 32, 6, 6}, 1, 8}, Case{{4, 6, 3}, 1, 6},
+                        Case{{40, 256, 3}, 1, 64},  Case{{4, 104}, 1, 8},      Case{{3, 216}, 1, 12}}) {
     const int ca = k.channel_axis < 0 ? k.channel_axis + k.shape.size() : k.channel_axis;
     const Index C = k.shape[ca];
     Tensor x = testing::random_tensor(k.shape, rng, 2.0, 3.0);

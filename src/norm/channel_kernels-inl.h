@@ -825,6 +825,66 @@ void single_moments(double* mean, double* var, double* rstd, const float* x, Ind
   }
 }
 
+// out[g·spg + j] = v[g] (channel_kernels.h): each group's value broadcast, 16 floats / 8 doubles at a time.
+// A double group's last partial vector is stored whole where that stays within the spg·groups entries
+// (the later groups' stores overwrite what it writes past its group); else its tail goes one by one.
+void spread_groups(float* out, const float* v, Index spg, Index groups) {
+  for (Index g = 0; g < groups; ++g) {
+    // Scalar math: out[g·spg + j] = v[g]
+    const VF b = bcast(v[g]);
+    float* const o = out + g * spg;
+    Index j = 0;
+    for (; j + kF <= spg; j += kF) store(o + j, b);
+    if (j < spg) store_n(o + j, b, static_cast<int>(spg - j));
+  }
+}
+void spread_groupsd(double* out, const double* v, Index spg, Index groups) {
+  for (Index g = 0; g < groups; ++g) {
+    // Scalar math: out[g·spg + j] = v[g]
+    const VD b = bcastd(v[g]);
+    double* const o = out + g * spg;
+    Index j = 0;
+    for (; j + kD <= spg; j += kD) stored(o + j, b);
+    if (j < spg && g * spg + j + kD <= spg * groups) {
+      stored(o + j, b);
+    } else {
+      for (; j < spg; ++j) o[j] = v[g];
+    }
+  }
+}
+
+// The per-channel constants of a sample row's normalize pass (channel_kernels.h), group by group, 16
+// channels at a time.
+void single_normalize_consts(float* mh, float* ml, float* s, const double* mean, const double* rstd,
+                             const float* w, Index spg, Index groups) {
+  for (Index g = 0; g < groups; ++g) {
+    // Scalar math: mh[c] = float(mean_g); ml[c] = float(mean_g − mh[c]); s[c] = float(rstd_g·double(w[c]))
+    //   (w null: float(rstd_g)), for c = g·spg + j
+    const float h = static_cast<float>(mean[g]);
+    const VF vh = bcast(h), vl = bcast(static_cast<float>(mean[g] - static_cast<double>(h)));
+    const VD r = bcastd(rstd[g]);
+    const VF r1 = bcast(static_cast<float>(rstd[g]));
+    for (Index j = 0; j < spg; j += kF) {
+      const Index c = g * spg + j;
+      const int k = static_cast<int>(std::min<Index>(kF, spg - j));
+      VF sv = r1;
+      if (w) {
+        const VF wv = load_k(w, c, k);
+        sv = narrow_pd(mul(r, cvt_lo(wv)), mul(r, cvt_hi(wv)));
+      }
+      if (k == kF) {
+        store(mh + c, vh);
+        store(ml + c, vl);
+        store(s + c, sv);
+      } else {
+        store_n(mh + c, vh, k);
+        store_n(ml + c, vl, k);
+        store_n(s + c, sv, k);
+      }
+    }
+  }
+}
+
 // acc[g] = (Σ_j t[g·spg + j]) / count from 0.0 in j order (count 0: 0), eight groups at a time as
 // single_moments, the rest one by one.
 void group_means(double* acc, const double* t, Index spg, Index groups, double count) {
@@ -969,6 +1029,9 @@ const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
                                       vec::leave_clean<chan::rows_input_grad>,
                                       vec::leave_clean<chan::single_moments>,
                                       vec::leave_clean<chan::group_means>,
+                                      vec::leave_clean<chan::single_normalize_consts>,
+                                      vec::leave_clean<chan::spread_groups>,
+                                      vec::leave_clean<chan::spread_groupsd>,
                                       vec::leave_clean<chan::single_grad_terms>,
                                       vec::leave_clean<chan::run_moments>,
                                       vec::leave_clean<chan::run_grads>};

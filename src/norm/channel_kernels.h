@@ -158,6 +158,16 @@ struct ChannelKernels {
   void (*single_moments)(double* mean, double* var, double* rstd, const float* x, Index spg, Index groups,
                          double count, double eps);
   void (*group_means)(double* acc, const double* t, Index spg, Index groups, double count);
+  // The constants of a sample row's normalize pass (normalize_consts of channel_norm.cpp, without β) from
+  // its groups' mean and rstd: for channel c = g·spg + j, mh[c] = float(mean[g]), ml[c] =
+  // float(mean[g] − mh[c]), s[c] = float(rstd[g]·double(w[c])) (w null: float(rstd[g])). Only the
+  // spg·groups entries are written.
+  void (*single_normalize_consts)(float* mh, float* ml, float* s, const double* mean, const double* rstd,
+                                  const float* w, Index spg, Index groups);
+  // out[g·spg + j] = v[g] for j < spg, g < groups: the groups' values at their channels (only those
+  // entries are written).
+  void (*spread_groups)(float* out, const float* v, Index spg, Index groups);
+  void (*spread_groupsd)(double* out, const double* v, Index spg, Index groups);
   void (*single_grad_terms)(const SingleGradTerms& o, const float* x, const float* dy, const float* w,
                             const double* gmean, const double* grstd, Index n);
   // A sample run's groups (channel_norm.cpp): `groups` groups of spg consecutive segments of st's entries

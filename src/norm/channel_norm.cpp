@@ -1079,11 +1079,6 @@ struct SampleRowBuffers {
   }
 };
 
-// Each of the row's groups' value v[g] at its spg channels (gv[c] = v[c / spg]).
-void spread(double* gv, const double* v, Index spg, Index groups) {
-  for (Index g = 0; g < groups; ++g) std::fill_n(gv + g * spg, spg, v[g]);
-}
-
 // group_grads for the groups of one sample row (unmasked single-element segments: n_s = 1, each group
 // spg consecutive channels, count = spg), from their mean and rstd (single_moments): the per-channel terms
 // from the single_grad_terms kernel, each group's sums in group_grads' order from 0.0 by the group_means
@@ -1093,8 +1088,8 @@ void row_grads(const kernels::ChannelKernels& k, const float* xr, const float* d
                double count, const double* mean, const double* rstd, const float* w, double* mg, double* mgx,
                SampleRowBuffers& buf, double* sdy = nullptr, double* sdyxh = nullptr) {
   const Index C = spg * groups;
-  spread(buf.gmean.data(), mean, spg, groups);
-  spread(buf.grstd.data(), rstd, spg, groups);
+  k.spread_groupsd(buf.gmean.data(), mean, spg, groups);
+  k.spread_groupsd(buf.grstd.data(), rstd, spg, groups);
   // Straight into sdy, sdyxh when given and the kernel's whole vectors end with the row.
   const bool direct = sdy && C % kernels::kRowsPad == 0;
   k.single_grad_terms(
@@ -1129,7 +1124,7 @@ void sample_rows_forward(const Plan& p, const Operand& yo, const Operand& xo, do
       k.single_moments(mean, var, r,
                        reinterpret_cast<const float*>(xo.base) + xo.b_off[static_cast<std::size_t>(bi)], spg,
                        per_row, count, eps);
-      for (Index g = 0; g < per_row; ++g) kc.set_group(g * spg, spg, mean[g], r[g], w);
+      k.single_normalize_consts(kc.mh.data(), kc.ml.data(), kc.s.data(), mean, r, w, spg, per_row);
       k.rows_normalize(kc.at(0), sample_row(bi, 0, p.C, xo, nullptr, yo), stream);
     }
   });
@@ -1148,6 +1143,7 @@ struct SampleRowsBackward {
   RowsInputGrad kc;
   SampleRowBuffers buf;
   std::vector<double> t;  // mean, var, rstd, mg, mgx of the share's groups
+  std::vector<float> gc;  // their input_grad_consts' mh, ml, r, c0, c2 (RowsInputGrad's arrays, per group)
   SampleRowsBackward(const Plan& p_, const Operand& dx, const Operand& dy, const Operand& x, double eps_,
                      const float* w, Index g0, Index ng_)
       : k(kernels::channel_kernels()),
@@ -1165,7 +1161,8 @@ struct SampleRowsBackward {
         wc(w ? w + c0 : nullptr),
         kc(nc),
         buf(nc),
-        t(static_cast<std::size_t>(5 * ng)) {
+        t(static_cast<std::size_t>(5 * ng)),
+        gc(static_cast<std::size_t>(5 * ng)) {
     kc.set_weight(wc);
   }
   // sdy, sdyxh: where the segments' terms go (null: buf.sdy, buf.sdyxh).
@@ -1176,8 +1173,17 @@ struct SampleRowsBackward {
     const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs] + c0;
     k.single_moments(mean, var, r, xr, spg, ng, count, eps);
     row_grads(k, xr, dyr, spg, ng, count, mean, r, wc, mg, mgx, buf, sdy, sdyxh);
-    for (Index g = 0; g < ng; ++g)
-      kc.set_group(g * spg, spg, input_grad_consts(mean[g], r[g], wc, g * spg, mg[g], mgx[g]));
+    // Each group's input_grad_consts (but w, per channel) at its channels: kc.set_group's values.
+    float *gmh = gc.data(), *gml = gmh + ng, *gr = gml + ng, *gc0 = gr + ng, *gc2 = gc0 + ng;
+    for (Index g = 0; g < ng; ++g) {
+      const kernels::InputGradConsts ic = input_grad_consts(mean[g], r[g], wc, g * spg, mg[g], mgx[g]);
+      gmh[g] = ic.mh, gml[g] = ic.ml, gr[g] = ic.r, gc0[g] = ic.c0, gc2[g] = ic.c2;
+    }
+    k.spread_groups(kc.mh.data(), gmh, spg, ng);
+    k.spread_groups(kc.ml.data(), gml, spg, ng);
+    k.spread_groups(kc.r.data(), gr, spg, ng);
+    k.spread_groups(kc.c0.data(), gc0, spg, ng);
+    k.spread_groups(kc.c2.data(), gc2, spg, ng);
     k.rows_input_grad(kc.at(0), sample_row(bi, c0, nc, xo, &dyo, dxo), stream);
   }
 };

@@ -174,16 +174,22 @@ std::vector<Call> calls() {
                  kernels::channel_kernels().segments_input_grad(dx.data(), dy.data(), x.data(), 5, 17, k,
                                                                 false);  // n < 16
                }});
-  v.push_back({"channel single_moments, group_means and single_grad_terms", [] {
-                 const Tensor x = filled({37}), dy = filled({37});
-                 std::vector<double> m(48, 0.5), r(48, 1.0), a(48), b(48), c(48), d(48);
-                 kernels::channel_kernels().single_moments(a.data(), b.data(), c.data(), x.data(), 3, 12, 3.0,
-                                                           1e-5);  // a block of eight groups and four more
-                 kernels::channel_kernels().group_means(a.data(), m.data(), 3, 12, 3.0);
-                 kernels::channel_kernels().single_grad_terms({a.data(), b.data(), c.data(), d.data()},
-                                                              x.data(), dy.data(), x.data(), m.data(),
-                                                              r.data(), 37);
-               }});
+  v.push_back(
+      {"channel single_moments, group_means, single_normalize_consts, spread_groups(d), single_grad_terms",
+       [] {
+         const Tensor x = filled({37}), dy = filled({37});
+         std::vector<double> m(48, 0.5), r(48, 1.0), a(48), b(48), c(48), d(48);
+         kernels::channel_kernels().single_moments(a.data(), b.data(), c.data(), x.data(), 3, 12, 3.0,
+                                                   1e-5);  // a block of eight groups and four more
+         kernels::channel_kernels().group_means(a.data(), m.data(), 3, 12, 3.0);
+         std::vector<float> f0(48), f1(48), f2(48);
+         kernels::channel_kernels().single_normalize_consts(f0.data(), f1.data(), f2.data(), m.data(),
+                                                            r.data(), x.data(), 3, 12);
+         kernels::channel_kernels().spread_groups(f0.data(), f1.data(), 3, 12);
+         kernels::channel_kernels().spread_groupsd(a.data(), m.data(), 3, 12);
+         kernels::channel_kernels().single_grad_terms({a.data(), b.data(), c.data(), d.data()}, x.data(),
+                                                      dy.data(), x.data(), m.data(), r.data(), 37);
+       }});
   v.push_back({"channel fence", [] { kernels::channel_kernels().fence(); }});
   // The channel-rows entries: 3 rows of 37 channels (per-channel arrays padded to 48).
   struct Rows {

@@ -906,7 +906,7 @@ void group_means(double* acc, const double* t, Index spg, Index groups, double c
 void single_grad_terms(const SingleGradTerms& o, const float* x, const float* dy, const float* w,
                        const double* gmean, const double* grstd, Index n) {
   const VD one = bcastd(1.0);
-  // Scalar math: as single_var_terms' mean_s, e, m_lo; sdy = 0 + dy; sdyd = double(dy·e + 0) − m_lo·sdy;
+  // Scalar math: as single_moments' mean_s, e, m_lo; sdy = 0 + dy; sdyd = double(dy·e + 0) − m_lo·sdy;
   //   sdyxh = grstd[c]·(sdyd + (mean_s − gmean[c])·sdy); wsdy = w·sdy; wsdyxh = w·sdyxh
   each_half(x, n, [&](Index i, int h, VD xd, VF xf) {
     const Index j = i + h * kD;

@@ -1329,9 +1329,9 @@ void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& 
 
 // combine_group for the groups of a run (every segment unmasked, n_s = S) from its segment statistics st
 // (entry j for the run's segment j): each group's operations in combine_group's order from 0.0, the run's
-// groups eight at a time in the lanes of the run_moments kernel (independent chains, as row_moments for
-// sample rows): the same values; with each group's group_rstd. One entry per group of the run in mean, var
-// and rstd.
+// groups eight at a time in the lanes of the run_moments kernel (independent chains, as single_moments
+// for sample rows): the same values; with each group's group_rstd. One entry per group of the run in mean,
+// var and rstd.
 void run_moments(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r,
                  const kernels::SegmentColumns& st, double count, double eps, double* mean, double* var,
                  double* rstd) {

@@ -18,8 +18,9 @@
 // passes group by group and read their inputs from memory once (per_sample_forward, per_sample_backward).
 // BatchNorm whose segments are single elements with the channels consecutive (channel axis last) sweeps
 // rows of channels instead (channel_rows below; the same bits); InstanceNorm and GroupNorm with such
-// segments ([N, C], channels-last [N, T, C]) take each batch item's row of channels at once (scalar
-// segment statistics, one channel-rows elementwise call per row; the same bits).
+// segments ([N, C], channels-last [N, T, C]) take each batch item's row of channels at once (its groups'
+// statistics eight groups at a time in vector lanes, one channel-rows elementwise call per row; the same
+// bits).
 // Outputs larger than the last-level cache are written with streaming (non-temporal) stores. Numerics
 // (docs/numerics.md): sums in double, elementwise work in fp32 at full vector width, as in the fused
 // LayerNorm kernels.

@@ -577,6 +577,20 @@ void segments_normalize(float* y, const float* x, Index n, Index count, const Ro
     });
     return;
   }
+  if (n == kF) {
+    // One vector per segment (64-byte aligned where streamed: else on_run_vectors), the stores normalize()
+    // makes, without a call per segment.
+    // Scalar math: y[i·16 + j] = ((x[i·16 + j] − mh_i) − ml_i)·s_i + b_i, all in fp32
+    for (Index i = 0; i < count; ++i) {
+      const VF v =
+          add(mul(sub(sub(load(x + i * kF), bcast(k.mh[i])), bcast(k.ml[i])), bcast(k.s[i])), bcast(k.b[i]));
+      if (use_stream)
+        stream(y + i * kF, v);
+      else
+        store(y + i * kF, v);
+    }
+    return;
+  }
   // Scalar math: normalize(y + i·n, x + i·n, n, segment i's constants) for i in [0, count)
   for (Index i = 0; i < count; ++i)
     normalize(y + i * n, x + i * n, n, NormalizeConsts{k.mh[i], k.ml[i], k.s[i], k.b[i]}, use_stream);
@@ -594,6 +608,20 @@ void segments_input_grad(float* dx, const float* dy, const float* x, Index n, In
                c2 = segment_lanes(k.c2, s, count, lanes), r = segment_lanes(k.r, s, count, lanes);
       return mul(r, sub(sub(mul(load_k(dy, i, kk), w), c0), mul(d, c2)));
     });
+    return;
+  }
+  if (n == kF) {
+    // As segments_normalize's.
+    // Scalar math: dx[i·16 + j] = r_i·((dy[i·16 + j]·w_i − c0_i) − ((x[i·16 + j] − mh_i) − ml_i)·c2_i), fp32
+    for (Index i = 0; i < count; ++i) {
+      const VF d = sub(sub(load(x + i * kF), bcast(k.mh[i])), bcast(k.ml[i]));
+      const VF v = mul(bcast(k.r[i]), sub(sub(mul(load(dy + i * kF), bcast(k.w[i])), bcast(k.c0[i])),
+                                          mul(d, bcast(k.c2[i]))));
+      if (use_stream)
+        stream(dx + i * kF, v);
+      else
+        store(dx + i * kF, v);
+    }
     return;
   }
   // Scalar math: input_grad(dx + i·n, dy + i·n, x + i·n, n, segment i's constants) for i in [0, count)

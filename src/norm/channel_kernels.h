@@ -131,7 +131,8 @@ struct ChannelKernels {
   // normalize / input_grad of `count` consecutive segments of n floats (segment i at y + i·n, x + i·n, ...)
   // with segment i's constants at entry i of k's arrays (count entries each; only those are read). For
   // n < 16 (and for n = 16, 32, 64 streamed to an output not 64-byte aligned) the run goes as one stream of
-  // vectors, each lane with its segment's constants (the same values).
+  // vectors, each lane with its segment's constants, otherwise n = 16 as one vector per segment (the same
+  // values).
   void (*segments_normalize)(float* y, const float* x, Index n, Index count, const RowNormalizeConsts& k,
                              bool stream);
   void (*segments_input_grad)(float* dx, const float* dy, const float* x, Index n, Index count,

@@ -808,10 +808,10 @@ void single_moments(double* mean, double* var, double* rstd, const float* x, Ind
     // Every mean finite: so is every x of these groups (a double sum of at most 2^63 floats cannot
     // overflow), and then mean_s = x (+0 for −0), e = m_lo = +0, M2 = +0 − +0·+0 = +0 and u = +0 + d·d is
     // d·d (never −0): the terms without M2, the same values.
-    alignas(64) double ml[kD];
-    stored(ml, m);
+    alignas(64) double means[kD];
+    stored(means, m);
     bool finite = true;
-    for (int l = 0; l < kD; ++l) finite = finite && std::isfinite(ml[l]);
+    for (int l = 0; l < kD; ++l) finite = finite && std::isfinite(means[l]);
     VD v = zerod();
     if (finite) {
       each_channel8(xg, spg, [&](Index, VD xd) NL_FORCE_INLINE {

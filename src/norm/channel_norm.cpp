@@ -1033,7 +1033,7 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // eight groups at a time in its lanes; for the backward single_grad_terms, vectorized over the row's
 // channels, and group_means, eight groups at a time), and the elementwise pass is one channel-rows kernel
 // call per row (rows_normalize, rows_input_grad) with every channel's constants as the segment path forms
-// them: the same bits. The forward's tasks are fixed chunks of
+// them (single_normalize_consts, spread_groups): the same bits. The forward's tasks are fixed chunks of
 // rows; the backward's, at 1 thread or with enough groups per row, shares of each row's groups over every
 // row (sample_rows_backward).
 

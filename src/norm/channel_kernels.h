@@ -154,8 +154,9 @@ struct ChannelKernels {
   // as above (gmean = mean[g]), rstd[g] = 1/√(var[g] + eps) (group_rstd).
   // group_means: acc[g] = (Σ_j t[g·spg + j]) / count from 0.0 in j order (count 0: 0), as group_grads'
   // mg and mgx from the grads terms wsdy, wsdyxh.
-  // Both take eight groups at a time, group g + l in lane l (its channels gathered spg apart), the rest one
-  // by one: the same operations on the same values, so the bits of the scalar chains.
+  // Both take eight groups at a time, group g + l in lane l (its channels spg apart: single_moments reads
+  // them as columns of 8x8 blocks and gathers the last spg mod 8, group_means gathers), the rest one by
+  // one: the same operations on the same values, so the bits of the scalar chains.
   void (*single_moments)(double* mean, double* var, double* rstd, const float* x, Index spg, Index groups,
                          double count, double eps);
   void (*group_means)(double* acc, const double* t, Index spg, Index groups, double count);

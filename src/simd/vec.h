@@ -9,9 +9,9 @@
 // with the same lane semantics on each target, and the horizontal sum hsum() combines lanes by one fixed
 // tree; gather() loads floats a fixed stride apart into the lanes (gatherd() and gather_cvt() doubles and
 // floats into double lanes, scatterd() stores them back; load_cols8_cvt() an 8x8 block's columns),
-// pick() selects lanes by index. No
-// operation fuses a multiply and an add (the kernels are compiled with -ffp-contract=off and the intrinsics
-// used are plain mul/add), so a kernel written against this layer produces the same bits on every target.
+// pick() selects lanes by index. No operation fuses a multiply and an add (the kernels are compiled with
+// -ffp-contract=off and the intrinsics used are plain mul/add), so a kernel written against this layer
+// produces the same bits on every target.
 // Tails use zero-filled loads and masked stores, which never change a result.
 //
 // Include only from a file compiled per target (row_kernels-inl.h) with NL_TARGET defined; the code
@@ -171,7 +171,8 @@ inline VD gather_cvt(const float* p, Index stride) {
       0xFF, _mm512_mask_i64gather_ps(_mm256_setzero_ps(), 0xFF, lane_offsets(stride), p, 4))};
 }
 // out[k] lane l = double(p[l·stride + k]) for k, l < 8: the columns of the 8x8 float block whose rows are
-// stride apart (eight loads and a transpose: a quarter of the time of eight gather_cvt here).
+// stride apart (eight loads and a transpose: about a third of the time of eight gather_cvt on the Intel
+// Xeon of docs/PERFORMANCE.md's thirty-seventh session).
 inline void load_cols8_cvt(VD* out, const float* p, Index stride) {
   __m256 r[8];
   load_transpose8(r, p, stride);

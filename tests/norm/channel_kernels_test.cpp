@@ -99,11 +99,10 @@ TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
 // the same constants: every output the same bits, nothing written outside the output, for n = 1 .. 17 (n < 16
 // goes through the run as one stream of vectors, each lane with its segment's constants; so do 16, 32 and 64
 // when streamed to an output off a 64-byte boundary, lanes of at most two segments; otherwise n = 16 is one
-// vector per segment in a loop of its own) and a few longer
-// segments, counts around multiples of 16, outputs 0, 1, 5 and 15 floats past a 64-byte boundary, with and
-// without streaming stores (a streamed run starts with a shorter head), on every target. The constant arrays
-// hold exactly count entries (a read past them shows under the sanitizers); they include −0.0, a NaN and an
-// infinity, and x a NaN and an infinity.
+// vector per segment in a loop of its own) and a few longer segments, counts around multiples of 16,
+// outputs 0, 1, 5 and 15 floats past a 64-byte boundary, with and without streaming stores (a streamed run
+// starts with a shorter head), on every target. The constant arrays hold exactly count entries (a read past
+// them shows under the sanitizers); they include −0.0, a NaN and an infinity, and x a NaN and an infinity.
 TEST(ChannelKernels, SegmentsElementwiseIsPerSegment) {
   std::mt19937_64 rng(93);
   std::normal_distribution<float> nd;

@@ -819,13 +819,12 @@ void single_moments(double* mean, double* var, double* rstd, const float* x, Ind
         v = add(v, mul(d, d));
       });
     } else {
-      for (Index j = 0; j < spg; ++j) {
-        const VD xd = gather_cvt(xg + j, spg);
+      each_channel8(xg, spg, [&](Index, VD xd) NL_FORCE_INLINE {
         const SingleLanes s = single_lanes(xd, narrow_pd(xd, zerod()));
         const VD m2 = sub(cvt_lo(mul(s.e, s.e)), mul(s.ml, s.ml));
         const VD d = sub(s.mean, m);
         v = add(v, add(m2, mul(d, d)));
-      }
+      });
     }
     v = count > 0 ? div(v, vcount) : zerod();
     stored(mean + g, m);
@@ -854,31 +853,34 @@ void single_moments(double* mean, double* var, double* rstd, const float* x, Ind
 }
 
 // out[g·spg + j] = v[g] (channel_kernels.h): each group's value broadcast, 16 floats / 8 doubles at a time.
-// A double group's last partial vector is stored whole where that stays within the spg·groups entries
-// (the later groups' stores overwrite what it writes past its group); else its tail goes one by one.
-void spread_groups(float* out, const float* v, Index spg, Index groups) {
+// A group's last partial vector is stored whole where that stays within the spg·groups entries (the later
+// groups' stores overwrite what it writes past its group); else its tail goes one by one.
+template <typename T>
+void spread_values(T* out, const T* v, Index spg, Index groups) {
+  constexpr Index kW = std::is_same_v<T, float> ? kF : kD;
   for (Index g = 0; g < groups; ++g) {
     // Scalar math: out[g·spg + j] = v[g]
-    const VF b = bcast(v[g]);
-    float* const o = out + g * spg;
+    auto put = [&](T* p) NL_FORCE_INLINE {
+      if constexpr (std::is_same_v<T, float>)
+        store(p, bcast(v[g]));
+      else
+        stored(p, bcastd(v[g]));
+    };
+    T* const o = out + g * spg;
     Index j = 0;
-    for (; j + kF <= spg; j += kF) store(o + j, b);
-    if (j < spg) store_n(o + j, b, static_cast<int>(spg - j));
-  }
-}
-void spread_groupsd(double* out, const double* v, Index spg, Index groups) {
-  for (Index g = 0; g < groups; ++g) {
-    // Scalar math: out[g·spg + j] = v[g]
-    const VD b = bcastd(v[g]);
-    double* const o = out + g * spg;
-    Index j = 0;
-    for (; j + kD <= spg; j += kD) stored(o + j, b);
-    if (j < spg && g * spg + j + kD <= spg * groups) {
-      stored(o + j, b);
+    for (; j + kW <= spg; j += kW) put(o + j);
+    if (j < spg && g * spg + j + kW <= spg * groups) {
+      put(o + j);
     } else {
       for (; j < spg; ++j) o[j] = v[g];
     }
   }
+}
+void spread_groups(float* out, const float* v, Index spg, Index groups) {
+  spread_values(out, v, spg, groups);
+}
+void spread_groupsd(double* out, const double* v, Index spg, Index groups) {
+  spread_values(out, v, spg, groups);
 }
 
 // The per-channel constants of a sample row's normalize pass (channel_kernels.h), group by group, 16

@@ -885,12 +885,23 @@ void block_stats(const kernels::ChannelKernels& k, const Plan& p, const Block& b
   }
 }
 
-// Runs f(block) for the blocks of kc channels (the last one shorter), in parallel; fences streamed stores.
+// Runs f(block) for blocks of at most kc channels, in parallel; fences streamed stores. The channels are cut
+// into one range per thread (sizes differing by at most one), each range into the same number of blocks
+// (sizes again within one of each other), so that the static schedule gives every thread one range: an
+// equal share of the channels. (Blocks of kc and a shorter last one left a thread up to a block more: at 2
+// threads, BatchNorm of [256, 64, 49] took its 64 channels forward in 7 blocks of up to 10, 40 channels
+// against 24.) Which thread runs a channel changes nothing in its arithmetic.
 template <typename F>
 void for_blocks(const Plan& p, Index kc, bool stream, F&& f) {
-  const Index blocks = (p.C + kc - 1) / kc;
-  parallel::parallel_for(blocks, [&](Index i) {
-    f(Block{i * kc, std::min(p.C, (i + 1) * kc)});
+  const Index ranges = std::clamp<Index>(normlab::num_threads(), 1, p.C);
+  const Index per_range = (p.C + ranges - 1) / ranges;  // the longest range
+  const Index nb = (per_range + kc - 1) / kc;           // blocks per range
+  const auto cut = [](Index lo, Index hi, Index parts, Index i) { return lo + (hi - lo) * i / parts; };
+  parallel::parallel_for(ranges * nb, [&](Index t) {
+    const Index r = t / nb, i = t % nb;
+    const Index r0 = cut(0, p.C, ranges, r), r1 = cut(0, p.C, ranges, r + 1);
+    const Block bl{cut(r0, r1, nb, i), cut(r0, r1, nb, i + 1)};
+    if (bl.c1 > bl.c0) f(bl);
     if (stream) kernels::channel_kernels().fence();
   });
 }
@@ -910,8 +921,7 @@ Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView>
   // A channel's inputs beyond the budget: nothing to keep in cache. The whole input within it: the
   // separate passes already read it from cache.
   if (per_channel > budget || p.C * per_channel <= budget) return 0;
-  const Index nt = std::max(1, normlab::num_threads());
-  return std::max<Index>(1, std::min(budget / per_channel, (p.C + nt - 1) / nt));
+  return std::max<Index>(1, budget / per_channel);
 }
 
 Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, double eps, const float* w,

@@ -153,8 +153,9 @@ bool channel_rows(const Plan& p, std::initializer_list<ConstView> operands);
 ChannelSums channel_grad_sums(const Plan& p, ConstView dy, ConstView x, const std::vector<double>& mean,
                               const std::vector<double>& rstd, const float* w, bool weighted);
 
-// BatchNorm's training passes blocked over channels. The channels are cut into blocks of kc whose segments
-// (every batch item's) of the inputs fill at most a quarter of this core's L2 cache; per block the statistics
+// BatchNorm's training passes blocked over channels. The channels are cut into blocks of at most kc whose
+// segments (every batch item's) of the inputs fill at most a quarter of this core's L2 cache, an equal share
+// of the channels for each thread (channel_norm.cpp, for_blocks); per block the statistics
 // pass, the block's per-channel combination and the elementwise pass run back to back, so the elementwise
 // pass finds its inputs in cache instead of reading them from memory a second time. Each channel's
 // arithmetic is that of moments + rstd_of + normalize (forward) and grad_stats + input_grad (backward),

@@ -4,9 +4,10 @@
 // segment). Per segment the channel kernels (channel_kernels.h) run over the real elements in row-major
 // order of S, gathered into a contiguous buffer when they are not consecutive floats already; outputs
 // whose segments are consecutive floats are written in place (streamed when large), others through a
-// scratch row and a scatter. Segments are cut into tasks by
-// the shape only; per-group values are combined serially in segment order (b major, c minor), so the
-// bits never depend on the thread count (docs/numerics.md).
+// scratch row and a scatter. Segments (or groups, or rows) are cut into a range per thread and tasks
+// within it (for_item_ranges); each segment's arithmetic is its own and per-group values are combined
+// serially in segment order (b major, c minor), so the bits never depend on the split or the thread count
+// (docs/numerics.md).
 #include "norm/channel_norm.h"
 
 #include <normlab/simd.h>
@@ -1051,9 +1052,9 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
 // eight groups at a time in its lanes; for the backward single_grad_terms, vectorized over the row's
 // channels, and group_means, eight groups at a time), and the elementwise pass is one channel-rows kernel
 // call per row (rows_normalize, rows_input_grad) with every channel's constants as the segment path forms
-// them (single_normalize_consts, spread_groups): the same bits. The forward's tasks are fixed chunks of
-// rows; the backward's, at 1 thread or with enough groups per row, shares of each row's groups over every
-// row (sample_rows_backward).
+// them (single_normalize_consts, spread_groups): the same bits. The forward's tasks are for_item_ranges'
+// over the rows; the backward's, at 1 thread or with enough groups per row, shares of each row's groups
+// over every row (sample_rows_backward).
 
 bool on_sample_rows(const Plan& p, std::initializer_list<const Operand*> operands) {
   return p.grouping != Grouping::kBatch && !p.masked() && p.S == 1 && consecutive_segments(p, operands);
@@ -1077,12 +1078,11 @@ kernels::ChannelRows sample_row(Index b, Index c0, Index nc, const Operand& x, c
   return a;
 }
 
-// Runs f(b0, b1) over fixed chunks of rows (about 16 Ki elements each; shape only), fenced when streaming.
+// Runs f(b0, b1) over the rows in for_item_ranges' tasks, fenced when streaming.
 template <typename F>
 void for_sample_rows(const Plan& p, bool stream, F&& f) {
-  const Index per_task = std::max<Index>(1, (Index{1} << 14) / p.C);
-  parallel::parallel_for((p.B + per_task - 1) / per_task, [&](Index t) {
-    f(t * per_task, std::min(p.B, (t + 1) * per_task));
+  for_item_ranges(p.B, p.C, [&](Index b0, Index nb) {
+    f(b0, b0 + nb);
     if (stream) kernels::channel_kernels().fence();
   });
 }
@@ -1216,9 +1216,9 @@ constexpr Index kMinShareGroups = 4;
 // kMinShareGroups groups per row for each thread, each task takes a share of every row's groups over every
 // row in b order and adds each row's terms to its channels' sums from 0.0 as the rows go: param_grad_sums'
 // additions in its order, without the B·C arrays of segment terms (64 MiB for [4096, 1024], written and read
-// back). Otherwise (e.g. one group) the tasks take fixed chunks of rows, keep the terms in B·C arrays and
-// param_grad_sums adds them. Either way each group's and channel's operations are the same, in the same
-// order.
+// back). Otherwise (e.g. one group) the tasks take ranges of rows (for_sample_rows), keep the terms in B·C
+// arrays and param_grad_sums adds them. Either way each group's and channel's operations are the same, in
+// the same order.
 void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
                           double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb) {
   const Index per_row = p.C / segments_per_group(p);
@@ -1261,7 +1261,7 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
 // eight at a time in vector lanes (the run_moments, run_grads kernels), and the elementwise pass is one
 // segments_normalize / segments_input_grad call with each segment's constants as the segment path forms
 // them: the same bits.
-// Tasks are fixed chunks of groups, as for_groups'.
+// Tasks: for_groups' (for_item_ranges over the groups).
 
 // The longest segments taken on sample runs. GroupNorm of [N, 256, S] (4 Mi floats, 32 groups) at 1 thread
 // took 0.68 / 0.71 of the group path's time at S = 2 (forward / backward), 0.71 / 0.76 at S = 8, 0.79 / 0.91

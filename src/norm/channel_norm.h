@@ -10,12 +10,13 @@
 // Each pass runs the channel kernels (channel_kernels.h) on every segment (gathered to a contiguous
 // buffer when its valid elements are not already n consecutive floats), stores a few doubles per
 // segment, and the per-group values are then combined serially in segment order (b major, c minor).
-// Segments are handed out in chunks that depend on the shape only, so results are bitwise identical for
-// any thread count. The passes walk memory in order: a BatchNorm forward reads x twice (moments,
-// normalize), a training backward reads x and dy twice (grad_stats, input_grad), except where the blocked
-// passes apply (batch_forward_blocked, batch_backward_blocked: channel block by channel block, the second
-// read from cache); InstanceNorm and GroupNorm, whose groups are whole segments of one batch item, run both
-// passes group by group and read their inputs from memory once (per_sample_forward, per_sample_backward).
+// Each segment's (and group's) arithmetic is its own, whichever thread runs it, so results are bitwise
+// identical for any thread count. The passes walk memory in order: a BatchNorm forward reads x twice
+// (moments, normalize), a training backward reads x and dy twice (grad_stats, input_grad), except where the
+// blocked passes apply (batch_forward_blocked, batch_backward_blocked: channel block by channel block, the
+// second read from cache); InstanceNorm and GroupNorm, whose groups are whole segments of one batch item,
+// run both passes group by group and read their inputs from memory once (per_sample_forward,
+// per_sample_backward).
 // BatchNorm whose segments are single elements with the channels consecutive (channel axis last) sweeps
 // rows of channels instead (channel_rows below; the same bits); InstanceNorm and GroupNorm with such
 // segments ([N, C], channels-last [N, T, C]) take each batch item's row of channels at once (its groups'

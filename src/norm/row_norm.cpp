@@ -285,11 +285,11 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   args.eps = eps;
   args.center = kind.center;
   args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
-  // One chunk of groups per task; the chunking only affects scheduling, never results.
+  // Each thread a range of groups, cut into tasks (split_rows); the split only affects scheduling, never
+  // results.
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
-  const Index tasks = (s.groups + per_task - 1) / per_task;
+  const plan::RowSplit split = plan::split_rows(s.groups, s.n, per_task, num_threads());
   if (rows_path) {
-    const plan::RowSplit split = plan::split_rows(s.groups, s.n, per_task, num_threads());
     parallel::parallel_for(split.tasks, [&](Index t) {
       const Index g0 = split.first(t);
       kernels::RowsForward a = args;
@@ -309,15 +309,17 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
     return;
   }
 
-  // Any other layout: a run per call, in visiting order.
+  // Any other layout: a run per call, in visiting order (the task's range of it).
   if (scratch_needed) args.stream = false;
-  parallel::parallel_for(tasks, [&](Index t) {
+  parallel::parallel_for(split.tasks, [&](Index t) {
+    const Index h_first = split.first(t), count = split.rows(t);
+    if (count == 0) return;
     std::vector<float> xs(scratch_needed ? static_cast<std::size_t>(s.n) : 0);
     std::vector<float> ys(scratch_needed ? static_cast<std::size_t>(s.n) : 0);
     // NormStats' double statistics of a run in visiting order, when that is not the groups' order.
-    const Index most = std::min(runs.len, per_task);
+    const Index most = std::min(runs.len, count);
     std::vector<double> saved(runs.reordered && (smean || srstd) ? static_cast<std::size_t>(2 * most) : 0);
-    for_runs(t * per_task, std::min(s.groups, (t + 1) * per_task), runs.len, [&](Index h0, Index h1) {
+    for_runs(h_first, h_first + count, runs.len, [&](Index h0, Index h1) {
       const Index g0 = runs.group(h0);
       kernels::RowsForward a = args;
       a.rows = h1 - h0;

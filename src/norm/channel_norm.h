@@ -156,11 +156,11 @@ ChannelSums channel_grad_sums(const Plan& p, ConstView dy, ConstView x, const st
 
 // BatchNorm's training passes blocked over channels. The channels are cut into blocks of at most kc whose
 // segments (every batch item's) of the inputs fill at most a quarter of this core's L2 cache, an equal share
-// of the channels for each thread (channel_norm.cpp, for_blocks); per block the statistics
-// pass, the block's per-channel combination and the elementwise pass run back to back, so the elementwise
-// pass finds its inputs in cache instead of reading them from memory a second time. Each channel's
-// arithmetic is that of moments + rstd_of + normalize (forward) and grad_stats + input_grad (backward),
-// operation for operation, so the outputs have the same bits whatever kc (and thread count).
+// of the channels for each thread (channel_norm.cpp, for_blocks); per block the statistics pass, the
+// block's per-channel combination and the elementwise pass run back to back, so the elementwise pass finds
+// its inputs in cache instead of reading them from memory a second time. Each channel's arithmetic is that
+// of moments + rstd_of + normalize (forward) and grad_stats + input_grad (backward), operation for
+// operation, so the outputs have the same bits whatever kc (and thread count).
 // block_channels: kc for `inputs` input tensors (1 forward, 2 backward) and the listed full-shaped
 // operands, or 0 when the blocked passes do not apply (kBatch with every segment S consecutive floats,
 // unmasked or masked with the time axis leading, so that a segment's real frames are its first valid(b)

@@ -123,14 +123,16 @@ void seg_finish(const Operand& o, const Plan& p, Index b, Index c, const float* 
 }
 
 // Runs f(first, count) in parallel over `items` consecutive items of about `floats` elements each: each
-// thread one contiguous range of items, cut into tasks of about 16 Ki elements (plan::split_rows), for work
-// whose results do not depend on the split (every item's arithmetic is its own). Tasks of a fixed size had
-// left one thread up to a task more: at 2 threads, BatchNorm of [16, 64, 100] (1024 segments in tasks of
-// 163) ran 652 segments on one thread and 372 on the other.
+// thread one contiguous range of items, cut into tasks of at most max_items items (by default about 16 Ki
+// elements; plan::split_rows, single items as its blocks), for work whose results do not depend on the
+// split (every item's arithmetic is its own). Tasks of a fixed size had left one thread up to a task more:
+// at 2 threads, BatchNorm of [16, 64, 100] (1024 segments in tasks of 163) ran 652 segments on one thread
+// and 372 on the other.
 template <typename F>
-void for_item_ranges(Index items, Index floats, F&& f) {
-  const Index per_task = std::max<Index>(1, (Index{1} << 14) / std::max<Index>(1, floats));
-  const plan::RowSplit split = plan::split_rows(items, floats, per_task, normlab::num_threads());
+void for_item_ranges(Index items, Index floats, F&& f, Index max_items = 0) {
+  const Index per_task =
+      max_items > 0 ? max_items : std::max<Index>(1, (Index{1} << 14) / std::max<Index>(1, floats));
+  const plan::RowSplit split = plan::split_rows(items, floats, per_task, normlab::num_threads(), 1);
   parallel::parallel_for(split.tasks, [&](Index t) {
     if (const Index count = split.rows(t)) f(split.first(t), count);
   });
@@ -904,25 +906,20 @@ void block_stats(const kernels::ChannelKernels& k, const Plan& p, const Block& b
   }
 }
 
-// Runs f(block) for blocks of at most kc channels, in parallel; fences streamed stores. The channels are cut
-// into one range per thread (sizes differing by at most one), each range into the same number of blocks
-// (sizes again within one of each other), so that the static schedule gives every thread one range: an
-// equal share of the channels. (Blocks of kc and a shorter last one left a thread up to a block more: at 2
-// threads, BatchNorm of [256, 64, 49] took its 64 channels forward in 7 blocks of up to 10, 40 channels
-// against 24.) Which thread runs a channel changes nothing in its arithmetic.
+// Runs f(block) for blocks of at most kc channels, in parallel; fences streamed stores. for_item_ranges over
+// the channels, kc at most per task: a range of channels per thread (sizes within one), each cut into
+// blocks within one of each other. (Blocks of kc and a shorter last one left a thread up to a block more:
+// at 2 threads, BatchNorm of [256, 64, 49] took its 64 channels forward in 7 blocks of up to 10, 40
+// channels against 24.) Which thread runs a channel changes nothing in its arithmetic.
 template <typename F>
 void for_blocks(const Plan& p, Index kc, bool stream, F&& f) {
-  const Index ranges = std::clamp<Index>(normlab::num_threads(), 1, p.C);
-  const Index per_range = (p.C + ranges - 1) / ranges;  // the longest range
-  const Index nb = (per_range + kc - 1) / kc;           // blocks per range
-  const auto cut = [](Index lo, Index hi, Index parts, Index i) { return lo + (hi - lo) * i / parts; };
-  parallel::parallel_for(ranges * nb, [&](Index t) {
-    const Index r = t / nb, i = t % nb;
-    const Index r0 = cut(0, p.C, ranges, r), r1 = cut(0, p.C, ranges, r + 1);
-    const Block bl{cut(r0, r1, nb, i), cut(r0, r1, nb, i + 1)};
-    if (bl.c1 > bl.c0) f(bl);
-    if (stream) kernels::channel_kernels().fence();
-  });
+  for_item_ranges(
+      p.C, p.B * p.S,
+      [&](Index c0, Index nc) {
+        f(Block{c0, c0 + nc});
+        if (stream) kernels::channel_kernels().fence();
+      },
+      kc);
 }
 
 }  // namespace

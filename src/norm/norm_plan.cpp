@@ -142,16 +142,19 @@ Chunks param_grad_chunks(Index groups, Index n) {
   return c;
 }
 
-RowSplit split_rows(Index groups, Index n, Index max_rows, int threads) {
+RowSplit split_rows(Index groups, Index n, Index max_rows, int threads, Index block) {
   RowSplit r;
   r.groups = groups;
   if (groups <= 0) return r;
-  const Index ranges = std::clamp<Index>(groups * n / (Index{1} << 13), 1, threads);
-  const auto blocks8 = [](Index rows) { return (rows + 7) / 8 * 8; };
-  r.per_range = blocks8((groups + ranges - 1) / ranges);
-  r.range_tasks = (r.per_range + max_rows - 1) / max_rows;
-  r.chunk = blocks8((r.per_range + r.range_tasks - 1) / r.range_tasks);
-  r.tasks = ranges * r.range_tasks;
+  r.ranges =
+      std::clamp<Index>(groups * n / (Index{1} << 13), 1, std::min<Index>(std::max(threads, 1), groups));
+  r.unit = block > 1 && groups >= block * r.ranges ? block : 1;
+  r.units = (groups + r.unit - 1) / r.unit;
+  const Index range_units = (r.units + r.ranges - 1) / r.ranges;  // the longest range's
+  r.range_tasks =
+      std::clamp<Index>((range_units * r.unit + max_rows - 1) / std::max<Index>(max_rows, 1), 1, range_units);
+  r.chunk = r.unit * ((range_units + r.range_tasks - 1) / r.range_tasks);
+  r.tasks = r.ranges * r.range_tasks;
   return r;
 }
 

@@ -84,26 +84,34 @@ struct Chunks {
 };
 Chunks param_grad_chunks(Index groups, Index n);
 
-// Rows of a row-wise forward split for parallel::parallel_for, for work whose results do not depend on the
-// split (each row's arithmetic is its own): each thread one contiguous range, as even as whole blocks of
-// eight rows (the short-row kernels' block) allow, cut into tasks of at most max_rows rows rounded up to
-// whole blocks; parallel_for's static schedule hands thread j the tasks of range j. Fewer threads where
-// the work is under about 8K elements per thread. (Tasks of a fixed size left one thread up to a whole
-// task more than the other.)
+// Rows (or any items of about n elements each) split for parallel::parallel_for, for work whose results do
+// not depend on the split (each row's arithmetic is its own): each thread one contiguous range, cut into
+// tasks of at most max_rows rows; parallel_for's static schedule hands thread j the tasks of range j.
+// Ranges and tasks are whole blocks of `unit` rows (but for the very last): `block` rows (8 by default, the
+// short-row kernels' block) where every range gets at least one block, else single rows. Ranges differ by at
+// most one block, and so do a range's tasks. Fewer threads where the work is under about 8K elements per
+// thread, and never more than there are rows. (Tasks of a fixed size left one thread up to a whole task more
+// than the other; ranges rounded up to whole blocks left 3 long rows all on one thread.)
 struct RowSplit {
   Index groups = 0;
-  Index per_range = 0;    // rows per thread range (the last may be shorter)
+  Index unit = 1;         // rows per block
+  Index units = 0;        // blocks: ceil(groups / unit)
+  Index ranges = 1;       // thread ranges
   Index range_tasks = 1;  // tasks per range
-  Index chunk = 0;        // rows per task (the last of a range may be shorter, or empty)
+  Index chunk = 0;        // the most rows of any task
   Index tasks = 0;        // ranges · range_tasks
   // The first row of task t and its row count (0: nothing to do).
-  Index first(Index t) const { return t / range_tasks * per_range + t % range_tasks * chunk; }
-  Index rows(Index t) const {
-    const Index end = std::min(groups, (t / range_tasks + 1) * per_range);
-    return std::max<Index>(0, std::min(end, first(t) + chunk) - first(t));
+  Index first(Index t) const { return bound(t, 0); }
+  Index rows(Index t) const { return bound(t, 1) - bound(t, 0); }
+
+ private:
+  Index bound(Index t, Index end) const {
+    const Index r = t / range_tasks, i = t % range_tasks + end;
+    const Index u0 = units * r / ranges, u1 = units * (r + 1) / ranges;
+    return std::min(groups, unit * (u0 + (u1 - u0) * i / range_tasks));
   }
 };
-RowSplit split_rows(Index groups, Index n, Index max_rows, int threads);
+RowSplit split_rows(Index groups, Index n, Index max_rows, int threads, Index block = 8);
 
 // Whether a γ/β-shaped operand is its elements in consecutive floats, row-major (size-1 axes ignored).
 bool part_contiguous(const PartOperand& p, const Dims& shape);

@@ -151,8 +151,8 @@ RowSplit split_rows(Index groups, Index n, Index max_rows, int threads, Index bl
   r.unit = block > 1 && groups >= block * r.ranges ? block : 1;
   r.units = (groups + r.unit - 1) / r.unit;
   const Index range_units = (r.units + r.ranges - 1) / r.ranges;  // the longest range's
-  r.range_tasks =
-      std::clamp<Index>((range_units * r.unit + max_rows - 1) / std::max<Index>(max_rows, 1), 1, range_units);
+  const Index most = std::max<Index>(max_rows, 1);
+  r.range_tasks = std::clamp<Index>((range_units * r.unit + most - 1) / most, 1, range_units);
   r.chunk = r.unit * ((range_units + r.range_tasks - 1) / r.range_tasks);
   r.tasks = r.ranges * r.range_tasks;
   return r;

@@ -481,11 +481,22 @@ inline void elementwise(float* out, Index n, bool use_stream, F&& f) {
   }
 }
 
+// The channel norms' two elementwise formulas, in fp32 (every elementwise path below forms its outputs with
+// these, whatever the source of its constants):
+//   normalized:     ((x − mh) − ml)·s + b
+//   input_gradient: r·((dy·w − c0) − ((x − mh) − ml)·c2)
+NL_FORCE_INLINE inline VF normalized(VF x, VF mh, VF ml, VF s, VF b) {
+  return add(mul(sub(sub(x, mh), ml), s), b);
+}
+NL_FORCE_INLINE inline VF input_gradient(VF x, VF dy, VF mh, VF ml, VF r, VF w, VF c0, VF c2) {
+  const VF d = sub(sub(x, mh), ml);
+  return mul(r, sub(sub(mul(dy, w), c0), mul(d, c2)));
+}
+
 void normalize(float* y, const float* x, Index n, const NormalizeConsts& c, bool use_stream) {
   const VF mh = bcast(c.mh), ml = bcast(c.ml), s = bcast(c.s), b = bcast(c.b);
   // Scalar math: y[i] = ((x[i] − mh) − ml)·s + b, all in fp32
-  elementwise(y, n, use_stream,
-              [&](Index i, int k) { return add(mul(sub(sub(load_k(x, i, k), mh), ml), s), b); });
+  elementwise(y, n, use_stream, [&](Index i, int k) { return normalized(load_k(x, i, k), mh, ml, s, b); });
 }
 
 void input_grad(float* dx, const float* dy, const float* x, Index n, const InputGradConsts& c,
@@ -494,8 +505,7 @@ void input_grad(float* dx, const float* dy, const float* x, Index n, const Input
            c2 = bcast(c.c2);
   // Scalar math: dx[i] = r·((dy[i]·w − c0) − ((x[i] − mh) − ml)·c2), all in fp32
   elementwise(dx, n, use_stream, [&](Index i, int k) {
-    const VF d = sub(sub(load_k(x, i, k), mh), ml);
-    return mul(r, sub(sub(mul(load_k(dy, i, k), w), c0), mul(d, c2)));
+    return input_gradient(load_k(x, i, k), load_k(dy, i, k), mh, ml, r, w, c0, c2);
   });
 }
 
@@ -573,7 +583,7 @@ void segments_normalize(float* y, const float* x, Index n, Index count, const Ro
     run_elementwise(y, n, count, use_stream, [&](Index i, int kk, Index s, VI lanes) {
       const VF mh = segment_lanes(k.mh, s, count, lanes), ml = segment_lanes(k.ml, s, count, lanes),
                sc = segment_lanes(k.s, s, count, lanes), b = segment_lanes(k.b, s, count, lanes);
-      return add(mul(sub(sub(load_k(x, i, kk), mh), ml), sc), b);
+      return normalized(load_k(x, i, kk), mh, ml, sc, b);
     });
     return;
   }
@@ -582,8 +592,7 @@ void segments_normalize(float* y, const float* x, Index n, Index count, const Ro
     // makes, without a call per segment.
     // Scalar math: y[i·16 + j] = ((x[i·16 + j] − mh_i) − ml_i)·s_i + b_i, all in fp32
     for (Index i = 0; i < count; ++i) {
-      const VF v =
-          add(mul(sub(sub(load(x + i * kF), bcast(k.mh[i])), bcast(k.ml[i])), bcast(k.s[i])), bcast(k.b[i]));
+      const VF v = normalized(load(x + i * kF), bcast(k.mh[i]), bcast(k.ml[i]), bcast(k.s[i]), bcast(k.b[i]));
       if (use_stream)
         stream(y + i * kF, v);
       else
@@ -603,10 +612,9 @@ void segments_input_grad(float* dx, const float* dy, const float* x, Index n, In
     // i, all in fp32
     run_elementwise(dx, n, count, use_stream, [&](Index i, int kk, Index s, VI lanes) {
       const VF mh = segment_lanes(k.mh, s, count, lanes), ml = segment_lanes(k.ml, s, count, lanes);
-      const VF d = sub(sub(load_k(x, i, kk), mh), ml);
       const VF w = segment_lanes(k.w, s, count, lanes), c0 = segment_lanes(k.c0, s, count, lanes),
                c2 = segment_lanes(k.c2, s, count, lanes), r = segment_lanes(k.r, s, count, lanes);
-      return mul(r, sub(sub(mul(load_k(dy, i, kk), w), c0), mul(d, c2)));
+      return input_gradient(load_k(x, i, kk), load_k(dy, i, kk), mh, ml, r, w, c0, c2);
     });
     return;
   }
@@ -614,9 +622,8 @@ void segments_input_grad(float* dx, const float* dy, const float* x, Index n, In
     // As segments_normalize's.
     // Scalar math: dx[i·16 + j] = r_i·((dy[i·16 + j]·w_i − c0_i) − ((x[i·16 + j] − mh_i) − ml_i)·c2_i), fp32
     for (Index i = 0; i < count; ++i) {
-      const VF d = sub(sub(load(x + i * kF), bcast(k.mh[i])), bcast(k.ml[i]));
-      const VF v = mul(bcast(k.r[i]), sub(sub(mul(load(dy + i * kF), bcast(k.w[i])), bcast(k.c0[i])),
-                                          mul(d, bcast(k.c2[i]))));
+      const VF v = input_gradient(load(x + i * kF), load(dy + i * kF), bcast(k.mh[i]), bcast(k.ml[i]),
+                                  bcast(k.r[i]), bcast(k.w[i]), bcast(k.c0[i]), bcast(k.c2[i]));
       if (use_stream)
         stream(dx + i * kF, v);
       else
@@ -732,17 +739,16 @@ inline void rows_elementwise(const ChannelRows& a, bool use_stream, F&& f) {
 void rows_normalize(const RowNormalizeConsts& c, const ChannelRows& a, bool use_stream) {
   // Scalar math: out[r][c] = ((x[r][c] − mh[c]) − ml[c])·s[c] + b[c], all in fp32
   rows_elementwise(a, use_stream, [&](Index r, Index i, int k) {
-    const VF d = sub(sub(load_k(a.x + a.xo[r], i, k), load(c.mh + i)), load(c.ml + i));
-    return add(mul(d, load(c.s + i)), load(c.b + i));
+    return normalized(load_k(a.x + a.xo[r], i, k), load(c.mh + i), load(c.ml + i), load(c.s + i),
+                      load(c.b + i));
   });
 }
 
 void rows_input_grad(const RowInputGradConsts& c, const ChannelRows& a, bool use_stream) {
   // Scalar math: out[r][c] = r[c]·((dy[r][c]·w[c] − c0[c]) − ((x[r][c] − mh[c]) − ml[c])·c2[c]), fp32
   rows_elementwise(a, use_stream, [&](Index r, Index i, int k) {
-    const VF d = sub(sub(load_k(a.x + a.xo[r], i, k), load(c.mh + i)), load(c.ml + i));
-    const VF g = sub(mul(load_k(a.dy + a.dyo[r], i, k), load(c.w + i)), load(c.c0 + i));
-    return mul(load(c.r + i), sub(g, mul(d, load(c.c2 + i))));
+    return input_gradient(load_k(a.x + a.xo[r], i, k), load_k(a.dy + a.dyo[r], i, k), load(c.mh + i),
+                          load(c.ml + i), load(c.r + i), load(c.w + i), load(c.c0 + i), load(c.c2 + i));
   });
 }
 

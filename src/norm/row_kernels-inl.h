@@ -58,16 +58,16 @@ inline VF dev(VF x, VF mh, VF ml) {
 // permutes per row that undo the pairing), so shorter rows keep the plain widening.
 inline constexpr Index kPairsMinN = 128;
 // Out of cache (a.stream: an output of 16 MiB or more), the pipelined forward prefetches rows of
-// a.tuning.prefetch_min_n or more elements (1024 on AMD processors, 256 elsewhere: row_kernels.h, RowTuning)
-// kRowPrefetchBytes ahead of the pass that first reads them (Σx, or RMSNorm's Σx²): the lines of the 64
-// elements at p + kRowPrefetchBytes, into L1 (not when a.x_cached: the fused add's s, just written). Without
-// it the statistics passes of long rows waited on memory: at 8192x4096 the forward took longer than its in-L3
-// time plus a streaming copy of its bytes. Paired runs (scripts/ab-rows, 1 thread, 128 MiB of x;
+// a.tuning.prefetch_min_n or more elements (row_kernels.h, RowTuning: 256 on the Xeon, 1024 on a Zen 4, 512
+// on a Zen 5) kRowPrefetchBytes ahead of the pass that first reads them (Σx, or RMSNorm's Σx²): the lines of
+// the 64 elements at p + kRowPrefetchBytes, into L1 (not when a.x_cached: the fused add's s, just written).
+// Without it the statistics passes of long rows waited on memory: at 8192x4096 the forward took longer than
+// its in-L3 time plus a streaming copy of its bytes. Paired runs (scripts/ab-rows, 1 thread, 128 MiB of x;
 // docs/PERFORMANCE.md, "sixteenth session", a Zen 4): the fp32 LayerNorm forward 13-17 % faster at
 // D = 1024-4096, RMSNorm 7 %, bf16 LayerNorm 13 %, the same in L3; at D = 512 and 768 the gain came and went
 // between runs, and D = 256 was 4 % slower.
 // The backward's groups of four rows (rows_backward_impl) prefetch likewise, rows of
-// a.tuning.backward_prefetch_min_n or more elements (every row on Intel processors, 1024 on AMD ones), x in
+// a.tuning.backward_prefetch_min_n or more elements (every row but on a Zen 4: 1024), x in
 // the Σx pass and dy in the second pass (both in the second pass where there is no Σx pass: from saved
 // statistics, RMSNorm), not when a.cached (the memory-efficient backward's scratch rows). Paired runs on the
 // Intel Xeon (scripts/ab-rows, 1 thread, 128 MiB of x; docs/PERFORMANCE.md, "thirtieth session"): the
@@ -436,15 +436,17 @@ NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w
 // (computed, never written). NC > 0: n == NC, known at compile time. y may equal x: a block's outputs are
 // written after its statistics are complete. (kBatchMaxN: row_kernels.h.)
 
-// Out of cache, where a.tuning.batched_prefetch (row_kernels.h, RowTuning: 16-bit rows, not on AMD
-// processors), step s of the eight-row forward first prefetches the rows of block s + kBatchPrefetchBlocks
-// (every line of each, into L1), which its Σx pass (RMSNorm: second pass) reads two steps later. Paired runs
-// on an Intel Xeon (scripts/ab-rows, 1 thread; docs/PERFORMANCE.md, "twenty-seventh session"): the bf16
-// LayerNorm forward 0.86-0.93 of the time at D = 32, 64, 80, RMSNorm 0.82-0.97; four blocks ahead 0.88-0.93;
-// the fp32 forward 1.15-1.19 (and on a Zen 4 1.05-1.27, "eighteenth session"), so fp32 rows never do.
-// The eight-row backward does the same for x and dy (step s, block s + kBatchPrefetchBlocks; "thirtieth
-// session"): bf16 0.83-0.89 of the time at D = 64 and 80 (one block ahead 0.83-0.90, four 0.83-0.89), fp32
-// 1.11-1.17, so again 16-bit rows only.
+// Out of cache, where a.tuning.batched_prefetch (16-bit rows) or a.tuning.batched_prefetch_fp32 (fp32 rows)
+// says so (row_kernels.h, RowTuning), step s of the eight-row forward first prefetches the rows of block
+// s + kBatchPrefetchBlocks (every line of each, into L1), which its Σx pass (RMSNorm: second pass) reads two
+// steps later. Paired runs (scripts/ab-rows, 1 thread): on an Intel Xeon (docs/PERFORMANCE.md,
+// "twenty-seventh session") the bf16 LayerNorm forward 0.86-0.93 of the time at D = 32, 64, 80, RMSNorm
+// 0.82-0.97; four blocks ahead 0.88-0.93; the fp32 forward 1.15-1.19 (and on a Zen 4 1.05-1.27, "eighteenth
+// session"). On a Zen 5 ("thirty-ninth session") the fp32 forward 0.55-0.79 at D = 64 and 80 (one block ahead
+// 0.63-0.78, four 0.76-0.87), about even at 32. The eight-row backward does the same for x and dy of 16-bit
+// rows (step s, block s + kBatchPrefetchBlocks; "thirtieth session"): bf16 0.83-0.89 of the time at D = 64
+// and 80 (one block ahead 0.83-0.90, four 0.83-0.89), fp32 1.11-1.17 (on a Zen 5 0.96-1.43), so 16-bit rows
+// only.
 inline constexpr Index kBatchPrefetchBlocks = 2;
 
 // Save (here and in rows_forward_impl / rows_forward_pipelined): the kernel writes NormStats' smean and
@@ -464,7 +466,8 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
   // Locals: the vector stores to y could alias the argument block, which the loops would then reload.
   const float* const wp = a.w;
   const float* const bp = a.b;
-  const bool ahead = sizeof(T) == 2 && a.tuning.batched_prefetch && a.stream && !a.x_cached;
+  const bool ahead = (sizeof(T) == 2 ? a.tuning.batched_prefetch : a.tuning.batched_prefetch_fp32) &&
+                     a.stream && !a.x_cached;
   const Index row_lines = (n * Index{sizeof(T)} + 63) / 64;
   for (Index s = 0; s < blocks + 2; ++s) {
     const T* xs[8];

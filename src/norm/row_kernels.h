@@ -17,14 +17,19 @@
 
 namespace normlab::kernels {
 
-// The row forward's choices that depend on the machine and never on the bits (each gives the same results).
-// The two machines of docs/PERFORMANCE.md measured them opposite ways (paired, scripts/ab-rows, 1 thread, out
-// of cache): on a Zen 4 the row blocks took 0.73-0.86 of the pipelined kernel's time for fp32 LayerNorm rows
+// The row kernels' choices that depend on the machine and never on the bits (each gives the same results).
+// The machines of docs/PERFORMANCE.md measured them in different ways (paired, scripts/ab-rows, 1 thread, out
+// of cache). On a Zen 4 the row blocks took 0.73-0.86 of the pipelined kernel's time for fp32 LayerNorm rows
 // of 2048-16384 ("eighteenth session") and the prefetch gained 13-17 % from D = 1024 on but came and went at
-// 512 and 768 and cost 4 % at 256 ("sixteenth session"); on an Intel Xeon the pipelined kernel took 0.74-0.81
+// 512 and 768 and cost 4 % at 256 ("sixteenth session"). On an Intel Xeon the pipelined kernel took 0.74-0.81
 // of the row blocks' time, and the prefetch from D = 256 on 0.79-0.92 of the time of none for fp32 LayerNorm
-// (D = 256-768), 0.82-0.93 for RMSNorm, 0.65-0.80 for bf16 LayerNorm ("twenty-seventh session"). So AMD
-// processors keep the Zen 4 choices and others take the Xeon's; neither was measured on other processors.
+// (D = 256-768), 0.82-0.93 for RMSNorm, 0.65-0.80 for bf16 LayerNorm ("twenty-seventh session"). On a Zen 5
+// ("thirty-ninth session") the pipelined kernel took 0.87-0.92 of the row blocks' time, the forward's
+// prefetch from D = 512 on 0.80-0.93 (from 256 on, 1.05-1.13 at D = 256), the backward's at D = 256 and 768
+// 0.67-0.89, and, unlike on the other two, the eight-row forward of fp32 rows 0.55-0.79 of the time at D = 64
+// and 80 with its rows prefetched two blocks ahead. row_tuning_for gives each its own; other AMD processors
+// (before family 0x1A: Zen 3 and Zen 4) take the Zen 4 choices, later families the Zen 5 ones, other vendors
+// the Xeon's.
 struct RowTuning {
   // fp32 LayerNorm rows of kUnpipelinedMinN or more out of cache run in row blocks (forward_pipelined).
   bool long_rows_blocked = false;
@@ -32,29 +37,42 @@ struct RowTuning {
   // that first reads them (row_kernels-inl.h, kRowPrefetchBytes).
   Index prefetch_min_n = 256;
   // Out of cache, the eight-row forward of 16-bit rows prefetches its rows two blocks ahead
-  // (row_kernels-inl.h, kBatchPrefetchBlocks): 0.82-0.97 of the time on the Xeon; not measured on a Zen 4.
-  // The eight-row backward of 16-bit rows likewise.
+  // (row_kernels-inl.h, kBatchPrefetchBlocks): 0.82-0.97 of the time on the Xeon; not measured on a Zen 4;
+  // 0.91-1.06 on a Zen 5. The eight-row backward of 16-bit rows likewise (0.93 on a Zen 5).
   bool batched_prefetch = true;
+  // Out of cache, the eight-row forward of fp32 rows does the same: 1.15-1.19 of the time on the Xeon,
+  // 1.05-1.27 on a Zen 4, 0.55-0.79 on a Zen 5 (D = 64, 80; about even at 32). (The fp32 backward never does:
+  // 1.11-1.17 on the Xeon, 0.96-1.43 on a Zen 5.)
+  bool batched_prefetch_fp32 = false;
   // Out of cache, the backward's groups of four rows prefetch rows of at least this many elements ahead of
   // the passes that first read x and dy (row_kernels-inl.h, kRowPrefetchBytes) and, in their column pass,
-  // the next group's rows (next_group_rows): measured on the Xeon (every length gained from D = 128); on AMD
-  // processors the forward's length, unmeasured there.
+  // the next group's rows (next_group_rows): every length gained from D = 128 on the Xeon and at D = 256 and
+  // 768 on a Zen 5; on the Zen 4 the forward's length, unmeasured there.
   Index backward_prefetch_min_n = 0;
 };
-inline const RowTuning& machine_row_tuning() {
-  static const RowTuning t = [] {
-    __builtin_cpu_init();
-    RowTuning r;
-    if (__builtin_cpu_is("amd")) {
-      r.long_rows_blocked = true;
-      r.prefetch_min_n = 1024;
-      r.batched_prefetch = false;
-      r.backward_prefetch_min_n = 1024;
-    }
-    return r;
-  }();
-  return t;
+enum class CpuKind { kIntel, kZen4, kZen5 };  // the machines measured (docs/PERFORMANCE.md)
+inline RowTuning row_tuning_for(CpuKind kind) {
+  RowTuning r;
+  if (kind == CpuKind::kZen4) {
+    r.long_rows_blocked = true;
+    r.prefetch_min_n = 1024;
+    r.batched_prefetch = false;
+    r.backward_prefetch_min_n = 1024;
+  } else if (kind == CpuKind::kZen5) {
+    r.prefetch_min_n = 512;
+    r.batched_prefetch_fp32 = true;
+  }
+  return r;
 }
+// Which of them this processor is taken for: AMD by family (CPUID leaf 1; Zen 5 is family 0x1A), any other
+// vendor as the Xeon; or NORMLAB_ROW_TUNING=intel|zen4|zen5 (any machine's choices on any machine: the same
+// bits, for measuring them against each other; another value is an Error at the first row kernel call).
+CpuKind machine_cpu_kind();
+// The choices of machine_cpu_kind(), decided once (row_tuning.cpp).
+const RowTuning& machine_row_tuning();
+// "intel", "zen4" or "zen5"; anything else is an Error.
+CpuKind parse_cpu_kind(const char* name);
+const char* cpu_kind_name(CpuKind kind);
 
 // Rows of a fused kernel: `rows` rows of n contiguous floats, row r of x at x + r·ldx (likewise y).
 // LayerNorm (center) or RMSNorm (mean ≡ 0). w, b may be null (γ = 1, β = 0). mean and rstd, when not
@@ -205,7 +223,8 @@ inline bool output_late(const T* y, const T* x) {
 // against pipelined: on a Zen 4 ("eighteenth session", three processes) 0.84-0.86 of the time at D = 2048,
 // 0.82-0.85 at 4096, 0.76-0.77 at 8192, 0.73-0.74 at 16384, but 1.04-1.06 at 1024 and 1.42-1.52 at 768; the
 // bf16 LayerNorm took 1.02-1.23 at 2048-16384 and RMSNorm 0.97-1.41 at 512-4096, so those stay pipelined. On
-// an Intel Xeon ("twenty-seventh session") 1.24-1.34 at D = 2048-16384.
+// an Intel Xeon ("twenty-seventh session") 1.24-1.34 at D = 2048-16384, on a Zen 5 ("thirty-ninth session")
+// 1.09-1.15 at 2048 and 4096.
 inline constexpr Index kUnpipelinedMinN = 2048;
 template <typename T>
 inline bool forward_pipelined(const RowsForwardOf<T>& a) {

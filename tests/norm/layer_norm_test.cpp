@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "norm/convert_kernels.h"
 #include "norm/row_kernels.h"
 #include "support/finite_diff.h"
 #include "support/random.h"
@@ -678,6 +679,129 @@ TEST(LayerNormLayouts, LongRowsOutOfCacheTakeTheRowBlocksWithTheSameBits) {
     }
     set_isa(saved);
   }
+}
+
+// The row kernels' machine choices (kernels::RowTuning) as docs/PERFORMANCE.md measured them on each machine,
+// pinned: the Xeon's (every processor but AMD's), the Zen 4's (AMD before family 0x1A) and the Zen 5's.
+TEST(LayerNormLayouts, RowTuningPerMachine) {
+  using kernels::CpuKind;
+  const kernels::RowTuning xeon = kernels::row_tuning_for(CpuKind::kIntel),
+                           zen4 = kernels::row_tuning_for(CpuKind::kZen4),
+                           zen5 = kernels::row_tuning_for(CpuKind::kZen5);
+  EXPECT_FALSE(xeon.long_rows_blocked);
+  EXPECT_EQ(xeon.prefetch_min_n, 256);
+  EXPECT_TRUE(xeon.batched_prefetch);
+  EXPECT_FALSE(xeon.batched_prefetch_fp32);
+  EXPECT_EQ(xeon.backward_prefetch_min_n, 0);
+  EXPECT_TRUE(zen4.long_rows_blocked);
+  EXPECT_EQ(zen4.prefetch_min_n, 1024);
+  EXPECT_FALSE(zen4.batched_prefetch);
+  EXPECT_FALSE(zen4.batched_prefetch_fp32);
+  EXPECT_EQ(zen4.backward_prefetch_min_n, 1024);
+  EXPECT_FALSE(zen5.long_rows_blocked);
+  EXPECT_EQ(zen5.prefetch_min_n, 512);
+  EXPECT_TRUE(zen5.batched_prefetch);
+  EXPECT_TRUE(zen5.batched_prefetch_fp32);
+  EXPECT_EQ(zen5.backward_prefetch_min_n, 0);
+  for (const CpuKind kind : {CpuKind::kIntel, CpuKind::kZen4, CpuKind::kZen5})
+    EXPECT_EQ(kernels::parse_cpu_kind(kernels::cpu_kind_name(kind)), kind);
+  for (const char* bad : {"", "zen6", "Intel", "xeon"})
+    EXPECT_THROW(
+        {
+          try {
+            kernels::parse_cpu_kind(bad);
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("NORMLAB_ROW_TUNING must be intel, zen4 or zen5"),
+                      std::string::npos);
+            throw;
+          }
+        },
+        Error)
+        << bad;
+  const kernels::RowTuning m = kernels::machine_row_tuning(),
+                           k = kernels::row_tuning_for(kernels::machine_cpu_kind());
+  EXPECT_EQ(m.long_rows_blocked, k.long_rows_blocked);
+  EXPECT_EQ(m.prefetch_min_n, k.prefetch_min_n);
+  EXPECT_EQ(m.batched_prefetch, k.batched_prefetch);
+  EXPECT_EQ(m.batched_prefetch_fp32, k.batched_prefetch_fp32);
+  EXPECT_EQ(m.backward_prefetch_min_n, k.backward_prefetch_min_n);
+}
+
+// The machine choices never change a bit: the row forward out of cache (streaming stores) with every
+// prefetch choice on and with every one off gives the y, mean and rstd of the forward in cache, for rows of
+// the eight-row blocks (D = 32, 64, 80; a last block of fewer rows), of the pipelined kernel (512) and of the
+// row blocks (2048), LayerNorm and RMSNorm, fp32 and bf16, on every SIMD target.
+TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
+  std::mt19937_64 rng(43);
+  const Isa saved = active_isa();
+  kernels::RowTuning on = kernels::row_tuning_for(kernels::CpuKind::kZen5), off = on;
+  on.prefetch_min_n = on.backward_prefetch_min_n = 1;
+  on.batched_prefetch = on.batched_prefetch_fp32 = true;
+  off.prefetch_min_n = off.backward_prefetch_min_n = Index{1} << 40;
+  off.batched_prefetch = off.batched_prefetch_fp32 = false;
+  for (const Index d : {Index{32}, Index{64}, Index{80}, Index{512}, kernels::kUnpipelinedMinN}) {
+    const Index rows = d <= kernels::kBatchMaxN ? 45 : 5;
+    const Tensor x = testing::random_tensor({rows, d}, rng, 2.0, 3.0),
+                 w = testing::random_tensor({d}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({d}, rng, 0.5, 0.0);
+    std::vector<bfloat16> x16(static_cast<std::size_t>(rows * d));
+    for (std::size_t i = 0; i < x16.size(); ++i) x16[i] = bfloat16(x.data()[i]);
+    for (const Isa isa : supported_isas()) {
+      set_isa(isa);
+      for (const bool center : {true, false}) {
+        const std::string what = fmt::format("{} D={} center={}", isa_name(isa), d, center);
+        // v = 0: in cache; 1: streaming with every prefetch; 2: streaming with none; also long_rows_blocked
+        // on for 1 and off for 2.
+        std::vector<float> y[3], mean[3], rstd[3];
+        std::vector<bfloat16> y16[3];
+        for (int v = 0; v < 3; ++v) {
+          y[v].assign(static_cast<std::size_t>(rows * d), 0.0f);
+          y16[v].assign(y[v].size(), bfloat16(0.0f));
+          mean[v].assign(static_cast<std::size_t>(rows), 0.0f);
+          rstd[v] = mean[v];
+          kernels::RowsForward a;
+          a.x = x.data();
+          a.ldx = a.ldy = d;
+          a.rows = rows;
+          a.n = d;
+          a.w = w.data();
+          a.b = b.data();
+          a.eps = 1e-5;
+          a.center = center;
+          a.ld_stats = 1;
+          a.stream = v > 0;
+          a.tuning = v == 2 ? off : on;
+          a.tuning.long_rows_blocked = v == 1;
+          a.y = y[v].data();
+          a.mean = mean[v].data();
+          a.rstd = rstd[v].data();
+          kernels::row_kernels().rows_forward(a);
+          kernels::RowsForwardOf<bfloat16> a16;
+          a16.x = x16.data();
+          a16.ldx = a16.ldy = d;
+          a16.rows = rows;
+          a16.n = d;
+          a16.w = w.data();
+          a16.b = b.data();
+          a16.eps = 1e-5;
+          a16.center = center;
+          a16.stream = a.stream;
+          a16.tuning = a.tuning;
+          a16.y = y16[v].data();
+          kernels::convert_kernels().rows_forward_bf16(a16);
+        }
+        for (int v = 1; v < 3; ++v) {
+          EXPECT_EQ(std::memcmp(y[0].data(), y[v].data(), y[0].size() * sizeof(float)), 0)
+              << what << " y " << v;
+          EXPECT_EQ(std::memcmp(mean[0].data(), mean[v].data(), mean[0].size() * sizeof(float)), 0) << what;
+          EXPECT_EQ(std::memcmp(rstd[0].data(), rstd[v].data(), rstd[0].size() * sizeof(float)), 0) << what;
+          EXPECT_EQ(std::memcmp(y16[0].data(), y16[v].data(), y16[0].size() * sizeof(bfloat16)), 0)
+              << what << " bf16 y " << v;
+        }
+      }
+    }
+  }
+  set_isa(saved);
 }
 
 // Out of cache (streaming stores) the backward of rows from kBatchStreamMaxN to kBatchMaxN takes the groups

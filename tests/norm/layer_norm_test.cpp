@@ -616,6 +616,22 @@ TEST(LayerNormLayouts, ForwardSameBitsWhereverTheOutputLies) {
   }
 }
 
+// The row kernels' arguments for `rows` contiguous rows of d elements at x (y set by the caller), γ w and
+// β b, eps 1e-5, statistics at stride 1.
+template <typename T>
+kernels::RowsForwardOf<T> contiguous_rows(const T* x, Index rows, Index d, const float* w, const float* b) {
+  kernels::RowsForwardOf<T> a;
+  a.x = x;
+  a.ldx = a.ldy = d;
+  a.rows = rows;
+  a.n = d;
+  a.w = w;
+  a.b = b;
+  a.eps = 1e-5;
+  a.ld_stats = 1;
+  return a;
+}
+
 // Long fp32 LayerNorm rows out of cache (streaming stores) take the kernel of row blocks instead of the
 // pipelined one (kernels::forward_pipelined) where tuning.long_rows_blocked says so (by default on AMD
 // processors, kernels::machine_row_tuning): the same y, mean and rstd (and the saved double statistics) bit
@@ -628,15 +644,7 @@ TEST(LayerNormLayouts, LongRowsOutOfCacheTakeTheRowBlocksWithTheSameBits) {
     const Tensor x = testing::random_tensor({kRows, d}, rng, 2.0, 3.0),
                  w = testing::random_tensor({d}, rng, 1.0, 1.0),
                  b = testing::random_tensor({d}, rng, 0.5, 0.0);
-    kernels::RowsForward a;
-    a.x = x.data();
-    a.ldx = a.ldy = d;
-    a.rows = kRows;
-    a.n = d;
-    a.w = w.data();
-    a.b = b.data();
-    a.eps = 1e-5;
-    a.ld_stats = 1;
+    kernels::RowsForward a = contiguous_rows(x.data(), kRows, d, w.data(), b.data());
     const bool machine_blocked = kernels::machine_row_tuning().long_rows_blocked;
     EXPECT_EQ(a.tuning.long_rows_blocked, machine_blocked);
     a.stream = true;
@@ -759,16 +767,8 @@ TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
           y16[v].assign(y[v].size(), bfloat16(0.0f));
           mean[v].assign(static_cast<std::size_t>(rows), 0.0f);
           rstd[v] = mean[v];
-          kernels::RowsForward a;
-          a.x = x.data();
-          a.ldx = a.ldy = d;
-          a.rows = rows;
-          a.n = d;
-          a.w = w.data();
-          a.b = b.data();
-          a.eps = 1e-5;
+          kernels::RowsForward a = contiguous_rows(x.data(), rows, d, w.data(), b.data());
           a.center = center;
-          a.ld_stats = 1;
           a.stream = v > 0;
           a.tuning = v == 2 ? off : on;
           a.tuning.long_rows_blocked = v == 1;
@@ -776,14 +776,7 @@ TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
           a.mean = mean[v].data();
           a.rstd = rstd[v].data();
           kernels::row_kernels().rows_forward(a);
-          kernels::RowsForwardOf<bfloat16> a16;
-          a16.x = x16.data();
-          a16.ldx = a16.ldy = d;
-          a16.rows = rows;
-          a16.n = d;
-          a16.w = w.data();
-          a16.b = b.data();
-          a16.eps = 1e-5;
+          kernels::RowsForwardOf<bfloat16> a16 = contiguous_rows(x16.data(), rows, d, w.data(), b.data());
           a16.center = center;
           a16.stream = a.stream;
           a16.tuning = a.tuning;

@@ -66,7 +66,8 @@ inline RowTuning row_tuning_for(CpuKind kind) {
 }
 // Which of them this processor is taken for: AMD by family (CPUID leaf 1; Zen 5 is family 0x1A), any other
 // vendor as the Xeon; or NORMLAB_ROW_TUNING=intel|zen4|zen5 (any machine's choices on any machine: the same
-// bits, for measuring them against each other; another value is an Error at the first row kernel call).
+// bits, for measuring them against each other; another value is an Error the first time a RowsForwardOf or
+// RowsBackwardOf is made: the drivers make theirs on the calling thread, before their parallel loops).
 CpuKind machine_cpu_kind();
 // The choices of machine_cpu_kind(), decided once (row_tuning.cpp).
 const RowTuning& machine_row_tuning();

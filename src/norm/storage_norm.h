@@ -564,16 +564,19 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
     inv_w.resize(static_cast<std::size_t>(s.n));
     for (std::size_t j = 0; j < inv_w.size(); ++j) inv_w[j] = 1.0 / static_cast<double>(wp[j]);
   }
+  // The kernels' arguments made here, on the calling thread (their machine choices can throw on a bad
+  // NORMLAB_ROW_TUNING the first time: row_kernels.h), and copied into each task.
+  kernels::RowsBackward recovered;
+  recovered.n = s.n;
+  recovered.ldx = recovered.lddy = recovered.lddx = s.n;
+  recovered.w = wp;
+  recovered.center = nm.center;
+  recovered.cached = true;  // the recovered x − mean and dy, read by recover_centered just before
   if (!direct) parallel::parallel_for(ch.count, [&](Index c) {
     const Index t0 = c * ch.size, t1 = std::min(s.groups, t0 + ch.size);
     Scratch& sc = Scratch::get(std::min(t1 - t0, unit_groups(s.n, flat)) * s.n);
     thread_local std::vector<double> unit_stats;  // per unit: the rows' mean (0), then their rstd
-    kernels::RowsBackward a;
-    a.n = s.n;
-    a.ldx = a.lddy = a.lddx = s.n;
-    a.w = wp;
-    a.center = nm.center;
-    a.cached = true;  // the recovered x − mean and dy, read by recover_centered just before
+    kernels::RowsBackward a = recovered;
     a.dw = part.dw_row(c);
     a.db = part.db_row(c);
     for_units(t0, t1, s.n, flat, [&](Index g0, Index g1) {

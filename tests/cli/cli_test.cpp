@@ -424,5 +424,23 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"LabOutIsAFile", "lab --out x.npy", "cannot create directory"}),
     [](const ::testing::TestParamInfo<ErrorCase>& p) { return std::string(p.param.name); });
 
+// A bad NORMLAB_ROW_TUNING (the row kernels' machine choices) is an error like any bad input: exit 1 with
+// the message, no output. The child inherits this process's environment.
+TEST_F(CliTest, BadRowTuningExitsOneWithMessage) {
+  save("x.npy", Tensor({2, 4}, {1, 2, 3, 4, 5, 6, 7, 9}));
+  ASSERT_EQ(setenv("NORMLAB_ROW_TUNING", "zen6", 1), 0);
+  const RunResult r = run("norm layer x.npy -o y.npy --axes 1");
+  unsetenv("NORMLAB_ROW_TUNING");
+  EXPECT_EQ(r.rc, 1) << describe(r);
+  EXPECT_EQ(r.err.rfind("normlab: error: ", 0), 0u) << describe(r);
+  EXPECT_TRUE(contains(r.err, "NORMLAB_ROW_TUNING must be intel, zen4 or zen5, got 'zen6'")) << describe(r);
+  EXPECT_FALSE(exists("y.npy"));
+  ASSERT_EQ(setenv("NORMLAB_ROW_TUNING", "zen5", 1), 0);
+  const RunResult ok = run("norm layer x.npy -o y.npy --axes 1");
+  unsetenv("NORMLAB_ROW_TUNING");
+  ASSERT_RUN_OK(ok);
+  EXPECT_TRUE(exists("y.npy"));
+}
+
 }  // namespace
 }  // namespace normlab

@@ -564,8 +564,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
     inv_w.resize(static_cast<std::size_t>(s.n));
     for (std::size_t j = 0; j < inv_w.size(); ++j) inv_w[j] = 1.0 / static_cast<double>(wp[j]);
   }
-  // The kernels' arguments made here, on the calling thread (their machine choices can throw on a bad
-  // NORMLAB_ROW_TUNING the first time: row_kernels.h), and copied into each task.
+  // The kernels' arguments, made once here (as the direct path's args above) and copied into each task.
   kernels::RowsBackward recovered;
   recovered.n = s.n;
   recovered.ldx = recovered.lddy = recovered.lddx = s.n;

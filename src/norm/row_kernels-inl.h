@@ -435,6 +435,16 @@ NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w
 // rows share instructions. A last block of fewer than eight rows repeats its last row in the unused slots
 // (computed, never written). NC > 0: n == NC, known at compile time. y may equal x: a block's outputs are
 // written after its statistics are complete. (kBatchMaxN: row_kernels.h.)
+// kSecondFirst (RMSNorm, whose Σx stage is empty, at the compile-time lengths and of 16-bit rows): the
+// outputs of block s − 2 come after the second passes of block s − 1, so that the out-of-order window has the
+// outputs' independent work behind the rstd chain (hsum8, division, square root, division: about 80 cycles)
+// instead of only the next step's Σx stage, which RMSNorm does not have. (LayerNorm's Σx stage stands there
+// already; a perf profile of its forward at 512x64 had the retirement waiting on the rstd chain for about a
+// fifth of its samples.) Paired runs on a Zen 5 (scripts/ab-rows, 1 thread; docs/PERFORMANCE.md, "forty-first
+// session"): the fp32 RMSNorm forward 0.89-0.94 of the time at D = 64 and 80 in L2 and L3, bf16 0.94-0.97 at
+// D = 32 to 200, but fp32 at D = 32 and 200 (no compile-time length) 1.02-1.04, so not there. The same bits:
+// only the order of independent work changes. The LayerNorm forward in this order measured 0.96-1.04 (0.96 in
+// L2 at D = 64, 1.02-1.04 in L3), so it keeps its order.
 
 // Out of cache, where a.tuning.batched_prefetch (16-bit rows) or a.tuning.batched_prefetch_fp32 (fp32 rows)
 // says so (row_kernels.h, RowTuning), step s of the eight-row forward first prefetches the rows of block
@@ -469,6 +479,7 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
   const bool ahead = (sizeof(T) == 2 ? a.tuning.batched_prefetch : a.tuning.batched_prefetch_fp32) &&
                      a.stream && !a.x_cached;
   const Index row_lines = (n * Index{sizeof(T)} + 63) / 64;
+  constexpr bool kSecondFirst = !Center && (NC > 0 || sizeof(T) == 2);
   for (Index s = 0; s < blocks + 2; ++s) {
     const T* xs[8];
     VD acc[8];
@@ -478,7 +489,8 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
       for (Index r = r0; r < r1; ++r)
         prefetch_lines(reinterpret_cast<std::uintptr_t>(a.x + r * a.ldx), row_lines);
     }
-    if (s >= 2) {  // the outputs of block s − 2
+    // The outputs of block s − 2: before the second passes, or after them where kSecondFirst (see above).
+    auto outputs = [&]() NL_FORCE_INLINE {
       const Index blk = s - 2;
       const Stats8& sc = st[blk % 3];
       const Index r0 = blk * 8;
@@ -513,7 +525,8 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
       for (; j < nr; ++j)
         row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, a.x + (r0 + j) * a.ldx, n, a.w, a.b, sc.mh[j],
                                  sc.ml[j], sc.r[j], a.stream);
-    }
+    };
+    if (!kSecondFirst && s >= 2) outputs();
     if (s >= 1 && s - 1 < blocks) {  // the second passes and rstd of block s − 1
       const Index blk = s - 1;
       Stats8& sb = st[blk % 3];
@@ -535,6 +548,7 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
           for (int j = 0; j < nr; ++j) a.srstd[r0 + j] = sb.rstd[j];
       }
     }
+    if (kSecondFirst && s >= 2) outputs();
     if (s < blocks) {  // Σx and the means of block s
       Stats8& sa = st[s % 3];
       if constexpr (Center) {

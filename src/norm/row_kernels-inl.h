@@ -443,8 +443,8 @@ NL_FORCE_INLINE inline void row_output(T* y, const T* x, Index n, const float* w
 // fifth of its samples.) Paired runs on a Zen 5 (scripts/ab-rows, 1 thread; docs/PERFORMANCE.md, "forty-first
 // session"): the fp32 RMSNorm forward 0.89-0.94 of the time at D = 64 and 80 in L2 and L3, bf16 0.94-0.97 at
 // D = 32 to 200, but fp32 at D = 32 and 200 (no compile-time length) 1.02-1.04, so not there. The same bits:
-// only the order of independent work changes. The LayerNorm forward in this order measured 0.96-1.04 (0.96 in
-// L2 at D = 64, 1.02-1.04 in L3), so it keeps its order.
+// only the order of independent work changes. The LayerNorm forward in this order measured 0.93-1.04
+// (0.93-0.96 in L1 and L2 at D = 64, 1.02-1.04 in L3 and of bf16 rows), so it keeps its order.
 
 // Out of cache, where a.tuning.batched_prefetch (16-bit rows) or a.tuning.batched_prefetch_fp32 (fp32 rows)
 // says so (row_kernels.h, RowTuning), step s of the eight-row forward first prefetches the rows of block

@@ -985,6 +985,34 @@ TEST(LayerNormAliasing, InPlaceEqualsOutOfPlace) {
   }
 }
 
+// The same on the eight-row kernels (D = 64, 80, 128; 100 without a compile-time length), with blocks enough
+// that a block's outputs are written in the step where the next blocks' statistics passes read their rows
+// (row_kernels-inl.h, rows_forward_batched), LayerNorm and RMSNorm with γ and β, on every target.
+TEST(LayerNormAliasing, InPlaceOnRowBlocksEqualsOutOfPlace) {
+  std::mt19937_64 rng(15);
+  const Isa saved = active_isa();
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (Index d : {64, 80, 100, 128}) {
+      const Index rows = 41;
+      const Tensor x = testing::random_tensor({rows, d}, rng, 1.0, 0.5);
+      const Tensor w = testing::random_tensor({d}, rng, 1.0, 1.0),
+                   b = testing::random_tensor({d}, rng, 0.5, 0.0);
+      const std::string what = fmt::format("{} D={}", isa_name(isa), d);
+      Fwd f = run_forward(x.cview(), w.cview(), b.cview(), {1}, 1e-5);
+      Tensor inplace = x.clone();
+      layer_norm_forward(inplace.view(), {}, {}, inplace.cview(), w.cview(), b.cview(), {1}, 1e-5);
+      EXPECT_TRUE(bitwise_equal(inplace.cview(), f.y.cview(), what + " LayerNorm in place"));
+      Tensor rms_y({rows, d}), rms_r({rows});
+      rms_norm_forward(rms_y.view(), rms_r.view(), x.cview(), w.cview(), {1}, 1e-5);
+      Tensor rms_inplace = x.clone();
+      rms_norm_forward(rms_inplace.view(), {}, rms_inplace.cview(), w.cview(), {1}, 1e-5);
+      EXPECT_TRUE(bitwise_equal(rms_inplace.cview(), rms_y.cview(), what + " RMSNorm in place"));
+    }
+  }
+  set_isa(saved);
+}
+
 // γ and β are read in place when contiguous; an output that overlaps them (y written over the buffer
 // that holds γ) must still see the γ of the call, as with a copy.
 TEST(LayerNormAliasing, OutputOverWeightSeesTheWeightOfTheCall) {

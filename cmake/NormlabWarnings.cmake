@@ -13,4 +13,9 @@ endfunction()
 if(NORMLAB_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
+  # Executables not position-independent: GCC's sanitizers give every UBSan check a descriptor that ASan
+  # instruments as a global (about a million in the test programs, ~100 MB of .data), and a PIE's dynamic
+  # linker relocates each of their pointers at every start, 0.3 s of the 0.6 s a test process took to
+  # start (docs/PERFORMANCE.md, "forty-second session"). Without PIE the linker resolves them once.
+  add_link_options($<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:-no-pie>)
 endif()

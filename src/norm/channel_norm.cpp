@@ -19,6 +19,7 @@
 
 #include "norm/channel_kernels.h"
 #include "norm/norm_plan.h"
+#include "norm/streaming.h"
 #include "parallel/parallel.h"
 #include "simd/isa_select.h"
 
@@ -96,12 +97,9 @@ const float* seg_in(const Operand& o, const Plan& p, Index b, Index c, float* sc
   return scratch;
 }
 
-// Outputs at least this large are written with streaming (non-temporal) stores: they would only evict
-// the inputs from the last-level cache.
-constexpr Index kStreamBytes = Index{16} << 20;
-
+// Outputs of kernels::stream_min_bytes() or more (norm/streaming.h) are written with streaming stores.
 bool stream_output(const Plan& p) {
-  return p.segments() * p.S * Index{sizeof(float)} >= kStreamBytes;
+  return kernels::stream_output_bytes(p.segments() * p.S * Index{sizeof(float)});
 }
 
 // Where to write the real elements of segment (b, c): the tensor itself, or scratch to scatter later.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "norm/column_kernels.h"
+#include "norm/streaming.h"
 #include "parallel/parallel.h"
 #include "simd/isa_select.h"
 
@@ -94,10 +95,9 @@ struct Operand {
   }
 };
 
-// Outputs of at least this many bytes are written with non-temporal stores where a row of a block is
-// 64-byte aligned, as on the row path (same values). (With the output prefetched ahead, streaming a
-// 10 MB output measured slower, not faster.)
-constexpr Index kStreamMinBytes = Index{16} << 20;
+// Outputs of kernels::stream_min_bytes() or more (norm/streaming.h) are written with non-temporal stores
+// where a row of a block is 64-byte aligned, as on the row path (same values). (With the output prefetched
+// ahead, streaming a 10 MB output measured slower, not faster.)
 
 Index tile_width(const Units& un, Index u) {
   return std::min(kColumnTile, un.K - (u % un.tiles) * kColumnTile);
@@ -126,7 +126,7 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
   const Units un = units_of(s);
   const Operand xo(s, x), yo(s, y);
   const kernels::ColumnKernels& k = kernels::column_kernels();
-  const bool stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
+  const bool stream = kernels::stream_output_bytes(s.groups * s.n * Index{sizeof(float)});
   const bool stage = kernels::crowds_l1(xo.at<const float>(un, 0), xo.rows.data(), s.n);
   const bool x_ahead_in_sum = 2 * s.groups * s.n * Index{sizeof(float)} > parallel::l2_cache_bytes();
   parallel::parallel_for(un.count, [&](Index u) {
@@ -175,7 +175,7 @@ void backward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Ful
   const Operand xo(s, x), dyo(s, dy), dxo(s, dx);
   const kernels::ColumnKernels& k = kernels::column_kernels();
   const std::size_t n = static_cast<std::size_t>(s.n);
-  const bool stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
+  const bool stream = kernels::stream_output_bytes(s.groups * s.n * Index{sizeof(float)});
   const bool stage = kernels::crowds_l1(xo.at<const float>(un, 0), xo.rows.data(), s.n) ||
                      kernels::crowds_l1(dyo.at<const float>(un, 0), dyo.rows.data(), s.n);
 

@@ -26,6 +26,7 @@
 #include "norm/column_norm.h"
 #include "norm/norm_plan.h"
 #include "norm/row_kernels.h"
+#include "norm/streaming.h"
 #include "parallel/parallel.h"
 
 namespace normlab {
@@ -48,10 +49,6 @@ GroupOutput group_output(const plan::FullOperand& op, Index koff, float* scratch
   float* p = reinterpret_cast<float*>(op.base) + koff;
   return op.n_contiguous ? GroupOutput{p, false} : GroupOutput{scratch, true};
 }
-
-// Outputs of at least this many bytes are written with non-temporal stores: they would not stay in the
-// cache anyway (same values either way).
-constexpr Index kStreamMinBytes = Index{16} << 20;
 
 // The trailing kept axes (size-1 axes ignored) along which this operand's groups lie at one fixed stride:
 // returns how many consecutive groups they span (1 when there is no such axis, all of them when every kept
@@ -284,7 +281,7 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   args.b = bp;
   args.eps = eps;
   args.center = kind.center;
-  args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
+  args.stream = kernels::stream_output_bytes(s.groups * s.n * Index{sizeof(float)});
   // Each thread a range of groups, cut into tasks (split_rows); the split only affects scheduling, never
   // results.
   const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
@@ -406,7 +403,7 @@ void row_norm_backward(const RowNormKind& kind, View dx, View dweight, View dbia
   // axes are last and contiguous, the common case), a run per call; groups whose elements are not
   // consecutive floats one at a time, gathered (dx scattered).
   const Runs runs = make_runs(s.k_shape, {&xo.k_strides, &dyo.k_strides, &dxo.k_strides}, scratch_needed);
-  if (!scratch_needed) args.stream = s.groups * s.n * Index{sizeof(float)} >= kStreamMinBytes;
+  if (!scratch_needed) args.stream = kernels::stream_output_bytes(s.groups * s.n * Index{sizeof(float)});
   const Index ldx = runs.step(xo.k_strides), lddy = runs.step(dyo.k_strides), lddx = runs.step(dxo.k_strides);
   // Chunks of the visiting order (row_chunks, shape only): each owns one partial row of dγ and dβ (double)
   // when they are wanted, part.dw_row(c) and db_row(c) (plan::PartialRows: 64-byte aligned rows). Every

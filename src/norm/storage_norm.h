@@ -46,12 +46,13 @@
 #include "norm/norm_plan.h"
 #include "norm/row_kernels.h"
 #include "norm/row_norm.h"
+#include "norm/streaming.h"
 #include "parallel/parallel.h"
 
 namespace normlab::storage {
 
-inline constexpr Index kUnitElems = Index{1} << 15;  // elements per unit (flat layouts): 128 KiB fp32 rows in L2
-inline constexpr std::int64_t kStreamBytes = std::int64_t{16} << 20;  // outputs this large bypass the cache
+inline constexpr Index kUnitElems = Index{1}
+                                    << 15;  // elements per unit (flat layouts): 128 KiB fp32 rows in L2
 
 // The format index of a 16-bit storage type (kernels::kBf16 / kF16); -1 for float.
 template <typename T>
@@ -345,7 +346,7 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
   const float* wp = w.defined ? wv.data() : nullptr;
   const float* bp = b.defined ? bv.data() : nullptr;
   const kernels::ConvertKernels& cv = kernels::convert_kernels();
-  const bool stream = x.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
+  const bool stream = kernels::stream_output_bytes(x.numel() * static_cast<Index>(sizeof(T)));
   constexpr bool kNarrow = format_of<T>() >= 0;
   {
     // Direct route (every flat layout reaches here: bf16/fp16 storage, or the fused add + norm): the rows
@@ -518,7 +519,7 @@ void backward(const BwdNames& nm, TensorView<T> dx, View dweight, View dbias, Te
   }
   const kernels::RowKernels& k = kernels::row_kernels();
   const kernels::ConvertKernels& cv = kernels::convert_kernels();
-  const bool stream = src.numel() * static_cast<Index>(sizeof(T)) >= kStreamBytes;
+  const bool stream = kernels::stream_output_bytes(src.numel() * static_cast<Index>(sizeof(T)));
   const float* rstd_base = pr.defined ? reinterpret_cast<const float*>(pr.base) : nullptr;
 
   // Direct path (x given, flat): the rows straight through the fused row kernels on T (for 16-bit types dx

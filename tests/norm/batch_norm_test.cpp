@@ -12,6 +12,7 @@
 #include <random>
 
 #include "norm/channel_norm.h"
+#include "norm/streaming.h"
 #include "support/finite_diff.h"
 #include "support/random.h"
 #include "support/tolerance.h"
@@ -647,12 +648,14 @@ TEST(BatchNormNumerics, LargeOffsetsWithinOneMicro) {
   }
 }
 
-// Outputs of ≥ 16 MiB go through scratch and streaming stores (channel_norm.cpp) when a segment of the
-// output is consecutive floats: the same bits as the ordinary path, which an output with a step of 2
-// along T takes (its segments are scattered), at 1 and 2 threads. Also against the float64 reference.
+// Outputs at or above the streaming-store threshold (norm/streaming.h; 16 MiB, here lowered to 64 KiB)
+// go through scratch and streaming stores (channel_norm.cpp) when a segment of the output is consecutive
+// floats: the same bits as the ordinary path, which an output with a step of 2 along T takes (its
+// segments are scattered), at 1 and 2 threads. Also against the float64 reference.
 TEST(BatchNormDeterminism, StreamingStoresGiveTheSameBits) {
   std::mt19937_64 rng(7);
-  const Index B = 4, C = 8, T = (Index{1} << 17) + 5;  // 16 MiB + 80 B; segments misaligned
+  const kernels::ScopedStreamMinBytes lowered(Index{64} << 10);
+  const Index B = 4, C = 8, T = (Index{1} << 11) + 5;  // 256 KiB + 80 B; segments misaligned
   Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, 3.0),
          dy = testing::random_tensor({B, C, T}, rng, 1, 0);
   Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 0.5, 0.0);

@@ -26,6 +26,7 @@
 
 #include "norm/convert_kernels.h"
 #include "norm/lowp_support.h"
+#include "norm/streaming.h"
 #include "support/random.h"
 #include "support/tolerance.h"
 
@@ -459,9 +460,12 @@ TYPED_TEST(StorageNorm, StridedAxisMatchesTransposedCopy) {
 TYPED_TEST(StorageNorm, SameBitsForEveryTargetAndThreadCount) {
   using T = TypeParam;
   std::mt19937_64 rng(14);
-  // 2048 × 4100 elements: 16.8 MB of storage, above the streaming-store threshold.
-  // 2049 × 4096: the same, through the pipelined forward (n a multiple of 64).
-  for (const Dims& shape : {Dims{2048, 4100}, Dims{2049, 4096}, Dims{37, 129}}) {
+  // The streaming-store threshold lowered to 64 KiB (norm/streaming.h; its default pinned by
+  // Streaming.ThresholdIs16MiBUnlessAScopeLowersIt), so that the out-of-cache paths run on small tensors:
+  // 64 × 4100 (the per-row kernels), 65 × 4096 (the pipelined forward, n a multiple of 64), 600 × 64 and
+  // 500 × 80 (the eight-row kernels at their compile-time lengths) are streamed, 37 × 129 is not.
+  const kernels::ScopedStreamMinBytes lowered(Index{64} << 10);
+  for (const Dims& shape : {Dims{64, 4100}, Dims{65, 4096}, Dims{600, 64}, Dims{500, 80}, Dims{37, 129}}) {
     const BasicTensor<T> x = convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 3.0).cview());
     const BasicTensor<T> dy = convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
     const Tensor w = testing::random_tensor(Dims{shape[1]}, rng, 0.5, 1.0);

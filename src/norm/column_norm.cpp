@@ -95,10 +95,6 @@ struct Operand {
   }
 };
 
-// Outputs of kernels::stream_min_bytes() or more (norm/streaming.h) are written with non-temporal stores
-// where a row of a block is 64-byte aligned, as on the row path (same values). (With the output prefetched
-// ahead, streaming a 10 MB output measured slower, not faster.)
-
 Index tile_width(const Units& un, Index u) {
   return std::min(kColumnTile, un.K - (u % un.tiles) * kColumnTile);
 }
@@ -126,6 +122,9 @@ void forward(const RowNormKind& kind, const plan::AxisSplit& s, const plan::Full
   const Units un = units_of(s);
   const Operand xo(s, x), yo(s, y);
   const kernels::ColumnKernels& k = kernels::column_kernels();
+  // Outputs of kernels::stream_min_bytes() or more (norm/streaming.h) are written with non-temporal stores
+  // where a row of a block is 64-byte aligned, as on the row path (same values); the backward likewise.
+  // (With the output prefetched ahead, streaming a 10 MB output measured slower, not faster.)
   const bool stream = kernels::stream_output_bytes(s.groups * s.n * Index{sizeof(float)});
   const bool stage = kernels::crowds_l1(xo.at<const float>(un, 0), xo.rows.data(), s.n);
   const bool x_ahead_in_sum = 2 * s.groups * s.n * Index{sizeof(float)} > parallel::l2_cache_bytes();

@@ -51,8 +51,8 @@
 
 namespace normlab::storage {
 
-inline constexpr Index kUnitElems = Index{1}
-                                    << 15;  // elements per unit (flat layouts): 128 KiB fp32 rows in L2
+// Elements per unit (flat layouts): 128 KiB of fp32 rows in L2.
+inline constexpr Index kUnitElems = Index{1} << 15;
 
 // The format index of a 16-bit storage type (kernels::kBf16 / kF16); -1 for float.
 template <typename T>

@@ -32,6 +32,9 @@
 //                        in normlab, from one forward's mean/rstd in ATen (native_group_norm(_backward))
 //   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/1024x256x16       the same of [N, C, 4·4] (segments of 16 floats:
 //                        normlab's sample runs)
+//   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/2048x256x8        and of [N, C, 8] (segments of 8 floats: sample
+//   runs
+//                        whose lane vectors are gathered or transposed, the machine's LaneLoads)
 //   BM_Copy/copy/{64x256x400,32000x80,32768x1024}, BM_CopyStream/...  the copy roofline at those shapes
 //                        (the BFT shape's copies are in bench_norm.cpp)
 // Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).
@@ -121,6 +124,7 @@ const Shape kPerm{"32x1024x1024", {32, 1024, 1024}, 2};
 const Shape kPermRows{"32768x1024", {32768, 1024}};
 const Shape kGn{"4096x1024", {4096, 1024}};  // GroupNorm of [N, C], kGroups groups
 const Shape kGnSmall{"1024x256x16", {1024, 256, 16}};  // GroupNorm of [N, C, H·W] with H·W = 4 × 4
+const Shape kGnShort{"2048x256x8", {2048, 256, 8}};    // GroupNorm of [N, C, T] with T = 8
 constexpr int kGroups = 32;
 
 // ---- implementations: Run() is timed; Result() gives the main output and (backward) dγ, dβ ----------
@@ -705,6 +709,8 @@ const bool kRegistered = [] {
   RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGn);
   RegisterImpls("GroupNormFwd", {"normlab", "aten"}, Bench::kGnFwd, kGnSmall);
   RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGnSmall);
+  RegisterImpls("GroupNormFwd", {"normlab", "aten"}, Bench::kGnFwd, kGnShort);
+  RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGnShort);
   return true;
 }();
 

@@ -318,25 +318,51 @@ inline void far_terms(VD* t, const VF* v, int h, int n) {
   }
 }
 
+// The fewest elements that load_lanes transposes rather than gathers, when segments_stats' lane loads say
+// transpose: the transpose's sixteen loads and 64 permutes cost the same for any number of elements, the
+// gathers one per element. On the Zen 5 (GroupNorm of [N, 256, S], the two alternated call by call, same
+// bits; docs/PERFORMANCE.md, forty-third session) transposing took 1.00-1.02 of the time at S = 3, 0.85-0.93
+// at S = 5 .. 7; for the elements past the 16th, 1.02-1.03 at S = 18, 0.98-1.02 at 20, 0.94-0.99 at 24.
+inline constexpr int kTransposeMin = 5;
+
 // The lane vectors of 16 segments of n floats (segment s at p + s·n, 1 ≤ n ≤ Max ≤ 48): v[j] lane s =
-// element j of segment s. For n ≥ 16 the first 16 elements loaded and transposed in registers (on
-// AVX-512; gathers on the other targets), the others by one gather per element (a second, zero-padded
-// block transposed took 1.2-1.45 of the time at S = 24 and 28: its permutes share a port with the
-// conversions to double, a gather's loads do not). For n = 2 and 4 the 16·n floats loaded and deinterleaved
-// in registers (vec.h, load_deinterleaved; gathers on the other targets): a gather of 16 floats took 4.7
-// cycles from L1 on the Xeon of docs/PERFORMANCE.md's thirty-fifth session, one or two permutes per vector
-// about 1-2. Other n < 16 gather.
-template <int Max>
-inline void load_lanes(const float* p, int n, VF* v) {
+// element j of segment s. For n = 2 and 4 the 16·n floats loaded and deinterleaved in registers (vec.h,
+// load_deinterleaved; gathers on the other targets): a gather of 16 floats took 4.7 cycles from L1 on the
+// Xeon of docs/PERFORMANCE.md's thirty-fifth session, one or two permutes per vector about 1-2. For n ≥ 16
+// the first 16 elements loaded and transposed in registers (load_transposed16; gathers on the other
+// targets). The other elements (n < 16 but 2 and 4; from the 17th on) as segments_stats' LaneLoads says
+// (channel_kernels.h): one gather per element (Transpose false; on the Xeon a second, zero-padded block
+// transposed took 1.2-1.45 of the time at S = 24 and 28: its permutes share a port with the conversions to
+// double, a gather's loads do not), or, for blocks of kTransposeMin or more of them, sixteen masked loads and
+// a transpose per sixteen elements (load_transposed_n; gathers on the other targets). The same values either
+// way.
+template <int Max, bool Transpose>
+NL_FORCE_INLINE inline void load_lanes(const float* p, int n, VF* v) {
   if (n < kF) {
     if (n == 2) return load_deinterleaved<2>(p, v);
     if (n == 4) return load_deinterleaved<4>(p, v);
-    for (int j = 0; j < n; ++j) v[j] = gather(p + j, n);
+    if (Transpose && n >= kTransposeMin) {
+      load_transposed_n(p, n, n, v);
+    } else {
+      for (int j = 0; j < n; ++j) v[j] = gather(p + j, n);
+    }
     return;
   }
   load_transposed16(p, n, v);
-  if constexpr (Max > kF)
-    for (int j = kF; j < n; ++j) v[j] = gather(p + j, n);
+  if constexpr (Max > kF) {
+    if constexpr (Transpose) {
+      for (int j0 = kF; j0 < n; j0 += kF) {
+        const int k = std::min(n - j0, kF);
+        if (k >= kTransposeMin) {
+          load_transposed_n(p + j0, n, k, v + j0);
+        } else {
+          for (int j = j0; j < j0 + k; ++j) v[j] = gather(p + j, n);
+        }
+      }
+    } else {
+      for (int j = kF; j < n; ++j) v[j] = gather(p + j, n);
+    }
+  }
 }
 
 // The first pass's lane terms for the segments that stats_lanes<Max> takes: n ≤ 16, 16 < n ≤ 32, 32 < n ≤ 48.
@@ -356,14 +382,14 @@ inline void first_terms(VD* t, const VF* v, int h, int n) {
 // doubles for segments 0..7 (h = 0) and 8..15 (h = 1); a horizontal sum becomes hsum_lanes over lane terms
 // (first_terms), which leave out the additions of +0 that never change a value. The same values
 // as segment_stats segment by segment: the same bits (tests/norm/channel_kernels_test.cpp).
-template <bool Dy, int Max>
+template <bool Dy, int Max, bool Transpose>
 inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, const float* dy, Index n) {
   const int k = static_cast<int>(std::min<Index>(n, Max));  // (n ≤ Max: the bound, for the compiler)
   const int nb = std::min(k, kF);  // the lanes of one vector; the second pass's block sums
   const VF zf = zerof();
   VF xs[Max], gs[Max];
-  load_lanes<Max>(x, k, xs);
-  if constexpr (Dy) load_lanes<Max>(dy, k, gs);
+  load_lanes<Max, Transpose>(x, k, xs);
+  if constexpr (Dy) load_lanes<Max, Transpose>(dy, k, gs);
   const VD nd = bcastd(static_cast<double>(n));
   VD t[kD], sum[2], sdy[2], mean[2], ml[2];
   for (int h = 0; h < 2; ++h) {
@@ -419,28 +445,44 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   }
 }
 
-void segments_stats(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count) {
+// segments_stats' sixteens of segments (n ≤ kLanesUpTo): the first count − count % 16 segments; returns
+// that count.
+template <bool Transpose>
+Index stats_sixteens(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count) {
+  Index i = 0;
+  for (; i + kF <= count; i += kF) {
+    if (n <= kF) {
+      if (dy)
+        stats_lanes<true, kF, Transpose>(out, i, x + i * n, dy + i * n, n);
+      else
+        stats_lanes<false, kF, Transpose>(out, i, x + i * n, nullptr, n);
+    } else if (n <= 2 * kF) {
+      if (dy)
+        stats_lanes<true, 2 * kF, Transpose>(out, i, x + i * n, dy + i * n, n);
+      else
+        stats_lanes<false, 2 * kF, Transpose>(out, i, x + i * n, nullptr, n);
+    } else if (dy) {
+      stats_lanes<true, kLanesMax, Transpose>(out, i, x + i * n, dy + i * n, n);
+    } else {
+      stats_lanes<false, kLanesMax, Transpose>(out, i, x + i * n, nullptr, n);
+    }
+  }
+  return i;
+}
+
+void segments_stats(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count,
+                    LaneLoads loads) {
   const StatsPrefetch pf;  // segment_stats' default: follow x in memory (into the next segments)
   // Scalar math: segment_stats(x + i·n, dy + i·n, n) into the columns' entry i, for i in [0, count)
   Index i = 0;
   if (n <= kLanesUpTo) {
-    for (; i + kF <= count; i += kF) {
-      if (n <= kF) {
-        if (dy)
-          stats_lanes<true, kF>(out, i, x + i * n, dy + i * n, n);
-        else
-          stats_lanes<false, kF>(out, i, x + i * n, nullptr, n);
-      } else if (n <= 2 * kF) {
-        if (dy)
-          stats_lanes<true, 2 * kF>(out, i, x + i * n, dy + i * n, n);
-        else
-          stats_lanes<false, 2 * kF>(out, i, x + i * n, nullptr, n);
-      } else if (dy) {
-        stats_lanes<true, kLanesMax>(out, i, x + i * n, dy + i * n, n);
-      } else {
-        stats_lanes<false, kLanesMax>(out, i, x + i * n, nullptr, n);
-      }
-    }
+#if NL_VEC_AVX512
+    i = loads == LaneLoads::kTranspose ? stats_sixteens<true>(out, x, dy, n, count)
+                                       : stats_sixteens<false>(out, x, dy, n, count);
+#else
+    (void)loads;  // gathers either way (load_transposed_n gathers on these targets)
+    i = stats_sixteens<false>(out, x, dy, n, count);
+#endif
   }
   SegmentStats s;
   for (; i < count; ++i) {

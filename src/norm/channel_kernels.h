@@ -113,14 +113,25 @@ struct RowInputGradConsts {
   const float *mh, *ml, *r, *w, *c0, *c2;
 };
 
+// How segments_stats forms the lane vectors of its sixteen segments at a time (channel_kernels-inl.h,
+// load_lanes) for segments of fewer than 16 floats but 2 and 4, and for the elements from the 17th on: one
+// gather per element, or sixteen masked loads and a 16 × 16 transpose in registers per sixteen elements. The
+// same values either way; only AVX-512 transposes (the other targets gather either way). A machine choice
+// (channel_norm.cpp, lane_loads): gathers on Intel; the transpose on AMD, where GroupNorm of [N, 256, S] took
+// 0.67-0.98 of the time with it on the Zen 5 at S = 5 .. 40 (S = 16 loads no other elements), forward and
+// backward, 1 and 2 threads (docs/PERFORMANCE.md, forty-third session).
+enum class LaneLoads { kGather, kTranspose };
+
 struct ChannelKernels {
   // dy may be null (then sdy = sdyd = 0). The first pass prefetches its inputs 4 KiB ahead (pf).
   void (*segment_stats)(SegmentStats* out, const float* x, const float* dy, Index n, const StatsPrefetch& pf);
   // segment_stats of `count` consecutive segments of n floats (segment i at x + i·n, dy + i·n) into the
   // columns' entries [0, count) (sdy and sdyd only with dy), with the default prefetch: one kernel entry for
   // many short segments. For n ≤ 40 (channel_kernels-inl.h, kLanesUpTo) the segments go sixteen at a time,
-  // one per lane (the same operations on the same values: the same bits).
-  void (*segments_stats)(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count);
+  // one per lane (the same operations on the same values: the same bits), their lane vectors formed as
+  // `loads` says.
+  void (*segments_stats)(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count,
+                         LaneLoads loads);
   // y may equal x. stream: non-temporal stores from the first 64-byte boundary of y on (ordinary
   // stores before it and at the tail; the values are the same). Call fence() before another thread
   // may read what was streamed.

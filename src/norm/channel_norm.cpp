@@ -19,6 +19,7 @@
 
 #include "norm/channel_kernels.h"
 #include "norm/norm_plan.h"
+#include "norm/row_kernels.h"
 #include "norm/streaming.h"
 #include "parallel/parallel.h"
 #include "simd/isa_select.h"
@@ -1276,6 +1277,16 @@ bool on_sample_runs(const Plan& p, std::initializer_list<const Operand*> operand
          consecutive_segments(p, operands);
 }
 
+// segments_stats' lane loads on this machine (channel_kernels.h, LaneLoads), decided once: gathers on Intel
+// (the Xeon's choice, thirty-fifth session), the transpose on AMD (machine_cpu_kind, as for the row kernels'
+// choices; NORMLAB_ROW_TUNING overrides both). Measured on the Zen 5 only; a Zen 4 is taken as AMD.
+kernels::LaneLoads lane_loads() {
+  static const kernels::LaneLoads loads = kernels::machine_cpu_kind() == kernels::CpuKind::kIntel
+                                              ? kernels::LaneLoads::kGather
+                                              : kernels::LaneLoads::kTranspose;
+  return loads;
+}
+
 // A run of groups [g0, g1) of batch item b: channels c0 .. c1 − 1 (c1 − c0 segments of S floats, the first
 // at offset c0·S of the item's row).
 struct GroupRun {
@@ -1341,7 +1352,7 @@ T* run_at(const Operand& o, const GroupRun& r) {
 void run_stats(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r, const Operand& xo,
                const Operand* dyo, const kernels::SegmentColumns& st) {
   k.segments_stats(st, run_at<const float>(xo, r), dyo ? run_at<const float>(*dyo, r) : nullptr, p.S,
-                   r.c1 - r.c0);
+                   r.c1 - r.c0, lane_loads());
 }
 
 // combine_group for the groups of a run (every segment unmasked, n_s = S) from its segment statistics st

@@ -217,6 +217,18 @@ NL_FORCE_INLINE inline void load_transposed16(const float* p, int stride, VF* v)
   transpose_stage<8>(m);
   for (int r = 0; r < 16; ++r) v[r] = {m[r]};
 }
+// v[j] lane s = p[stride·s + j] for j < k ≤ 16, s < 16 (v[k..16) unspecified): sixteen loads of k floats
+// (masked: nothing past them is read) and the transpose of load_transposed16.
+NL_FORCE_INLINE inline void load_transposed_n(const float* p, int stride, int k, VF* v) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << k) - 1u);
+  __m512 m[16];
+  for (int r = 0; r < 16; ++r) m[r] = _mm512_maskz_loadu_ps(mask, p + stride * r);
+  transpose_stage<1>(m);
+  transpose_stage<2>(m);
+  transpose_stage<4>(m);
+  transpose_stage<8>(m);
+  for (int r = 0; r < 16; ++r) v[r] = {m[r]};
+}
 // v[j] lane s = p[N·s + j] for j < N, s < 16, N = 2 or 4 (16 segments of N floats, element j of segment s):
 // N loads of the 16·N floats and, for N = 2, one two-source permute per vector; for N = 4, two stages (the
 // even and odd elements of pairs of vectors, then their 256-bit halves put together). Reads only those floats
@@ -452,6 +464,9 @@ inline VF gather(const float* p, int stride) {
 inline void load_transposed16(const float* p, int stride, VF* v) {
   for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
 }
+inline void load_transposed_n(const float* p, int stride, int k, VF* v) {
+  for (int j = 0; j < k; ++j) v[j] = gather(p + j, stride);
+}
 template <int N>
 inline void load_deinterleaved(const float* p, VF* v) {
   for (int j = 0; j < N; ++j) v[j] = gather(p + j, N);
@@ -681,6 +696,9 @@ inline VF gather(const float* p, int stride) {
 }
 inline void load_transposed16(const float* p, int stride, VF* v) {
   for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
+}
+inline void load_transposed_n(const float* p, int stride, int k, VF* v) {
+  for (int j = 0; j < k; ++j) v[j] = gather(p + j, stride);
 }
 template <int N>
 inline void load_deinterleaved(const float* p, VF* v) {

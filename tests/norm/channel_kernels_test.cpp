@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace normlab {
@@ -30,8 +31,8 @@ auto bits(T v) {
 // segments_stats against segment_stats called segment by segment: every column entry the same bits, for
 // segment lengths n = 1 .. 18 and from 20 to 65 around multiples of 8 and 16 (n ≤ 40 goes sixteen segments
 // at a time, one per lane, and the rest one by one) and counts around multiples of 16, with and without dy,
-// on every target. The segments hold −0.0, all −0.0 (also with every dy·e −0), a constant,
-// huge and tiny values, an offset of 1e4, a NaN and ±Inf (x and dy).
+// with both lane loads (gathered and transposed), on every target. The segments hold −0.0, all −0.0 (also
+// with every dy·e −0), a constant, huge and tiny values, an offset of 1e4, a NaN and ±Inf (x and dy).
 TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
   std::mt19937_64 rng(91);
   std::normal_distribution<float> nd;
@@ -69,19 +70,23 @@ TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
       for (const Isa isa : supported_isas()) {
         set_isa(isa);
         const kernels::ChannelKernels& k = kernels::channel_kernels();
-        for (const bool with_dy : {false, true}) {
+        for (const auto& [with_dy, loads] :
+             {std::pair{false, kernels::LaneLoads::kGather}, std::pair{true, kernels::LaneLoads::kGather},
+              std::pair{false, kernels::LaneLoads::kTranspose},
+              std::pair{true, kernels::LaneLoads::kTranspose}}) {
           const float* d = with_dy ? dy.data() : nullptr;
           std::vector<double> c[5];
           for (auto& v : c) v.assign(static_cast<std::size_t>(count), -7.0);  // sdy, sdyd stay without dy
           k.segments_stats({c[0].data(), c[1].data(), c[2].data(), c[3].data(), c[4].data()}, x.data(), d, n,
-                           count);
+                           count, loads);
           for (Index s = 0; s < count; ++s) {
             kernels::SegmentStats r;
             k.segment_stats(&r, x.data() + s * n, d ? d + s * n : nullptr, n, kernels::StatsPrefetch{});
             const std::size_t i = static_cast<std::size_t>(s);
             const std::string what = std::string(isa_name(isa)) + " n " + std::to_string(n) + " count " +
                                      std::to_string(count) + " segment " + std::to_string(s) +
-                                     (with_dy ? " with dy" : "");
+                                     (with_dy ? " with dy" : "") +
+                                     (loads == kernels::LaneLoads::kGather ? " gathered" : " transposed");
             EXPECT_EQ(bits(c[0][i]), bits(r.sum)) << what << " sum " << c[0][i] << " vs " << r.sum;
             EXPECT_EQ(bits(c[1][i]), bits(r.mean)) << what << " mean " << c[1][i] << " vs " << r.mean;
             EXPECT_EQ(bits(c[2][i]), bits(r.m2)) << what << " m2 " << c[2][i] << " vs " << r.m2;

@@ -140,8 +140,11 @@ std::vector<Call> calls() {
                  const Tensor x = filled({17, 37}), dy = filled({17, 37});
                  double c[5][17];
                  const kernels::SegmentColumns st{c[0], c[1], c[2], c[3], c[4]};
-                 kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 37, 3);
-                 kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 5, 17);  // n ≤ 16
+                 for (const auto loads : {kernels::LaneLoads::kGather, kernels::LaneLoads::kTranspose}) {
+                   kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 37, 3, loads);
+                   kernels::channel_kernels().segments_stats(st, x.data(), dy.data(), 5, 17,
+                                                             loads);  // n ≤ 16
+                 }
                }});
   v.push_back({"channel normalize", [] {
                  const Tensor x = filled({37});

@@ -326,11 +326,13 @@ inline void far_terms(VD* t, const VF* v, int h, int n) {
 inline constexpr int kTransposeMin = 5;
 
 // The lane vectors of 16 segments of n floats (segment s at p + s·n, 1 ≤ n ≤ Max ≤ 48): v[j] lane s =
-// element j of segment s. For n = 2 and 4 the 16·n floats loaded and deinterleaved in registers (vec.h,
+// element j of segment s. For n = 2, 4 and 8 the 16·n floats loaded and deinterleaved in registers (vec.h,
 // load_deinterleaved; gathers on the other targets): a gather of 16 floats took 4.7 cycles from L1 on the
-// Xeon of docs/PERFORMANCE.md's thirty-fifth session, one or two permutes per vector about 1-2. For n ≥ 16
-// the first 16 elements loaded and transposed in registers (load_transposed16; gathers on the other
-// targets). The other elements (n < 16 but 2 and 4; from the 17th on) as segments_stats' LaneLoads says
+// Xeon of docs/PERFORMANCE.md's thirty-fifth session, one or two permutes per vector about 1-2 (n = 8, three
+// per vector: on the Zen 5 GroupNorm of [N, 256, 8] took 0.64-0.91 of the time of the transpose below, forty-
+// third session; not measured on Intel). For n ≥ 16 the first 16 elements loaded and transposed in
+// registers (load_transposed16; gathers on the other targets). The other elements (n < 16 but 2, 4 and 8;
+// from the 17th on) as segments_stats' LaneLoads says
 // (channel_kernels.h): one gather per element (Transpose false; on the Xeon a second, zero-padded block
 // transposed took 1.2-1.45 of the time at S = 24 and 28: its permutes share a port with the conversions to
 // double, a gather's loads do not), or, for blocks of kTransposeMin or more of them, sixteen masked loads and
@@ -341,8 +343,9 @@ NL_FORCE_INLINE inline void load_lanes(const float* p, int n, VF* v) {
   if (n < kF) {
     if (n == 2) return load_deinterleaved<2>(p, v);
     if (n == 4) return load_deinterleaved<4>(p, v);
+    if (n == 8) return load_deinterleaved<8>(p, v);
     if (Transpose && n >= kTransposeMin) {
-      load_transposed_n(p, n, n, v);
+      load_transposed_n(p, n, n, kF * n, v);
     } else {
       for (int j = 0; j < n; ++j) v[j] = gather(p + j, n);
     }
@@ -354,7 +357,7 @@ NL_FORCE_INLINE inline void load_lanes(const float* p, int n, VF* v) {
       for (int j0 = kF; j0 < n; j0 += kF) {
         const int k = std::min(n - j0, kF);
         if (k >= kTransposeMin) {
-          load_transposed_n(p + j0, n, k, v + j0);
+          load_transposed_n(p + j0, n, k, kF * n - j0, v + j0);
         } else {
           for (int j = j0; j < j0 + k; ++j) v[j] = gather(p + j, n);
         }

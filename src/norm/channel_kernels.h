@@ -114,8 +114,8 @@ struct RowInputGradConsts {
 };
 
 // How segments_stats forms the lane vectors of its sixteen segments at a time (channel_kernels-inl.h,
-// load_lanes) for segments of fewer than 16 floats but 2 and 4, and for the elements from the 17th on: one
-// gather per element, or sixteen masked loads and a 16 × 16 transpose in registers per sixteen elements. The
+// load_lanes) for segments of fewer than 16 floats but 2, 4 and 8, and for the elements from the 17th on: one
+// gather per element, or sixteen loads and a 16 × 16 transpose in registers per sixteen elements. The
 // same values either way; only AVX-512 transposes (the other targets gather either way). A machine choice
 // (channel_norm.cpp, lane_loads): gathers on Intel; the transpose on AMD, where GroupNorm of [N, 256, S] took
 // 0.67-0.98 of the time with it on the Zen 5 at S = 5 .. 40 (S = 16 loads no other elements), forward and

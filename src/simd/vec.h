@@ -217,26 +217,58 @@ NL_FORCE_INLINE inline void load_transposed16(const float* p, int stride, VF* v)
   transpose_stage<8>(m);
   for (int r = 0; r < 16; ++r) v[r] = {m[r]};
 }
-// v[j] lane s = p[stride·s + j] for j < k ≤ 16, s < 16 (v[k..16) unspecified): sixteen loads of k floats
-// (masked: nothing past them is read) and the transpose of load_transposed16.
-NL_FORCE_INLINE inline void load_transposed_n(const float* p, int stride, int k, VF* v) {
+// v[j] lane s = p[stride·s + j] for j < k ≤ 16, s < 16 (v[k..16) unspecified), where the floats p[0, limit)
+// may be read: sixteen loads and the transpose of load_transposed16. Each row is a load of 16 floats where
+// they lie within the limit, else of its k floats (masked: nothing past them is read). On the Zen 5 the
+// masked loads cost: with every row masked, GroupNorm of [N, 256, S] took 1.1-1.5 times as long at S = 5 ..
+// 15 (docs/PERFORMANCE.md, forty-third session).
+NL_FORCE_INLINE inline void load_transposed_n(const float* p, int stride, int k, int limit, VF* v) {
   const __mmask16 mask = static_cast<__mmask16>((1u << k) - 1u);
   __m512 m[16];
-  for (int r = 0; r < 16; ++r) m[r] = _mm512_maskz_loadu_ps(mask, p + stride * r);
+  for (int r = 0; r < 16; ++r)
+    m[r] = stride * r + 16 <= limit ? _mm512_loadu_ps(p + stride * r)
+                                    : _mm512_maskz_loadu_ps(mask, p + stride * r);
   transpose_stage<1>(m);
   transpose_stage<2>(m);
   transpose_stage<4>(m);
   transpose_stage<8>(m);
   for (int r = 0; r < 16; ++r) v[r] = {m[r]};
 }
-// v[j] lane s = p[N·s + j] for j < N, s < 16, N = 2 or 4 (16 segments of N floats, element j of segment s):
-// N loads of the 16·N floats and, for N = 2, one two-source permute per vector; for N = 4, two stages (the
-// even and odd elements of pairs of vectors, then their 256-bit halves put together). Reads only those floats
-// (the gathers of the other targets read the same).
+// v[j] lane s = p[N·s + j] for j < N, s < 16, N = 2, 4 or 8 (16 segments of N floats, element j of segment
+// s): N loads of the 16·N floats and, for N = 2, one two-source permute per vector; for N = 4, two stages
+// (the even and odd elements of pairs of vectors, then their 256-bit halves put together); for N = 8, three
+// (split_positions). Reads only those floats (the gathers of the other targets read the same).
+// One step of load_deinterleaved<8>: sources a, b hold groups of W consecutive elements (32 / W groups in
+// all, a's first); even gets each group's elements at even positions, odd those at odd positions, the
+// groups in the same order (W / 2 elements each).
+template <int W>
+NL_FORCE_INLINE inline void split_positions(__m512 a, __m512 b, __m512& even, __m512& odd) {
+  constexpr auto e = [](int l) { return (l / (W / 2)) * W + 2 * (l % (W / 2)); };
+  const __m512i ie = _mm512_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7), e(8), e(9), e(10),
+                                       e(11), e(12), e(13), e(14), e(15));
+  const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+  even = _mm512_permutex2var_ps(a, ie, b);
+  odd = _mm512_permutex2var_ps(a, io, b);
+}
 template <int N>
 NL_FORCE_INLINE inline void load_deinterleaved(const float* p, VF* v) {
-  static_assert(N == 2 || N == 4);
-  if constexpr (N == 2) {
+  static_assert(N == 2 || N == 4 || N == 8);
+  if constexpr (N == 8) {
+    // Three steps of split_positions, each taking one bit of the element index j: the first its bit 0
+    // (segments 4m .. 4m + 3 in e1[m], o1[m], elements j = 2q and 2q + 1 at position q), the second bit 1,
+    // the third bit 2 (one element of each of the sixteen segments).
+    __m512 e1[4], o1[4], ee[2], eo[2], oe[2], oo[2];
+    for (int m = 0; m < 4; ++m)
+      split_positions<8>(_mm512_loadu_ps(p + 32 * m), _mm512_loadu_ps(p + 32 * m + 16), e1[m], o1[m]);
+    for (int h = 0; h < 2; ++h) {
+      split_positions<4>(e1[2 * h], e1[2 * h + 1], ee[h], eo[h]);  // j = 0, 4 and 2, 6
+      split_positions<4>(o1[2 * h], o1[2 * h + 1], oe[h], oo[h]);  // j = 1, 5 and 3, 7
+    }
+    split_positions<2>(ee[0], ee[1], v[0].v, v[4].v);
+    split_positions<2>(eo[0], eo[1], v[2].v, v[6].v);
+    split_positions<2>(oe[0], oe[1], v[1].v, v[5].v);
+    split_positions<2>(oo[0], oo[1], v[3].v, v[7].v);
+  } else if constexpr (N == 2) {
     const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
@@ -464,7 +496,7 @@ inline VF gather(const float* p, int stride) {
 inline void load_transposed16(const float* p, int stride, VF* v) {
   for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
 }
-inline void load_transposed_n(const float* p, int stride, int k, VF* v) {
+inline void load_transposed_n(const float* p, int stride, int k, int, VF* v) {
   for (int j = 0; j < k; ++j) v[j] = gather(p + j, stride);
 }
 template <int N>
@@ -697,7 +729,7 @@ inline VF gather(const float* p, int stride) {
 inline void load_transposed16(const float* p, int stride, VF* v) {
   for (int j = 0; j < 16; ++j) v[j] = gather(p + j, stride);
 }
-inline void load_transposed_n(const float* p, int stride, int k, VF* v) {
+inline void load_transposed_n(const float* p, int stride, int k, int, VF* v) {
   for (int j = 0; j < k; ++j) v[j] = gather(p + j, stride);
 }
 template <int N>

@@ -319,32 +319,33 @@ inline void far_terms(VD* t, const VF* v, int h, int n) {
 }
 
 // The fewest elements that load_lanes transposes rather than gathers, when segments_stats' lane loads say
-// transpose: the transpose's sixteen loads and 64 permutes cost the same for any number of elements, the
-// gathers one per element. On the Zen 5 (GroupNorm of [N, 256, S], the two alternated call by call, same
-// bits; docs/PERFORMANCE.md, forty-third session) transposing took 1.00-1.02 of the time at S = 3, 0.85-0.93
-// at S = 5 .. 7; for the elements past the 16th, 1.02-1.03 at S = 18, 0.98-1.02 at 20, 0.94-0.99 at 24.
-inline constexpr int kTransposeMin = 5;
+// transpose: segments shorter than 16 floats from kTransposeMinShort floats on, blocks of the elements past
+// the 16th from kTransposeMinTail. The transpose's sixteen loads and 64 permutes cost the same for any
+// number of elements, the gathers one per element. On the Zen 5 (GroupNorm of [N, 256, S], the two
+// alternated call by call, same bits; docs/PERFORMANCE.md, forty-third session) transposing took 0.84-0.96 of
+// the time at S = 3; past the 16th element 1.02-1.07 at S = 17, 18 and 34 (one or two elements), 0.99-1.02 at
+// S = 20 (four), 0.94-0.99 at S = 24 (eight).
+inline constexpr int kTransposeMinShort = 3, kTransposeMinTail = 5;
 
 // The lane vectors of 16 segments of n floats (segment s at p + s·n, 1 ≤ n ≤ Max ≤ 48): v[j] lane s =
 // element j of segment s. For n = 2, 4 and 8 the 16·n floats loaded and deinterleaved in registers (vec.h,
 // load_deinterleaved; gathers on the other targets): a gather of 16 floats took 4.7 cycles from L1 on the
-// Xeon of docs/PERFORMANCE.md's thirty-fifth session, one or two permutes per vector about 1-2 (n = 8, three
-// per vector: on the Zen 5 GroupNorm of [N, 256, 8] took 0.64-0.91 of the time of the transpose below, forty-
-// third session; not measured on Intel). For n ≥ 16 the first 16 elements loaded and transposed in
+// Xeon of docs/PERFORMANCE.md's thirty-fifth session, one or two permutes per vector about 1-2 (n = 8: three
+// per vector; on the Zen 5 GroupNorm of [N, 256, 8] took 0.64-0.91 of the time of the transpose below,
+// forty-third session; not measured on Intel). For n ≥ 16 the first 16 elements loaded and transposed in
 // registers (load_transposed16; gathers on the other targets). The other elements (n < 16 but 2, 4 and 8;
-// from the 17th on) as segments_stats' LaneLoads says
-// (channel_kernels.h): one gather per element (Transpose false; on the Xeon a second, zero-padded block
-// transposed took 1.2-1.45 of the time at S = 24 and 28: its permutes share a port with the conversions to
-// double, a gather's loads do not), or, for blocks of kTransposeMin or more of them, sixteen masked loads and
-// a transpose per sixteen elements (load_transposed_n; gathers on the other targets). The same values either
-// way.
+// from the 17th on) as segments_stats' LaneLoads says (channel_kernels.h): one gather per element (Transpose
+// false; on the Xeon a second, zero-padded block transposed took 1.2-1.45 of the time at S = 24 and 28: its
+// permutes share a port with the conversions to double, a gather's loads do not), or, for enough of them
+// (kTransposeMinShort, kTransposeMinTail), sixteen loads and a transpose per sixteen elements
+// (load_transposed_n; gathers on the other targets). The same values either way.
 template <int Max, bool Transpose>
 NL_FORCE_INLINE inline void load_lanes(const float* p, int n, VF* v) {
   if (n < kF) {
     if (n == 2) return load_deinterleaved<2>(p, v);
     if (n == 4) return load_deinterleaved<4>(p, v);
     if (n == 8) return load_deinterleaved<8>(p, v);
-    if (Transpose && n >= kTransposeMin) {
+    if (Transpose && n >= kTransposeMinShort) {
       load_transposed_n(p, n, n, kF * n, v);
     } else {
       for (int j = 0; j < n; ++j) v[j] = gather(p + j, n);
@@ -356,7 +357,7 @@ NL_FORCE_INLINE inline void load_lanes(const float* p, int n, VF* v) {
     if constexpr (Transpose) {
       for (int j0 = kF; j0 < n; j0 += kF) {
         const int k = std::min(n - j0, kF);
-        if (k >= kTransposeMin) {
+        if (k >= kTransposeMinTail) {
           load_transposed_n(p + j0, n, k, kF * n - j0, v + j0);
         } else {
           for (int j = j0; j < j0 + k; ++j) v[j] = gather(p + j, n);

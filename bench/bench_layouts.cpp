@@ -32,9 +32,8 @@
 //                        in normlab, from one forward's mean/rstd in ATen (native_group_norm(_backward))
 //   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/1024x256x16       the same of [N, C, 4·4] (segments of 16 floats:
 //                        normlab's sample runs)
-//   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/2048x256x8        and of [N, C, 8] (segments of 8 floats: sample
-//   runs
-//                        whose lane vectors are gathered or transposed, the machine's LaneLoads)
+//   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/2048x256x8        the same of [N, C, 8] (segments of 8 floats:
+//                        sample runs, sixteen segments' elements deinterleaved into vector lanes)
 //   BM_Copy/copy/{64x256x400,32000x80,32768x1024}, BM_CopyStream/...  the copy roofline at those shapes
 //                        (the BFT shape's copies are in bench_norm.cpp)
 // Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).

@@ -234,10 +234,6 @@ NL_FORCE_INLINE inline void load_transposed_n(const float* p, int stride, int k,
   transpose_stage<8>(m);
   for (int r = 0; r < 16; ++r) v[r] = {m[r]};
 }
-// v[j] lane s = p[N·s + j] for j < N, s < 16, N = 2, 4 or 8 (16 segments of N floats, element j of segment
-// s): N loads of the 16·N floats and, for N = 2, one two-source permute per vector; for N = 4, two stages
-// (the even and odd elements of pairs of vectors, then their 256-bit halves put together); for N = 8, three
-// (split_positions). Reads only those floats (the gathers of the other targets read the same).
 // One step of load_deinterleaved<8>: sources a, b hold groups of W consecutive elements (32 / W groups in
 // all, a's first); even gets each group's elements at even positions, odd those at odd positions, the
 // groups in the same order (W / 2 elements each).
@@ -250,6 +246,10 @@ NL_FORCE_INLINE inline void split_positions(__m512 a, __m512 b, __m512& even, __
   even = _mm512_permutex2var_ps(a, ie, b);
   odd = _mm512_permutex2var_ps(a, io, b);
 }
+// v[j] lane s = p[N·s + j] for j < N, s < 16, N = 2, 4 or 8 (16 segments of N floats, element j of segment
+// s): N loads of the 16·N floats and, for N = 2, one two-source permute per vector; for N = 4, two stages
+// (the even and odd elements of pairs of vectors, then their 256-bit halves put together); for N = 8, three
+// (split_positions). Reads only those floats (the gathers of the other targets read the same).
 template <int N>
 NL_FORCE_INLINE inline void load_deinterleaved(const float* p, VF* v) {
   static_assert(N == 2 || N == 4 || N == 8);

@@ -341,32 +341,23 @@ inline constexpr int kTransposeMinShort = 3, kTransposeMinTail = 5;
 // (load_transposed_n; gathers on the other targets). The same values either way.
 template <int Max, bool Transpose>
 NL_FORCE_INLINE inline void load_lanes(const float* p, int n, VF* v) {
+  // Elements j0 .. j0 + k − 1 of the lane vectors: transposed when Transpose and k ≥ fewest, else gathered.
+  const auto block = [&](int j0, int k, int fewest) {
+    if (Transpose && k >= fewest) {
+      load_transposed_n(p + j0, n, k, kF * n - j0, v + j0);
+    } else {
+      for (int j = j0; j < j0 + k; ++j) v[j] = gather(p + j, n);
+    }
+  };
   if (n < kF) {
     if (n == 2) return load_deinterleaved<2>(p, v);
     if (n == 4) return load_deinterleaved<4>(p, v);
     if (n == 8) return load_deinterleaved<8>(p, v);
-    if (Transpose && n >= kTransposeMinShort) {
-      load_transposed_n(p, n, n, kF * n, v);
-    } else {
-      for (int j = 0; j < n; ++j) v[j] = gather(p + j, n);
-    }
-    return;
+    return block(0, n, kTransposeMinShort);
   }
   load_transposed16(p, n, v);
-  if constexpr (Max > kF) {
-    if constexpr (Transpose) {
-      for (int j0 = kF; j0 < n; j0 += kF) {
-        const int k = std::min(n - j0, kF);
-        if (k >= kTransposeMinTail) {
-          load_transposed_n(p + j0, n, k, kF * n - j0, v + j0);
-        } else {
-          for (int j = j0; j < j0 + k; ++j) v[j] = gather(p + j, n);
-        }
-      }
-    } else {
-      for (int j = kF; j < n; ++j) v[j] = gather(p + j, n);
-    }
-  }
+  if constexpr (Max > kF)
+    for (int j0 = kF; j0 < n; j0 += kF) block(j0, std::min(n - j0, kF), kTransposeMinTail);
 }
 
 // The first pass's lane terms for the segments that stats_lanes<Max> takes: n ≤ 16, 16 < n ≤ 32, 32 < n ≤ 48.

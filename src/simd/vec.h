@@ -208,14 +208,18 @@ NL_FORCE_INLINE inline void transpose_stage(__m512* m) {
     m[r | B] = _mm512_permutex2var_ps(a, ih, c);
   }
 }
-NL_FORCE_INLINE inline void load_transposed16(const float* p, int stride, VF* v) {
-  __m512 m[16];
-  for (int r = 0; r < 16; ++r) m[r] = _mm512_loadu_ps(p + stride * r);
+// v[j] lane s = m[s] lane j for j, s in [0, 16): the four stages.
+NL_FORCE_INLINE inline void transpose16(__m512* m, VF* v) {
   transpose_stage<1>(m);
   transpose_stage<2>(m);
   transpose_stage<4>(m);
   transpose_stage<8>(m);
   for (int r = 0; r < 16; ++r) v[r] = {m[r]};
+}
+NL_FORCE_INLINE inline void load_transposed16(const float* p, int stride, VF* v) {
+  __m512 m[16];
+  for (int r = 0; r < 16; ++r) m[r] = _mm512_loadu_ps(p + stride * r);
+  transpose16(m, v);
 }
 // v[j] lane s = p[stride·s + j] for j < k ≤ 16, s < 16 (v[k..16) unspecified), where the floats p[0, limit)
 // may be read: sixteen loads and the transpose of load_transposed16. Each row is a load of 16 floats where
@@ -228,11 +232,7 @@ NL_FORCE_INLINE inline void load_transposed_n(const float* p, int stride, int k,
   for (int r = 0; r < 16; ++r)
     m[r] = stride * r + 16 <= limit ? _mm512_loadu_ps(p + stride * r)
                                     : _mm512_maskz_loadu_ps(mask, p + stride * r);
-  transpose_stage<1>(m);
-  transpose_stage<2>(m);
-  transpose_stage<4>(m);
-  transpose_stage<8>(m);
-  for (int r = 0; r < 16; ++r) v[r] = {m[r]};
+  transpose16(m, v);
 }
 // One step of load_deinterleaved<8>: sources a, b hold groups of W consecutive elements (32 / W groups in
 // all, a's first); even gets each group's elements at even positions, odd those at odd positions, the

@@ -12,8 +12,10 @@
 // Forward: y, mean, rstd (oneDNN: variance) from x, γ, β. Backward: dx, dγ, dβ from dy, x, γ and the
 // forward's saved statistics (normlab: layer_norm_backward_saved; oneDNN: its mean and variance), the
 // comparison normlab_bench's BM_LayerNormBwdSaved makes. Copy: y = x with streaming stores, one contiguous
-// part per thread (bench_copy.h), as BM_CopyStream. Bytes as normlab_bench counts them: the forward and the
-// copy 2·4·R·D, the backward 3·4·R·D.
+// part per thread (bench_copy.h), as BM_CopyStream: out of cache the faster copy; in L3 the copy with
+// ordinary stores can be faster, and normlab_bench's "of copy" takes the better of the two, so there the
+// fraction here is the higher one. Bytes as normlab_bench counts them: the forward and the copy 2·4·R·D, the
+// backward 3·4·R·D.
 //
 //   normlab_bench_peer_pair [--row] R D [THREADS [ROUNDS]]   # defaults: 1 thread, 30 rounds; --row: one
 //                                                            # markdown table row per operation

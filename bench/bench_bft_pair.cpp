@@ -29,17 +29,8 @@ namespace {
 
 using namespace normlab;
 using bench::parse_positive;
-
-double time_us(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
-}
+using bench::quantile;
+using bench::time_us;
 
 // Per-round times of the two layouts (column, row) and their ratio column/row.
 struct Pair {

@@ -1,10 +1,13 @@
 // bench/bench_support.h — helpers shared by the benchmark sources of normlab_bench (bench_norm.cpp,
 // bench_norm_lowp.cpp): aligned buffers, deterministic fills, and the hook that registers the bf16/fp16
-// and fused benchmarks; and the argument parsing of the timing loops (bench_loop.cpp, bench_ab_rows.cpp).
+// and fused benchmarks; the argument parsing of the timing loops (bench_loop.cpp, bench_ab_rows.cpp); and
+// the timing and quantiles of the paired drivers (bench_bft_pair.cpp, bench_peer_pair.cpp).
 #pragma once
 
 #include <normlab/tensor.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +16,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace normlab::bench {
 
@@ -85,6 +89,20 @@ inline int run_tool(const char* tool, int (*run)(int, char**), int argc, char** 
     std::fprintf(stderr, "%s: %s\n", tool, e.what());
     return 1;
   }
+}
+
+// Wall time of one call of f, in microseconds (the paired drivers).
+template <typename F>
+double time_us(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The q-quantile of v (0 ≤ q ≤ 1; v not empty), the element of rank round(q·(size − 1)).
+inline double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
 }
 
 // Deterministic uniform values in [lo, hi) (splitmix64; fast enough to fill 128 MiB in a blink).

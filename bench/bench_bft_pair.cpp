@@ -17,8 +17,6 @@
 #include <normlab/simd.h>
 #include <normlab/tensor.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <vector>

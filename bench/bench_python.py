@@ -4,7 +4,8 @@
 What a NumPy user sees per call: the module allocates every result, so a result of 2 MiB or more costs
 a mapping, its page faults and the kernel's zeroing unless the storage keeps freed mappings
 (include/normlab/tensor.h, "storage"); and the inputs are read from NumPy's 4 KiB pages or, when made by
-normlab.empty, from huge pages; float64 inputs are converted to float32 first. Compare with
+normlab.empty, from huge pages; float64 inputs are converted to float32 first; bfloat16 inputs (their bits
+in uint16 arrays from normlab.empty, storage="bfloat16") move half the bytes. Compare with
 NORMLAB_HUGE_PAGES=0 (every array in 4 KiB pages, results from the aligned operator new) in the
 environment; docs/PERFORMANCE.md, "nineteenth session", has a run.
 
@@ -41,10 +42,16 @@ def main():
         # float64 inputs, which the module converts to float32 first (in its storage since the twentieth
         # session; in NumPy's allocation before).
         x64, dy64 = x_np.astype(np.float64), dy_np.astype(np.float64)
-        for inputs, x, dy in (("NumPy inputs", x_np, dy_np), ("normlab.empty inputs", x_nl, dy_nl),
-                              ("float64 NumPy inputs", x64, dy64)):
-            for name, call in (("layer_norm", lambda: normlab.layer_norm(x)),
-                               ("layer_norm_backward", lambda: normlab.layer_norm_backward(dy, x))):
+        # bfloat16 storage: the bits (uint16) in normlab.empty arrays, storage="bfloat16".
+        x_bf, dy_bf = normlab.empty(x_np.shape, np.uint16), normlab.empty(dy_np.shape, np.uint16)
+        np.copyto(x_bf, normlab.to_bfloat16(x_np))
+        np.copyto(dy_bf, normlab.to_bfloat16(dy_np))
+        for inputs, x, dy, st in (("NumPy inputs", x_np, dy_np, None),
+                                  ("normlab.empty inputs", x_nl, dy_nl, None),
+                                  ("float64 NumPy inputs", x64, dy64, None),
+                                  ("bfloat16 normlab.empty inputs", x_bf, dy_bf, "bfloat16")):
+            for name, call in (("layer_norm", lambda: normlab.layer_norm(x, storage=st)),
+                               ("layer_norm_backward", lambda: normlab.layer_norm_backward(dy, x, storage=st))):
                 times = []
                 for _ in range(args.calls):
                     t0 = time.perf_counter()

@@ -6,6 +6,11 @@
 // np.asarray(x, np.float32) would. Outputs are new C-contiguous arrays in that storage. Running statistics of
 // BatchNorm are updated in place and must therefore be writable float32 arrays.
 //
+// bfloat16 has no NumPy dtype (Debian 12 has no ml_dtypes), so LayerNorm / RMSNorm take bfloat16 storage by
+// name: storage="bfloat16" with x (and dy) the bits in a uint16 or int16 array (to_bfloat16 makes one from
+// float32; a PyTorch bfloat16 tensor gives them as t.view(torch.int16).numpy()), read in place; y and dx come
+// back as uint16 arrays of bits (from_bfloat16 widens them exactly).
+//
 // Errors: every normlab::Error (bad shape, axis, eps, file ...) becomes normlab.Error, a subclass of
 // ValueError, with the library's message. The kernels run without the GIL.
 #include <normlab/cmvn.h>
@@ -139,12 +144,17 @@ Axes axes_of(const std::vector<int>& axes) {
 
 }  // namespace
 
-// NumPy's float16 has the bits of normlab::float16.
+// NumPy's float16 has the bits of normlab::float16; normlab::bfloat16 travels as the uint16 of its bits.
 namespace pybind11::detail {
 template <>
 struct npy_format_descriptor<normlab::float16> {
   static constexpr auto name = _("float16");
   static pybind11::dtype dtype() { return pybind11::dtype("float16"); }
+};
+template <>
+struct npy_format_descriptor<normlab::bfloat16> {
+  static constexpr auto name = _("uint16");
+  static pybind11::dtype dtype() { return pybind11::dtype("uint16"); }
 };
 }  // namespace pybind11::detail
 
@@ -157,19 +167,41 @@ void nogil(F&& f) {
   f();
 }
 
-// LayerNorm / RMSNorm read and write x's storage type: float16 when x is float16, float32 otherwise.
-// f(storage tag) runs the operation for that type.
-template <class F>
-auto by_storage(const py::array& x, F&& f) {
-  if (is_float16(x)) return f(std::type_identity<float16>{});
-  return f(std::type_identity<float>{});
+// The storage type of a LayerNorm / RMSNorm call: `storage` when given ("float32", "float16" or "bfloat16"),
+// else x's: float16 when x is float16, float32 otherwise.
+using Storage = std::optional<std::string>;
+
+bool is_bf16_bits(const py::array& a) {
+  return (a.dtype().kind() == 'u' || a.dtype().kind() == 'i') && a.dtype().itemsize() == 2;
 }
 
-// An input of a storage-typed operation: float16 as is (dy must be float16 when x is), else float32.
+// f(storage tag) runs the operation for the storage type of x (see Storage).
+template <class F>
+auto by_storage(const py::array& x, const Storage& storage, F&& f) {
+  if (!storage) {
+    if (is_float16(x)) return f(std::type_identity<float16>{});
+    return f(std::type_identity<float>{});
+  }
+  if (*storage == "float32") return f(std::type_identity<float>{});
+  if (*storage == "float16") return f(std::type_identity<float16>{});
+  NL_CHECK(*storage == "bfloat16", "storage must be \"float32\", \"float16\" or \"bfloat16\", got \"{}\"",
+           *storage);
+  return f(std::type_identity<bfloat16>{});
+}
+
+// An input of a storage-typed operation: float16 as is (dy must be float16 when x is); bfloat16: the bits in
+// a uint16 or int16 array, as is; else float32.
 template <class T>
 py::array storage_input(const py::array& a, const char* name) {
   if constexpr (std::is_same_v<T, float16>) {
-    NL_CHECK(is_float16(a), "{} must be float16 like x, got {}", name, std::string(py::str(a.dtype())));
+    NL_CHECK(is_float16(a), "{} must be float16 (the storage type), got {}", name,
+             std::string(py::str(a.dtype())));
+    return a;
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    NL_CHECK(is_bf16_bits(a),
+             "{}: storage=\"bfloat16\" takes the bfloat16 bits in a uint16 or int16 array (to_bfloat16 makes "
+             "one), got {}",
+             name, std::string(py::str(a.dtype())));
     return a;
   } else {
     return f32(a);
@@ -189,13 +221,14 @@ py::object forward_result(const py::array& y, std::initializer_list<py::object> 
 }
 
 py::object py_layer_norm(const py::array& x_in, const OptArray& weight, const OptArray& bias,
-                         const std::vector<int>& axes_in, double eps, bool return_stats, bool save_stats) {
+                         const std::vector<int>& axes_in, double eps, bool return_stats, bool save_stats,
+                         const Storage& storage) {
   const Axes axes = axes_of(axes_in);
   const Dims xs = shape_of(x_in);
   auto mean = new_array<float>(kept_shape(xs, axes)), rstd = new_array<float>(kept_shape(xs, axes));
   std::optional<NormStats> saved;
   if (save_stats) saved.emplace();
-  const py::array y = by_storage(x_in, [&](auto tag) -> py::array {
+  const py::array y = by_storage(x_in, storage, [&](auto tag) -> py::array {
     using T = typename decltype(tag)::type;
     const py::array xa = storage_input<T>(x_in, "x");
     auto out = new_array<T>(xs);
@@ -220,12 +253,12 @@ py::object py_layer_norm(const py::array& x_in, const OptArray& weight, const Op
 // dy, x, weight) calls the library (dbias is an empty view for RMSNorm).
 template <class Run>
 py::tuple norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
-                        const Axes& axes, bool with_db, Run&& run) {
+                        const Axes& axes, bool with_db, const Storage& storage, Run&& run) {
   const Dims xs = shape_of(x_in);
   auto dw = new_array<float>(normalized_shape(xs, axes));
   std::optional<py::array_t<float>> db;
   if (with_db) db = new_array<float>(normalized_shape(xs, axes));
-  const py::array dx = by_storage(x_in, [&](auto tag) -> py::array {
+  const py::array dx = by_storage(x_in, storage, [&](auto tag) -> py::array {
     using T = typename decltype(tag)::type;
     const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
     auto out = new_array<T>(xs);
@@ -242,22 +275,22 @@ py::tuple norm_backward(const py::array& dy_in, const py::array& x_in, const Opt
 }
 
 py::tuple py_layer_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
-                                 const std::vector<int>& axes_in, double eps) {
+                                 const std::vector<int>& axes_in, double eps, const Storage& storage) {
   const Axes axes = axes_of(axes_in);
-  return norm_backward(dy_in, x_in, weight, axes, true,
+  return norm_backward(dy_in, x_in, weight, axes, true, storage,
                        [&](auto dx, View dw, View db, auto dy, auto x, ConstView w) {
                          layer_norm_backward(dx, dw, db, dy, x, w, axes, eps);
                        });
 }
 
 py::object py_rms_norm(const py::array& x_in, const OptArray& weight, const std::vector<int>& axes_in,
-                       double eps, bool return_stats, bool save_stats) {
+                       double eps, bool return_stats, bool save_stats, const Storage& storage) {
   const Axes axes = axes_of(axes_in);
   const Dims xs = shape_of(x_in);
   auto rstd = new_array<float>(kept_shape(xs, axes));
   std::optional<NormStats> saved;
   if (save_stats) saved.emplace();
-  const py::array y = by_storage(x_in, [&](auto tag) -> py::array {
+  const py::array y = by_storage(x_in, storage, [&](auto tag) -> py::array {
     using T = typename decltype(tag)::type;
     const py::array xa = storage_input<T>(x_in, "x");
     auto out = new_array<T>(xs);
@@ -278,9 +311,9 @@ py::object py_rms_norm(const py::array& x_in, const OptArray& weight, const std:
 }
 
 py::tuple py_rms_norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
-                               const std::vector<int>& axes_in, double eps) {
+                               const std::vector<int>& axes_in, double eps, const Storage& storage) {
   const Axes axes = axes_of(axes_in);
-  return norm_backward(dy_in, x_in, weight, axes, false,
+  return norm_backward(dy_in, x_in, weight, axes, false, storage,
                        [&](auto dx, View dw, View, auto dy, auto x, ConstView w) {
                          rms_norm_backward(dx, dw, dy, x, w, axes, eps);
                        });
@@ -295,18 +328,18 @@ Axes saved_axes(const py::array& x, const NormStats& stats, const char* op) {
 }
 
 py::tuple py_layer_norm_backward_saved(const py::array& dy_in, const py::array& x_in, const NormStats& stats,
-                                       const OptArray& weight) {
+                                       const OptArray& weight, const Storage& storage) {
   const Axes axes = saved_axes(x_in, stats, "layer_norm_backward_saved");
-  return norm_backward(dy_in, x_in, weight, axes, true,
+  return norm_backward(dy_in, x_in, weight, axes, true, storage,
                        [&](auto dx, View dw, View db, auto dy, auto x, ConstView w) {
                          layer_norm_backward_saved(dx, dw, db, dy, x, w, stats);
                        });
 }
 
 py::tuple py_rms_norm_backward_saved(const py::array& dy_in, const py::array& x_in, const NormStats& stats,
-                                     const OptArray& weight) {
+                                     const OptArray& weight, const Storage& storage) {
   const Axes axes = saved_axes(x_in, stats, "rms_norm_backward_saved");
-  return norm_backward(dy_in, x_in, weight, axes, false,
+  return norm_backward(dy_in, x_in, weight, axes, false, storage,
                        [&](auto dx, View dw, View, auto dy, auto x, ConstView w) {
                          rms_norm_backward_saved(dx, dw, dy, x, w, stats);
                        });
@@ -318,6 +351,33 @@ py::array stats_array(const NormStats& st, const std::vector<double>& v) {
   auto a = new_array<double>(k);
   std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(double));
   return a;
+}
+
+// float32 → bfloat16 bits, rounded to nearest even as the kernels' stores round (normlab/tensor.h: a NaN
+// stays a quiet NaN, overflow goes to ±Inf); and back, exactly. Shapes are kept; results are C-contiguous.
+py::array py_to_bfloat16(const F32Array& a_in) {
+  const py::array_t<float, py::array::c_style> a(a_in);  // a C-contiguous copy only when a_in is strided
+  auto out = new_array<bfloat16>(shape_of(a));
+  const float* src = a.data();
+  bfloat16* dst = out.mutable_data();
+  const std::size_t n = static_cast<std::size_t>(a.size());
+  nogil([&] {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bfloat16(src[i]);
+  });
+  return out;
+}
+py::array py_from_bfloat16(const py::array& bits_in) {
+  NL_CHECK(is_bf16_bits(bits_in), "from_bfloat16 takes the bfloat16 bits in a uint16 or int16 array, got {}",
+           std::string(py::str(bits_in.dtype())));
+  const py::array bits = py::array::ensure(bits_in, py::array::c_style);
+  auto out = new_array<float>(shape_of(bits));
+  const auto* src = static_cast<const std::uint16_t*>(bits.data());
+  float* dst = out.mutable_data();
+  const std::size_t n = static_cast<std::size_t>(bits.size());
+  nogil([&] {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = detail::float_from_bf16_bits(src[i]);
+  });
+  return out;
 }
 
 py::tuple py_add_layer_norm(const F32Array& x, const F32Array& residual, const OptArray& weight,
@@ -545,8 +605,8 @@ struct type_caster<F32Array> {
 PYBIND11_MODULE(normlab, m) {
   m.doc() =
       "normlab: LayerNorm over any axes of strided arrays, RMSNorm, BatchNorm, InstanceNorm, GroupNorm, CMVN "
-      "and the Kaldi log-mel fbank, forward and backward, on NumPy arrays (float32; float16 storage for "
-      "LayerNorm and RMSNorm). Errors raise normlab.Error (a ValueError).";
+      "and the Kaldi log-mel fbank, forward and backward, on NumPy arrays (float32; float16 and bfloat16 "
+      "storage for LayerNorm and RMSNorm). Errors raise normlab.Error (a ValueError).";
   py::register_exception<Error>(m, "Error", PyExc_ValueError);
 
   py::class_<NormStats>(m, "NormStats",
@@ -574,34 +634,51 @@ PYBIND11_MODULE(normlab, m) {
   m.def(
       "layer_norm", &py_layer_norm, py::arg("x"), py::arg("weight") = py::none(),
       py::arg("bias") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = 1e-5,
-      py::arg("return_stats") = false, py::arg("save_stats") = false,
+      py::arg("return_stats") = false, py::arg("save_stats") = false, py::arg("storage") = py::none(),
       "LayerNorm over `axes` (any set of axes, any strides). y = (x - mean) * rstd * weight + bias with the "
       "biased variance, as torch.nn.functional.layer_norm. weight/bias have the shape of the normalized "
       "axes. "
       "return_stats=True returns (y, mean, rstd), float32 arrays of x's shape without the normalized axes. "
       "save_stats=True appends a NormStats (the statistics in double) for layer_norm_backward_saved: "
-      "(y, stats) or (y, mean, rstd, stats).");
+      "(y, stats) or (y, mean, rstd, stats). "
+      "storage: the type x and y are stored in, \"float32\", \"float16\" or \"bfloat16\"; by default x's "
+      "(float16 for a float16 x, else float32). \"bfloat16\" takes x as the bits in a uint16 or int16 array "
+      "(to_bfloat16) and returns y as uint16 bits (from_bfloat16). 16-bit storage computes in float32 and "
+      "rounds each output once: y is the float32 result on the widened x, rounded to nearest even; weight, "
+      "bias, mean and rstd are float32 always.");
   m.def("layer_norm_backward", &py_layer_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("weight") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = 1e-5,
-        "Gradients of layer_norm: (dx, dweight, dbias). The statistics are recomputed from x.");
+        py::arg("storage") = py::none(),
+        "Gradients of layer_norm: (dx, dweight, dbias). The statistics are recomputed from x. storage as in "
+        "layer_norm (dy in the same type as x; dx in it too, the float32 gradient rounded once; dweight and "
+        "dbias float32).");
   m.def("layer_norm_backward_saved", &py_layer_norm_backward_saved, py::arg("dy"), py::arg("x"),
-        py::arg("stats"), py::arg("weight") = py::none(),
+        py::arg("stats"), py::arg("weight") = py::none(), py::arg("storage") = py::none(),
         "Gradients of layer_norm from its saved statistics (layer_norm(..., save_stats=True)): (dx, dweight, "
         "dbias), the same bits as layer_norm_backward without a statistics pass; axes and eps come from "
-        "stats. x must be the forward's x.");
+        "stats. x must be the forward's x. storage as in layer_norm_backward.");
   m.def(
       "rms_norm", &py_rms_norm, py::arg("x"), py::arg("weight") = py::none(),
       py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = kRmsNormEps, py::arg("return_stats") = false,
-      py::arg("save_stats") = false,
+      py::arg("save_stats") = false, py::arg("storage") = py::none(),
       "RMSNorm over `axes`: y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps). return_stats=True returns "
-      "(y, rstd); save_stats=True appends a NormStats for rms_norm_backward_saved.");
+      "(y, rstd); save_stats=True appends a NormStats for rms_norm_backward_saved. storage as in "
+      "layer_norm.");
   m.def("rms_norm_backward", &py_rms_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("weight") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = kRmsNormEps,
-        "Gradients of rms_norm: (dx, dweight).");
+        py::arg("storage") = py::none(),
+        "Gradients of rms_norm: (dx, dweight). storage as in layer_norm_backward.");
   m.def("rms_norm_backward_saved", &py_rms_norm_backward_saved, py::arg("dy"), py::arg("x"), py::arg("stats"),
-        py::arg("weight") = py::none(),
+        py::arg("weight") = py::none(), py::arg("storage") = py::none(),
         "Gradients of rms_norm from its saved statistics (rms_norm(..., save_stats=True)): (dx, dweight), "
-        "the same bits as rms_norm_backward.");
+        "the same bits as rms_norm_backward. storage as in layer_norm_backward.");
+  m.def(
+      "to_bfloat16", &py_to_bfloat16, py::arg("x"),
+      "x (converted to float32 as the float32 functions convert) rounded to bfloat16, to nearest even as the "
+      "kernels round (a NaN stays a quiet NaN with its sign, overflow becomes +-inf): a uint16 array of the "
+      "bits, x's shape, for storage=\"bfloat16\".");
+  m.def("from_bfloat16", &py_from_bfloat16, py::arg("bits"),
+        "bfloat16 bits (a uint16 or int16 array) widened to float32, exactly.");
   m.def("add_layer_norm", &py_add_layer_norm, py::arg("x"), py::arg("residual"),
         py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("axes") = std::vector<int>{-1},
         py::arg("eps") = 1e-5,

@@ -311,6 +311,127 @@ class SavedStatsTest(unittest.TestCase):
             normlab.layer_norm_backward_saved(x, x, st, rng_array(rng, (15,)))
 
 
+def bf16_bits(f):
+    """float32 -> bfloat16 bits, round to nearest even, written from the format (a NaN: its upper 16 bits
+    made quiet): the reference for normlab.to_bfloat16 and the kernels' bfloat16 stores."""
+    u = np.asarray(f, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (u >> 16) | 0x0040, rounded).astype(np.uint16)
+
+
+class BFloat16Test(unittest.TestCase):
+    def test_conversions(self):
+        cases = {  # float32 bits -> bfloat16 bits
+            0x3F800000: 0x3F80,  # 1
+            0x3F808000: 0x3F80,  # 1 + 2^-8, halfway: to the even 1
+            0x3F818000: 0x3F82,  # 1 + 3 * 2^-8, halfway: to the even 1 + 2^-6
+            0x3F808001: 0x3F81,  # just above halfway
+            0x80000000: 0x8000,  # -0
+            0x00000001: 0x0000,  # the smallest subnormal rounds to +0
+            0x7F7F7FFF: 0x7F7F,  # just below halfway to 2^128: the largest finite bfloat16
+            0x7F7F8000: 0x7F80,  # halfway (0x1.FF8p127): to +inf
+            0x7F800000: 0x7F80, 0xFF800000: 0xFF80,  # +-inf
+            0x7FC00000: 0x7FC0, 0x7F800001: 0x7FC0, 0xFFA00000: 0xFFE0,  # NaNs stay NaN, quiet, with their sign
+        }
+        f = np.array(list(cases), np.uint32).view(np.float32)
+        bits = normlab.to_bfloat16(f)
+        self.assertEqual(bits.dtype, np.uint16)
+        self.assertEqual([int(b) for b in bits], list(cases.values()))
+        # Random values of every magnitude, strided and in two dimensions; float64 and lists converted first.
+        rng = np.random.default_rng(40)
+        u = rng.integers(0, 2 ** 32, size=(64, 33), dtype=np.uint64).astype(np.uint32)
+        x = u.view(np.float32)
+        np.testing.assert_array_equal(normlab.to_bfloat16(x), bf16_bits(x))
+        np.testing.assert_array_equal(normlab.to_bfloat16(x[::3, 1::2].T), bf16_bits(x[::3, 1::2].T))
+        np.testing.assert_array_equal(normlab.to_bfloat16([[1.0, 2.5]]), [[0x3F80, 0x4020]])
+        # Widening is exact for all 65536 patterns (NaN payloads included), from uint16 or int16.
+        every = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16)
+        wide = normlab.from_bfloat16(every)
+        self.assertEqual(wide.dtype, np.float32)
+        np.testing.assert_array_equal(wide.view(np.uint32), every.astype(np.uint32) << 16)
+        np.testing.assert_array_equal(normlab.from_bfloat16(every.view(np.int16)[::-1]).view(np.uint32),
+                                      every[::-1].astype(np.uint32) << 16)
+        finite = wide[np.isfinite(wide)]
+        np.testing.assert_array_equal(normlab.to_bfloat16(finite), finite.view(np.uint32) >> 16)
+        with self.assertRaisesRegex(normlab.Error, "uint16 or int16"):
+            normlab.from_bfloat16(np.ones(3, np.float32))
+
+    def test_storage_is_the_float32_result_rounded_once(self):
+        # The documented contract (normlab/norm.h): 16-bit storage widens x exactly, runs the float32 kernels
+        # and rounds each output once; mean, rstd, dweight and dbias are those of the float32 call.
+        rng = np.random.default_rng(41)
+        for shape, axes in (((9, 100), [-1]), ((2, 33, 7), [1]), ((5, 1025), [-1]), ((3, 4, 6), [0, 2])):
+            nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
+            x = normlab.to_bfloat16(rng_array(rng, shape, 2.0, 3.0))
+            dy = normlab.to_bfloat16(rng_array(rng, shape))
+            w, b = rng_array(rng, nshape, 0.5, 1.0), rng_array(rng, nshape)
+            xw, dyw = normlab.from_bfloat16(x), normlab.from_bfloat16(dy)
+            y, mean, rstd, st = normlab.layer_norm(x, w, b, axes, return_stats=True, save_stats=True,
+                                                   storage="bfloat16")
+            self.assertEqual(y.dtype, np.uint16)
+            y32, mean32, rstd32 = normlab.layer_norm(xw, w, b, axes, return_stats=True)
+            np.testing.assert_array_equal(y, bf16_bits(y32))
+            np.testing.assert_array_equal(mean, mean32)
+            np.testing.assert_array_equal(rstd, rstd32)
+            # within one bfloat16 ulp of the exact value (float64 on the widened x)
+            ref = ref_layer_norm(xw, w, b, axes, 1e-5)
+            ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(ref), 2.0 ** -126))) - 7)
+            self.assertTrue(np.all(np.abs(normlab.from_bfloat16(y) - ref) <= ulp))
+            dx, dw, db = normlab.layer_norm_backward(dy, x, w, axes, storage="bfloat16")
+            dx32, dw32, db32 = normlab.layer_norm_backward(dyw, xw, w, axes)
+            np.testing.assert_array_equal(dx, bf16_bits(dx32))
+            np.testing.assert_array_equal(dw, dw32)
+            np.testing.assert_array_equal(db, db32)
+            for a, r in zip(normlab.layer_norm_backward_saved(dy, x, st, w, storage="bfloat16"), (dx, dw, db)):
+                self.assertEqual(a.dtype, r.dtype)
+                np.testing.assert_array_equal(a, r)
+            # RMSNorm
+            y, rstd, st = normlab.rms_norm(x, w, axes, return_stats=True, save_stats=True, storage="bfloat16")
+            y32, rstd32 = normlab.rms_norm(xw, w, axes, return_stats=True)
+            np.testing.assert_array_equal(y, bf16_bits(y32))
+            np.testing.assert_array_equal(rstd, rstd32)
+            dx, dw = normlab.rms_norm_backward(dy, x, w, axes, storage="bfloat16")
+            dx32, dw32 = normlab.rms_norm_backward(dyw, xw, w, axes)
+            np.testing.assert_array_equal(dx, bf16_bits(dx32))
+            np.testing.assert_array_equal(dw, dw32)
+            for a, r in zip(normlab.rms_norm_backward_saved(dy, x, st, w, storage="bfloat16"), (dx, dw)):
+                np.testing.assert_array_equal(a, r)
+
+    def test_bits_read_in_place_whatever_their_strides(self):
+        # [B, F, T] over F from a transposed int16 view (as t.view(torch.int16).numpy() gives a PyTorch
+        # bfloat16 tensor's bits): the same bits as the contiguous uint16 copy.
+        rng = np.random.default_rng(42)
+        x = normlab.to_bfloat16(rng_array(rng, (2, 7, 33), 1.5, -2.0)).view(np.int16).transpose(0, 2, 1)
+        self.assertFalse(x.flags.c_contiguous)
+        y = normlab.layer_norm(x, axes=[1], storage="bfloat16")
+        np.testing.assert_array_equal(
+            y, normlab.layer_norm(np.ascontiguousarray(x).view(np.uint16), axes=[1], storage="bfloat16"))
+        # the example of the brief: [[1, 2, 3], [3, 4, 5]] over F (axis 0) is [[-1, -1, -1], [1, 1, 1]]
+        f = normlab.to_bfloat16([[1, 2, 3], [3, 4, 5]])
+        np.testing.assert_array_equal(normlab.from_bfloat16(normlab.layer_norm(f, axes=[0], eps=0.0,
+                                                                               storage="bfloat16")),
+                                      [[-1, -1, -1], [1, 1, 1]])
+
+    def test_storage_errors(self):
+        x = np.ones((2, 4), np.float32)
+        bits = normlab.to_bfloat16(x)
+        with self.assertRaisesRegex(normlab.Error, "x: storage=\"bfloat16\" takes the bfloat16 bits"):
+            normlab.layer_norm(x, storage="bfloat16")
+        with self.assertRaisesRegex(normlab.Error, "dy: storage=\"bfloat16\""):
+            normlab.layer_norm_backward(x, bits, storage="bfloat16")
+        with self.assertRaisesRegex(normlab.Error, "dy: storage=\"bfloat16\""):
+            normlab.rms_norm_backward(x.astype(np.float16), bits, storage="bfloat16")
+        with self.assertRaisesRegex(normlab.Error, "storage must be \"float32\", \"float16\" or \"bfloat16\""):
+            normlab.rms_norm(bits, storage="bf16")
+        with self.assertRaisesRegex(normlab.Error, "x must be float16"):
+            normlab.layer_norm(x, storage="float16")
+        # storage="float32" converts a float16 x (and a uint16 one as integers, as np.asarray would)
+        self.assertEqual(normlab.layer_norm(x.astype(np.float16), storage="float32").dtype, np.float32)
+        np.testing.assert_array_equal(normlab.layer_norm(bits, storage="float32"),
+                                      normlab.layer_norm(bits.astype(np.float32)))
+
+
 class BatchNormTest(unittest.TestCase):
     def test_training_updates_running_stats_in_place(self):
         rng = np.random.default_rng(7)

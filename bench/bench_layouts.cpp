@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "bench_copy.h"
+#include "bench_onednn.h"
 #include "bench_support.h"
 
 namespace {
@@ -162,26 +163,22 @@ class Lambda : public Impl {
   std::function<Result()> get_;
 };
 
+namespace onednn = normlab::bench::onednn;
+
 struct State {  // what an implementation keeps alive between calls
   std::vector<float> a, b, c, d;
   at::Tensor t0, t1, t2, t3, t4, t5, t6, t7, t8;
   std::tuple<at::Tensor, at::Tensor, at::Tensor> out;
   std::unordered_map<int, dnnl::memory> args;
   dnnl::primitive prim;
+  onednn::Call call;  // oneDNN's LayerNorm (bench_onednn.h)
   normlab::NormStats stats;
 };
 
-dnnl::engine& Engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-dnnl::stream& Stream() {
-  static dnnl::stream s(Engine());
-  return s;
-}
 using dnnl::memory;
-const dnnl::normalization_flags kScaleShift =
-    dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+using onednn::Engine;
+using onednn::kScaleShift;
+using onednn::Stream;
 
 // [B, F, T] over F as oneDNN sees it: logical [B, T, F] with F's stride T.
 memory::desc BftDesc(const Shape& s) {
@@ -344,50 +341,19 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
           });
     }
     // oneDNN: strided descriptors; forward once for mean/variance, then the backward primitive.
-    const memory::desc data = BftDesc(s), stat({B, T}, memory::data_type::f32, memory::format_tag::ab),
-                       param({C}, memory::data_type::f32, memory::format_tag::a);
-    st->a.resize(static_cast<std::size_t>(B * T));
-    st->b.resize(static_cast<std::size_t>(B * T));
-    st->c.resize(static_cast<std::size_t>(C));
-    st->d.resize(static_cast<std::size_t>(C));
-    dnnl::engine& e = Engine();
-    const memory x(data, e, d.x.get()), mean(stat, e, st->a.data()), var(stat, e, st->b.data());
-    const memory g(param, e, d.gamma.get()), be(param, e, d.beta.get());
-    const dnnl::layer_normalization_forward::primitive_desc fpd(
-        dnnl::layer_normalization_forward::desc(dnnl::prop_kind::forward_training, data, stat,
-                                                static_cast<float>(kEps), kScaleShift),
-        e);
-    dnnl::layer_normalization_forward(fpd).execute(Stream(), {{DNNL_ARG_SRC, x},
-                                                              {DNNL_ARG_DST, memory(data, e, d.y.get())},
-                                                              {DNNL_ARG_MEAN, mean},
-                                                              {DNNL_ARG_VARIANCE, var},
-                                                              {DNNL_ARG_SCALE, g},
-                                                              {DNNL_ARG_SHIFT, be}});
-    Stream().wait();
-    const dnnl::layer_normalization_backward::primitive_desc bpd(
-        dnnl::layer_normalization_backward::desc(dnnl::prop_kind::backward, data, data, stat,
-                                                 static_cast<float>(kEps), kScaleShift),
-        e, fpd);
-    st->prim = dnnl::layer_normalization_backward(bpd);
-    std::string label = bpd.impl_info_str();
-    st->args = {{DNNL_ARG_SRC, x},
-                {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())},
-                {DNNL_ARG_MEAN, mean},
-                {DNNL_ARG_VARIANCE, var},
-                {DNNL_ARG_SCALE, g},
-                {DNNL_ARG_SHIFT, be},
-                {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())},
-                {DNNL_ARG_DIFF_SCALE, memory(param, e, st->c.data())},
-                {DNNL_ARG_DIFF_SHIFT, memory(param, e, st->d.data())}};
-    auto out = std::make_unique<Lambda>(
-        [st] {
-          st->prim.execute(Stream(), st->args);
-          Stream().wait();
-        },
-        [&d, st] {
-          return Result{d.dx.get(), st->c.data(), st->d.data()};
-        });
-    out->label = label;
+    for (auto* v : {&st->a, &st->b}) v->resize(static_cast<std::size_t>(B * T));
+    for (auto* v : {&st->c, &st->d}) v->resize(static_cast<std::size_t>(C));
+    const onednn::LayerNormDescs descs{
+        BftDesc(s), memory::desc({B, T}, memory::data_type::f32, memory::format_tag::ab),
+        memory::desc({C}, memory::data_type::f32, memory::format_tag::a), kEps};
+    st->call = onednn::LayerNormBackward(
+        descs, {d.x.get(), d.y.get(), d.dy.get(), d.dx.get(), st->a.data(), st->b.data(), d.gamma.get(),
+                d.beta.get(), st->c.data(), st->d.data()});
+    auto out = std::make_unique<Lambda>([st] { st->call.Run(); },
+                                        [&d, st] {
+                                          return Result{d.dx.get(), st->c.data(), st->d.data()};
+                                        });
+    out->label = st->call.impl;
     return out;
   }
   if (b == Bench::kRmsFwdBft) {

@@ -86,6 +86,7 @@
 #include <vector>
 
 #include "bench_copy.h"
+#include "bench_onednn.h"
 #include "bench_support.h"
 
 namespace {
@@ -467,18 +468,8 @@ class AtenRmsBwd : public Impl {
   at::Tensor x_, dy_, gamma_, rstd_, dx_, dw_;
 };
 
-dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-dnnl::stream& Stream() {
-  static dnnl::stream stream(Engine());
-  return stream;
-}
-
+namespace onednn = normlab::bench::onednn;
 using dnnl::memory;
-const dnnl::normalization_flags kScaleShift =
-    dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
 
 // oneDNN normalizes over the last logical dimension: the logical dims are x's with the normalized axis
 // moved last, and the strides say where the elements really are (plain `ab` for a rows × D problem).
@@ -504,16 +495,14 @@ memory::desc ParamDesc(const Problem& p) {
   return memory::desc({p.n}, memory::data_type::f32, memory::format_tag::a);
 }
 
-dnnl::layer_normalization_forward::primitive_desc OneDnnFwdDesc(const Problem& p) {
-  const dnnl::layer_normalization_forward::desc d(dnnl::prop_kind::forward_training, DataDesc(p), StatDesc(p),
-                                                  static_cast<float>(kEps), kScaleShift);
-  return dnnl::layer_normalization_forward::primitive_desc(d, Engine());
+onednn::LayerNormDescs OneDnnDescs(const Problem& p) {
+  return {DataDesc(p), StatDesc(p), ParamDesc(p), kEps};
 }
 
 // Does oneDNN accept this problem at all (the BFT shape needs a strided descriptor)?
 bool OneDnnSupports(const Problem& p, std::string* impl_name) {
   try {
-    const auto pd = OneDnnFwdDesc(p);
+    const auto pd = onednn::LayerNormForwardDesc(OneDnnDescs(p));
     if (impl_name) *impl_name = pd.impl_info_str();
     return true;
   } catch (const dnnl::error&) {
@@ -528,33 +517,26 @@ class OneDnnFwd : public Impl {
       : mean_(static_cast<std::size_t>(p.groups)),
         var_(static_cast<std::size_t>(p.groups)),
         y_(pool.y.get()) {
-    pd_ = OneDnnFwdDesc(p);
-    prim_ = dnnl::layer_normalization_forward(pd_);
-    const memory::desc data = DataDesc(p), stat = StatDesc(p), param = ParamDesc(p);
-    dnnl::engine& e = Engine();
-    args_ = {{DNNL_ARG_SRC, memory(data, e, pool.x.get())},
-             {DNNL_ARG_DST, memory(data, e, pool.y.get())},
-             {DNNL_ARG_MEAN, memory(stat, e, mean_.data())},
-             {DNNL_ARG_VARIANCE, memory(stat, e, var_.data())},
-             {DNNL_ARG_SCALE, memory(param, e, const_cast<float*>(Gamma()))},
-             {DNNL_ARG_SHIFT, memory(param, e, const_cast<float*>(Beta()))}};
+    onednn::LayerNormBuffers b;
+    b.x = pool.x.get();
+    b.y = pool.y.get();
+    b.mean = mean_.data();
+    b.var = var_.data();
+    b.gamma = Gamma();
+    b.beta = Beta();
+    call_ = onednn::LayerNormForward(OneDnnDescs(p), b);
   }
-  void Run() override {
-    prim_.execute(Stream(), args_);
-    Stream().wait();
-  }
+  void Run() override { call_.Run(); }
   Outputs Result() override { return {y_, nullptr, nullptr}; }
 
  private:
   std::vector<float> mean_, var_;
   float* y_;
-  dnnl::layer_normalization_forward::primitive_desc pd_;
-  dnnl::layer_normalization_forward prim_;
-  std::unordered_map<int, memory> args_;
+  onednn::Call call_;
 };
 
 // prop_kind::backward with use_scale | use_shift: dx, dγ, dβ, from the mean and variance of one forward
-// run made here, outside the timed loop.
+// run made at set-up, outside the timed loop.
 class OneDnnBwd : public Impl {
  public:
   OneDnnBwd(const Problem& p, Pool& pool)
@@ -563,46 +545,18 @@ class OneDnnBwd : public Impl {
         dgamma_(static_cast<std::size_t>(p.n)),
         dbeta_(static_cast<std::size_t>(p.n)),
         dx_(pool.dx.get()) {
-    const memory::desc data = DataDesc(p), stat = StatDesc(p), param = ParamDesc(p);
-    dnnl::engine& e = Engine();
-    const memory x(data, e, pool.x.get()), mean(stat, e, mean_.data()), var(stat, e, var_.data());
-    const memory gamma(param, e, const_cast<float*>(Gamma())), beta(param, e, const_cast<float*>(Beta()));
-
-    const auto fwd_pd = OneDnnFwdDesc(p);
-    dnnl::layer_normalization_forward(fwd_pd).execute(Stream(),
-                                                      {{DNNL_ARG_SRC, x},
-                                                       {DNNL_ARG_DST, memory(data, e, pool.y.get())},
-                                                       {DNNL_ARG_MEAN, mean},
-                                                       {DNNL_ARG_VARIANCE, var},
-                                                       {DNNL_ARG_SCALE, gamma},
-                                                       {DNNL_ARG_SHIFT, beta}});
-    Stream().wait();
-
-    const dnnl::layer_normalization_backward::desc d(dnnl::prop_kind::backward, data, data, stat,
-                                                     static_cast<float>(kEps), kScaleShift);
-    const dnnl::layer_normalization_backward::primitive_desc pd(d, e, fwd_pd);
-    prim_ = dnnl::layer_normalization_backward(pd);
-    args_ = {{DNNL_ARG_SRC, x},
-             {DNNL_ARG_DIFF_DST, memory(data, e, pool.dy.get())},
-             {DNNL_ARG_MEAN, mean},
-             {DNNL_ARG_VARIANCE, var},
-             {DNNL_ARG_SCALE, gamma},
-             {DNNL_ARG_SHIFT, beta},
-             {DNNL_ARG_DIFF_SRC, memory(data, e, pool.dx.get())},
-             {DNNL_ARG_DIFF_SCALE, memory(param, e, dgamma_.data())},
-             {DNNL_ARG_DIFF_SHIFT, memory(param, e, dbeta_.data())}};
+    const onednn::LayerNormBuffers b{pool.x.get(),   pool.y.get(), pool.dy.get(), pool.dx.get(),
+                                     mean_.data(),   var_.data(),  Gamma(),       Beta(),
+                                     dgamma_.data(), dbeta_.data()};
+    call_ = onednn::LayerNormBackward(OneDnnDescs(p), b);
   }
-  void Run() override {
-    prim_.execute(Stream(), args_);
-    Stream().wait();
-  }
+  void Run() override { call_.Run(); }
   Outputs Result() override { return {dx_, dgamma_.data(), dbeta_.data()}; }
 
  private:
   std::vector<float> mean_, var_, dgamma_, dbeta_;
   float* dx_;
-  dnnl::layer_normalization_backward prim_;
-  std::unordered_map<int, memory> args_;
+  onednn::Call call_;
 };
 
 std::unique_ptr<Impl> MakeImpl(Op op, Kind kind, const Problem& p, Pool& pool, bool keep) {

@@ -48,9 +48,9 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "bench_onednn.h"
 #include "bench_support.h"
 
 namespace normlab::bench {
@@ -152,31 +152,21 @@ std::vector<float> FromTensor(const at::Tensor& t) {
   return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
 }
 
-dnnl::engine& Engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-dnnl::stream& Stream() {
-  static dnnl::stream s(Engine());
-  return s;
-}
+namespace onednn = normlab::bench::onednn;
 using dnnl::memory;
-const dnnl::normalization_flags kScaleShift = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
 
-dnnl::layer_normalization_forward::primitive_desc OneDnnFwdBf16(const Shape& s) {
-  const memory::desc data({s.rows, s.d}, memory::data_type::bf16, memory::format_tag::ab);
-  const memory::desc stat({s.rows}, memory::data_type::f32, memory::format_tag::a);
-  const dnnl::layer_normalization_forward::desc d(dnnl::prop_kind::forward_training, data, stat, static_cast<float>(kEps),
-                                                  kScaleShift);
-  return dnnl::layer_normalization_forward::primitive_desc(d, Engine());
+// oneDNN's LayerNorm on bf16 rows (fp32 statistics and parameters).
+onednn::LayerNormDescs OneDnnBf16Descs(const Shape& s) {
+  return {memory::desc({s.rows, s.d}, memory::data_type::bf16, memory::format_tag::ab),
+          memory::desc({s.rows}, memory::data_type::f32, memory::format_tag::a),
+          memory::desc({s.d}, memory::data_type::f32, memory::format_tag::a), kEps};
 }
 
 // Holds what an implementation needs alive (tensors, primitives, argument maps, statistics).
 struct Holder {
   std::vector<float> a, b, c, d;
   at::Tensor t0, t1, t2, t3, keep;
-  std::unordered_map<int, memory> args;
-  dnnl::primitive prim;
+  onednn::Call call;
   NormStats stats;
 };
 
@@ -203,23 +193,17 @@ Impl MakeFwdBf16(const std::string& impl, const Shape& s, LowpPool& p, std::shar
             [h] { return FromTensor(h->keep); }};
   }
   // onednn
-  const auto pd = OneDnnFwdBf16(s);
   h->a.resize(static_cast<std::size_t>(s.rows));
   h->b.resize(static_cast<std::size_t>(s.rows));
-  const memory::desc stat({s.rows}, memory::data_type::f32, memory::format_tag::a);
-  const memory::desc param({s.d}, memory::data_type::f32, memory::format_tag::a);
-  h->prim = dnnl::layer_normalization_forward(pd);
-  h->args = {{DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), p.bx.get())},
-             {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), p.by.get())},
-             {DNNL_ARG_MEAN, memory(stat, Engine(), h->a.data())},
-             {DNNL_ARG_VARIANCE, memory(stat, Engine(), h->b.data())},
-             {DNNL_ARG_SCALE, memory(param, Engine(), const_cast<float*>(Param(0)))},
-             {DNNL_ARG_SHIFT, memory(param, Engine(), const_cast<float*>(Param(1)))}};
-  return {[h] {
-            h->prim.execute(Stream(), h->args);
-            Stream().wait();
-          },
-          [=, &p] { return Widen(p.by.get(), n); }};
+  onednn::LayerNormBuffers b;
+  b.x = p.bx.get();
+  b.y = p.by.get();
+  b.mean = h->a.data();
+  b.var = h->b.data();
+  b.gamma = Param(0);
+  b.beta = Param(1);
+  h->call = onednn::LayerNormForward(OneDnnBf16Descs(s), b);
+  return {[h] { h->call.Run(); }, [=, &p] { return Widen(p.by.get(), n); }};
 }
 
 Impl MakeFwdF16(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
@@ -278,41 +262,12 @@ Impl MakeBwdBf16(const std::string& impl, const Shape& s, LowpPool& p, std::shar
             [h] { return FromTensor(h->keep); }};
   }
   // onednn: statistics from one forward run outside the loop
-  const auto fwd_pd = OneDnnFwdBf16(s);
-  h->a.resize(static_cast<std::size_t>(s.rows));
-  h->b.resize(static_cast<std::size_t>(s.rows));
-  h->c.resize(static_cast<std::size_t>(s.d));
-  h->d.resize(static_cast<std::size_t>(s.d));
-  const memory::desc stat({s.rows}, memory::data_type::f32, memory::format_tag::a);
-  const memory::desc param({s.d}, memory::data_type::f32, memory::format_tag::a);
-  const memory x(fwd_pd.src_desc(), Engine(), p.bx.get()), mean(stat, Engine(), h->a.data()), var(stat, Engine(), h->b.data());
-  const memory gamma(param, Engine(), const_cast<float*>(Param(0))), beta(param, Engine(), const_cast<float*>(Param(1)));
-  dnnl::layer_normalization_forward(fwd_pd).execute(Stream(), {{DNNL_ARG_SRC, x},
-                                                               {DNNL_ARG_DST, memory(fwd_pd.dst_desc(), Engine(), p.by.get())},
-                                                               {DNNL_ARG_MEAN, mean},
-                                                               {DNNL_ARG_VARIANCE, var},
-                                                               {DNNL_ARG_SCALE, gamma},
-                                                               {DNNL_ARG_SHIFT, beta}});
-  Stream().wait();
-  const memory::desc data = fwd_pd.src_desc();
-  const dnnl::layer_normalization_backward::desc d(dnnl::prop_kind::backward, data, data, stat, static_cast<float>(kEps),
-                                                   kScaleShift);
-  const dnnl::layer_normalization_backward::primitive_desc pd(d, Engine(), fwd_pd);
-  h->prim = dnnl::layer_normalization_backward(pd);
-  h->args = {{DNNL_ARG_SRC, x},
-             {DNNL_ARG_DIFF_DST, memory(data, Engine(), p.bdy.get())},
-             {DNNL_ARG_MEAN, mean},
-             {DNNL_ARG_VARIANCE, var},
-             {DNNL_ARG_SCALE, gamma},
-             {DNNL_ARG_SHIFT, beta},
-             {DNNL_ARG_DIFF_SRC, memory(data, Engine(), p.bdx.get())},
-             {DNNL_ARG_DIFF_SCALE, memory(param, Engine(), h->c.data())},
-             {DNNL_ARG_DIFF_SHIFT, memory(param, Engine(), h->d.data())}};
-  return {[h] {
-            h->prim.execute(Stream(), h->args);
-            Stream().wait();
-          },
-          [=, &p] { return Widen(p.bdx.get(), n); }};
+  for (auto* v : {&h->a, &h->b}) v->resize(static_cast<std::size_t>(s.rows));
+  for (auto* v : {&h->c, &h->d}) v->resize(static_cast<std::size_t>(s.d));
+  h->call = onednn::LayerNormBackward(
+      OneDnnBf16Descs(s), {p.bx.get(), p.by.get(), p.bdy.get(), p.bdx.get(), h->a.data(), h->b.data(),
+                           Param(0), Param(1), h->c.data(), h->d.data()});
+  return {[h] { h->call.Run(); }, [=, &p] { return Widen(p.bdx.get(), n); }};
 }
 
 Impl MakeAddFwd(const std::string& impl, bool fused, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
@@ -550,7 +505,7 @@ LowPrecisionContext RegisterLowPrecision() {
   LowPrecisionContext ctx;
   bool onednn_bf16 = false;
   try {
-    const auto pd = OneDnnFwdBf16(Shape{64, 64, 64 * 64});
+    const auto pd = onednn::LayerNormForwardDesc(OneDnnBf16Descs(Shape{64, 64, 64 * 64}));
     onednn_bf16 = true;
     ctx.onednn_bf16 = pd.impl_info_str();
   } catch (const dnnl::error& e) {

@@ -28,14 +28,13 @@
 #include <omp.h>
 
 #include <cstdio>
-#include <dnnl.hpp>
 #include <functional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "bench_copy.h"
+#include "bench_onednn.h"
 #include "bench_support.h"
 
 namespace {
@@ -45,6 +44,7 @@ using bench::parse_positive;
 using bench::quantile;
 using bench::time_us;
 using dnnl::memory;
+namespace onednn = bench::onednn;
 
 // The three implementations' per-round times of one operation.
 struct Rounds {
@@ -108,59 +108,27 @@ int run(int argc, char** argv) {
   layer_norm_forward(out.view(), mean.view(), rstd.view(), x.cview(), w.cview(), b.cview(), Axes{1}, kEps,
                      &saved);
 
-  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  dnnl::stream stream(engine);
-  const memory::desc data({R, D}, memory::data_type::f32, memory::format_tag::ab);
-  const memory::desc stat({R}, memory::data_type::f32, memory::format_tag::a);
-  const memory::desc param({D}, memory::data_type::f32, memory::format_tag::a);
-  const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-  const dnnl::layer_normalization_forward::primitive_desc fpd(
-      dnnl::layer_normalization_forward::desc(dnnl::prop_kind::forward_training, data, stat,
-                                              static_cast<float>(kEps), flags),
-      engine);
-  const dnnl::layer_normalization_backward::primitive_desc bpd(
-      dnnl::layer_normalization_backward::desc(dnnl::prop_kind::backward, data, data, stat,
-                                               static_cast<float>(kEps), flags),
-      engine, fpd);
+  const onednn::LayerNormDescs descs{memory::desc({R, D}, memory::data_type::f32, memory::format_tag::ab),
+                                     memory::desc({R}, memory::data_type::f32, memory::format_tag::a),
+                                     memory::desc({D}, memory::data_type::f32, memory::format_tag::a), kEps};
   std::vector<float> dmean(static_cast<std::size_t>(R)), dvar(static_cast<std::size_t>(R));
   std::vector<float> dgamma(static_cast<std::size_t>(D)), dbeta(static_cast<std::size_t>(D));
-  const memory mx(data, engine, x.data()), mout(data, engine, out.data()), mdy(data, engine, dy.data());
-  const memory mmean(stat, engine, dmean.data()), mvar(stat, engine, dvar.data());
-  const memory mw(param, engine, w.data()), mb(param, engine, b.data());
-  const dnnl::layer_normalization_forward dfwd(fpd);
-  const dnnl::layer_normalization_backward dbwd(bpd);
-  const std::unordered_map<int, memory> fargs{{DNNL_ARG_SRC, mx},     {DNNL_ARG_DST, mout},
-                                              {DNNL_ARG_MEAN, mmean}, {DNNL_ARG_VARIANCE, mvar},
-                                              {DNNL_ARG_SCALE, mw},   {DNNL_ARG_SHIFT, mb}};
-  const std::unordered_map<int, memory> bargs{{DNNL_ARG_SRC, mx},
-                                              {DNNL_ARG_DIFF_DST, mdy},
-                                              {DNNL_ARG_MEAN, mmean},
-                                              {DNNL_ARG_VARIANCE, mvar},
-                                              {DNNL_ARG_SCALE, mw},
-                                              {DNNL_ARG_SHIFT, mb},
-                                              {DNNL_ARG_DIFF_SRC, mout},
-                                              {DNNL_ARG_DIFF_SCALE, memory(param, engine, dgamma.data())},
-                                              {DNNL_ARG_DIFF_SHIFT, memory(param, engine, dbeta.data())}};
-
+  const onednn::LayerNormBuffers bufs{x.data(),    out.data(), dy.data(), out.data(),    dmean.data(),
+                                      dvar.data(), w.data(),   b.data(),  dgamma.data(), dbeta.data()};
+  const onednn::Call dfwd = onednn::LayerNormForward(descs, bufs);
+  const onednn::Call dbwd = onednn::LayerNormBackward(descs, bufs);
   const std::vector<std::function<void()>> fwd = {
       [&] {
         layer_norm_forward(out.view(), mean.view(), rstd.view(), x.cview(), w.cview(), b.cview(), Axes{1},
                            kEps);
       },
-      [&] {
-        dfwd.execute(stream, fargs);
-        stream.wait();
-      },
+      [&] { dfwd.Run(); },
       [&] { bench::ParallelCopy(bench::StreamCopy(), out.data(), x.data(), x.numel(), threads); }};
   const std::vector<std::function<void()>> bwd = {
       [&] {
         layer_norm_backward_saved(out.view(), dw.view(), db.view(), dy.cview(), x.cview(), w.cview(), saved);
       },
-      [&] {
-        dbwd.execute(stream, bargs);
-        stream.wait();
-      },
-      fwd[2]};
+      [&] { dbwd.Run(); }, fwd[2]};
   Rounds tf, tb;
   auto round = [](int r, const std::vector<std::function<void()>>& ops, Rounds& t) {
     double us[3];
@@ -184,7 +152,7 @@ int run(int argc, char** argv) {
     std::printf(
         "LayerNorm of [%lld,%lld] over the last axis: normlab (%s), oneDNN (%s), streaming copy; %d threads, "
         "%d rounds\n",
-        static_cast<long long>(R), static_cast<long long>(D), isa_name(active_isa()), fpd.impl_info_str(),
+        static_cast<long long>(R), static_cast<long long>(D), isa_name(active_isa()), dfwd.impl.c_str(),
         threads, rounds);
   print("forward", tf, 2.0 * 4.0 * n, 2.0 * 4.0 * n, row, shape.c_str(), threads);
   print("backward", tb, 3.0 * 4.0 * n, 2.0 * 4.0 * n, row, shape.c_str(), threads);

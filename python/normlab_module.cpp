@@ -189,6 +189,25 @@ auto by_storage(const py::array& x, const Storage& storage, F&& f) {
   return f(std::type_identity<bfloat16>{});
 }
 
+// The fused residual add + norm: float32 (x of any other dtype converted, as before storage existed) or
+// bfloat16 by name; the library has no float16 fused kernels.
+template <class F>
+auto by_fused_storage(const Storage& storage, F&& f) {
+  if (storage && *storage == "bfloat16") return f(std::type_identity<bfloat16>{});
+  NL_CHECK(!storage || *storage == "float32",
+           "storage must be \"float32\" or \"bfloat16\" for the fused add + norm (no float16 kernels), got "
+           "\"{}\"",
+           storage.value_or(""));
+  return f(std::type_identity<float>{});
+}
+template <bool Fused, class F>
+auto dispatch_storage(const py::array& x, const Storage& storage, F&& f) {
+  if constexpr (Fused)
+    return by_fused_storage(storage, std::forward<F>(f));
+  else
+    return by_storage(x, storage, std::forward<F>(f));
+}
+
 // An input of a storage-typed operation: float16 as is (dy must be float16 when x is); bfloat16: the bits in
 // a uint16 or int16 array, as is; else float32.
 template <class T>
@@ -248,26 +267,32 @@ py::object py_layer_norm(const py::array& x_in, const OptArray& weight, const Op
   return forward_result(y, {mean, rstd}, return_stats, saved);
 }
 
-// A LayerNorm / RMSNorm backward on x's storage type: dx (new, x's type) and the float32 parameter
-// gradients (dweight, and dbias for LayerNorm), each of the normalized axes' shape. run(dx, dweight, dbias,
-// dy, x, weight) calls the library (dbias is an empty view for RMSNorm).
-template <class Run>
+// A LayerNorm / RMSNorm backward on x's storage type (Fused: the residual add + norm's, whose x is s): dx
+// (new, x's type) and the float32 parameter gradients (dweight, and dbias for LayerNorm), each of the
+// normalized axes' shape. run(dx, dweight, dbias, dy, ds, x, weight) calls the library (dbias is an empty
+// view for RMSNorm; ds, the fused backward's skip-path gradient, an empty view when not given).
+template <bool Fused = false, class Run>
 py::tuple norm_backward(const py::array& dy_in, const py::array& x_in, const OptArray& weight,
-                        const Axes& axes, bool with_db, const Storage& storage, Run&& run) {
+                        const Axes& axes, bool with_db, const Storage& storage, Run&& run,
+                        const std::optional<py::array>& ds_in = std::nullopt) {
   const Dims xs = shape_of(x_in);
   auto dw = new_array<float>(normalized_shape(xs, axes));
   std::optional<py::array_t<float>> db;
   if (with_db) db = new_array<float>(normalized_shape(xs, axes));
-  const py::array dx = by_storage(x_in, storage, [&](auto tag) -> py::array {
+  const char* const x_name = Fused ? "s" : "x";
+  const py::array dx = dispatch_storage<Fused>(x_in, storage, [&](auto tag) -> py::array {
     using T = typename decltype(tag)::type;
-    const py::array xa = storage_input<T>(x_in, "x"), dya = storage_input<T>(dy_in, "dy");
+    const py::array xa = storage_input<T>(x_in, x_name), dya = storage_input<T>(dy_in, "dy");
+    const std::optional<py::array> dsa =
+        ds_in ? std::optional<py::array>(storage_input<T>(*ds_in, "ds")) : std::nullopt;
     auto out = new_array<T>(xs);
     auto dxv = view(out);
     auto dwv = view(dw);
     const View dbv = db ? view(*db) : View();
-    const auto x = cview<T>(xa, "x"), dy = cview<T>(dya, "dy");
+    const auto x = cview<T>(xa, x_name), dy = cview<T>(dya, "dy");
+    const auto ds = dsa ? cview<T>(*dsa, "ds") : TensorView<const T>();
     const auto w = cview(weight, "weight");
-    nogil([&] { run(dxv, dwv, dbv, dy, x, w); });
+    nogil([&] { run(dxv, dwv, dbv, dy, ds, x, w); });
     return out;
   });
   if (with_db) return py::make_tuple(dx, dw, *db);
@@ -278,7 +303,7 @@ py::tuple py_layer_norm_backward(const py::array& dy_in, const py::array& x_in, 
                                  const std::vector<int>& axes_in, double eps, const Storage& storage) {
   const Axes axes = axes_of(axes_in);
   return norm_backward(dy_in, x_in, weight, axes, true, storage,
-                       [&](auto dx, View dw, View db, auto dy, auto x, ConstView w) {
+                       [&](auto dx, View dw, View db, auto dy, auto, auto x, ConstView w) {
                          layer_norm_backward(dx, dw, db, dy, x, w, axes, eps);
                        });
 }
@@ -314,7 +339,7 @@ py::tuple py_rms_norm_backward(const py::array& dy_in, const py::array& x_in, co
                                const std::vector<int>& axes_in, double eps, const Storage& storage) {
   const Axes axes = axes_of(axes_in);
   return norm_backward(dy_in, x_in, weight, axes, false, storage,
-                       [&](auto dx, View dw, View, auto dy, auto x, ConstView w) {
+                       [&](auto dx, View dw, View, auto dy, auto, auto x, ConstView w) {
                          rms_norm_backward(dx, dw, dy, x, w, axes, eps);
                        });
 }
@@ -331,7 +356,7 @@ py::tuple py_layer_norm_backward_saved(const py::array& dy_in, const py::array& 
                                        const OptArray& weight, const Storage& storage) {
   const Axes axes = saved_axes(x_in, stats, "layer_norm_backward_saved");
   return norm_backward(dy_in, x_in, weight, axes, true, storage,
-                       [&](auto dx, View dw, View db, auto dy, auto x, ConstView w) {
+                       [&](auto dx, View dw, View db, auto dy, auto, auto x, ConstView w) {
                          layer_norm_backward_saved(dx, dw, db, dy, x, w, stats);
                        });
 }
@@ -340,7 +365,7 @@ py::tuple py_rms_norm_backward_saved(const py::array& dy_in, const py::array& x_
                                      const OptArray& weight, const Storage& storage) {
   const Axes axes = saved_axes(x_in, stats, "rms_norm_backward_saved");
   return norm_backward(dy_in, x_in, weight, axes, false, storage,
-                       [&](auto dx, View dw, View, auto dy, auto x, ConstView w) {
+                       [&](auto dx, View dw, View, auto dy, auto, auto x, ConstView w) {
                          rms_norm_backward_saved(dx, dw, dy, x, w, stats);
                        });
 }
@@ -380,16 +405,106 @@ py::array py_from_bfloat16(const py::array& bits_in) {
   return out;
 }
 
-py::tuple py_add_layer_norm(const F32Array& x, const F32Array& residual, const OptArray& weight,
-                            const OptArray& bias, const std::vector<int>& axes_in, double eps) {
+// The fused residual add + LayerNorm (Center) / RMSNorm forward: (y, s), then (mean,) rstd when asked for,
+// then the NormStats when saved.
+template <bool Center>
+py::tuple py_add_norm(const py::array& x_in, const py::array& r_in, const OptArray& weight,
+                      const OptArray& bias, const std::vector<int>& axes_in, double eps, bool return_stats,
+                      bool save_stats, const Storage& storage) {
   const Axes axes = axes_of(axes_in);
-  const Dims xs = shape_of(x);
-  auto s = new_array<float>(xs), y = new_array<float>(xs);
-  auto sv = view(s), yv = view(y);
-  const auto xv = cview<float>(x, "x"), rv = cview<float>(residual, "residual");
+  const Dims xs = shape_of(x_in);
+  auto mean = new_array<float>(kept_shape(xs, axes)), rstd = new_array<float>(kept_shape(xs, axes));
+  std::optional<NormStats> saved;
+  if (save_stats) saved.emplace();
+  py::list out;
+  by_fused_storage(storage, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const py::array xa = storage_input<T>(x_in, "x"), ra = storage_input<T>(r_in, "residual");
+    auto s = new_array<T>(xs), y = new_array<T>(xs);
+    auto sv = view(s), yv = view(y);
+    auto mv = view(mean), rv = view(rstd);
+    const auto x = cview<T>(xa, "x"), r = cview<T>(ra, "residual");
+    const auto w = cview(weight, "weight"), b = cview(bias, "bias");
+    NormStats* st = saved ? &*saved : nullptr;
+    nogil([&] {
+      if constexpr (Center) {
+        if (st)
+          add_layer_norm_forward(sv, yv, mv, rv, x, r, w, b, axes, eps, st);
+        else
+          add_layer_norm_forward(sv, yv, mv, rv, x, r, w, b, axes, eps);
+      } else {
+        if (st)
+          add_rms_norm_forward(sv, yv, rv, x, r, w, axes, eps, st);
+        else
+          add_rms_norm_forward(sv, yv, rv, x, r, w, axes, eps);
+      }
+    });
+    out.append(y);
+    out.append(s);
+  });
+  if (return_stats) {
+    if (Center) out.append(mean);
+    out.append(rstd);
+  }
+  if (saved) out.append(py::cast(std::move(*saved)));
+  return py::tuple(out);
+}
+
+template <bool Center>
+py::tuple py_add_norm_backward(const py::array& dy_in, const py::array& s_in, const OptArray& weight,
+                               const std::optional<py::array>& ds_in, const std::vector<int>& axes_in,
+                               double eps, const Storage& storage) {
+  const Axes axes = axes_of(axes_in);
+  return norm_backward<true>(
+      dy_in, s_in, weight, axes, Center, storage,
+      [&](auto dx, View dw, View db, auto dy, auto ds, auto s, ConstView w) {
+        if constexpr (Center)
+          add_layer_norm_backward(dx, dw, db, dy, ds, s, w, axes, eps);
+        else
+          add_rms_norm_backward(dx, dw, dy, ds, s, w, axes, eps);
+      },
+      ds_in);
+}
+
+template <bool Center>
+py::tuple py_add_norm_backward_saved(const py::array& dy_in, const py::array& s_in, const NormStats& stats,
+                                     const OptArray& weight, const std::optional<py::array>& ds_in,
+                                     const Storage& storage) {
+  const Axes axes =
+      saved_axes(s_in, stats, Center ? "add_layer_norm_backward_saved" : "add_rms_norm_backward_saved");
+  return norm_backward<true>(
+      dy_in, s_in, weight, axes, Center, storage,
+      [&](auto dx, View dw, View db, auto dy, auto ds, auto s, ConstView w) {
+        if constexpr (Center)
+          add_layer_norm_backward_saved(dx, dw, db, dy, ds, s, w, stats);
+        else
+          add_rms_norm_backward_saved(dx, dw, dy, ds, s, w, stats);
+      },
+      ds_in);
+}
+
+// The memory-efficient backward from the forward's output y and rstd (float32).
+template <bool Center>
+py::tuple py_norm_backward_from_output(const F32Array& dy, const F32Array& y, const F32Array& rstd,
+                                       const OptArray& weight, const OptArray& bias,
+                                       const std::vector<int>& axes_in) {
+  const Axes axes = axes_of(axes_in);
+  const Dims ys = shape_of(y);
+  auto dx = new_array<float>(ys), dw = new_array<float>(normalized_shape(ys, axes));
+  std::optional<py::array_t<float>> db;
+  if (Center) db = new_array<float>(normalized_shape(ys, axes));
+  auto dxv = view(dx), dwv = view(dw);
+  const View dbv = db ? view(*db) : View();
+  const auto dyv = cview<float>(dy, "dy"), yv = cview<float>(y, "y"), rv = cview<float>(rstd, "rstd");
   const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-  nogil([&] { add_layer_norm_forward(sv, yv, View(), View(), xv, rv, w, b, axes, eps); });
-  return py::make_tuple(y, s);
+  nogil([&] {
+    if constexpr (Center)
+      layer_norm_backward_from_output(dxv, dwv, dbv, dyv, yv, rv, w, b, axes);
+    else
+      rms_norm_backward_from_output(dxv, dwv, dyv, yv, rv, w, axes);
+  });
+  if (Center) return py::make_tuple(dx, dw, *db);
+  return py::make_tuple(dx, dw);
 }
 
 // y = op(y, x) for an operation whose output has x's shape (float32).
@@ -679,10 +794,72 @@ PYBIND11_MODULE(normlab, m) {
       "bits, x's shape, for storage=\"bfloat16\".");
   m.def("from_bfloat16", &py_from_bfloat16, py::arg("bits"),
         "bfloat16 bits (a uint16 or int16 array) widened to float32, exactly.");
-  m.def("add_layer_norm", &py_add_layer_norm, py::arg("x"), py::arg("residual"),
-        py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("axes") = std::vector<int>{-1},
-        py::arg("eps") = 1e-5,
-        "Fused residual add + LayerNorm: s = x + residual, y = layer_norm(s). Returns (y, s).");
+  m.def(
+      "add_layer_norm", &py_add_norm<true>, py::arg("x"), py::arg("residual"), py::arg("weight") = py::none(),
+      py::arg("bias") = py::none(), py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = 1e-5,
+      py::arg("return_stats") = false, py::arg("save_stats") = false, py::arg("storage") = py::none(),
+      "Fused residual add + LayerNorm (a pre-norm Transformer block's): s = x + residual, y = layer_norm(s), "
+      "in one pass over memory; the same bits as the two calls. Returns (y, s); return_stats=True appends "
+      "mean, rstd; save_stats=True a NormStats for add_layer_norm_backward_saved. storage: \"float32\" "
+      "(default; other dtypes converted) or \"bfloat16\" (the bits in uint16/int16 arrays, as layer_norm; s "
+      "is x + residual rounded once to bfloat16 and y the norm of that s).");
+  m.def(
+      "add_rms_norm",
+      [](const py::array& x, const py::array& residual, const OptArray& weight, const std::vector<int>& axes,
+         double eps, bool return_stats, bool save_stats, const Storage& storage) {
+        return py_add_norm<false>(x, residual, weight, OptArray(), axes, eps, return_stats, save_stats,
+                                  storage);
+      },
+      py::arg("x"), py::arg("residual"), py::arg("weight") = py::none(),
+      py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = kRmsNormEps, py::arg("return_stats") = false,
+      py::arg("save_stats") = false, py::arg("storage") = py::none(),
+      "Fused residual add + RMSNorm: s = x + residual, y = rms_norm(s). Returns (y, s) (+ rstd, + "
+      "NormStats), "
+      "as add_layer_norm.");
+  m.def("add_layer_norm_backward", &py_add_norm_backward<true>, py::arg("dy"), py::arg("s"),
+        py::arg("weight") = py::none(), py::arg("ds") = py::none(), py::arg("axes") = std::vector<int>{-1},
+        py::arg("eps") = 1e-5, py::arg("storage") = py::none(),
+        "Gradients of add_layer_norm from its s: (dx, dweight, dbias), dx = layer_norm_backward(dy, s) + ds "
+        "being "
+        "the gradient of x and of residual alike; ds (optional) is the gradient reaching s through the skip "
+        "path. float32: the same bits as the two calls; bfloat16: the sum in float32, rounded once.");
+  m.def("add_layer_norm_backward_saved", &py_add_norm_backward_saved<true>, py::arg("dy"), py::arg("s"),
+        py::arg("stats"), py::arg("weight") = py::none(), py::arg("ds") = py::none(),
+        py::arg("storage") = py::none(),
+        "add_layer_norm_backward from add_layer_norm(..., save_stats=True)'s statistics: the same bits, axes "
+        "and "
+        "eps from stats.");
+  m.def(
+      "add_rms_norm_backward",
+      [](const py::array& dy, const py::array& s, const OptArray& weight, const std::optional<py::array>& ds,
+         const std::vector<int>& axes, double eps, const Storage& storage) {
+        return py_add_norm_backward<false>(dy, s, weight, ds, axes, eps, storage);
+      },
+      py::arg("dy"), py::arg("s"), py::arg("weight") = py::none(), py::arg("ds") = py::none(),
+      py::arg("axes") = std::vector<int>{-1}, py::arg("eps") = kRmsNormEps, py::arg("storage") = py::none(),
+      "Gradients of add_rms_norm from its s: (dx, dweight), as add_layer_norm_backward.");
+  m.def("add_rms_norm_backward_saved", &py_add_norm_backward_saved<false>, py::arg("dy"), py::arg("s"),
+        py::arg("stats"), py::arg("weight") = py::none(), py::arg("ds") = py::none(),
+        py::arg("storage") = py::none(),
+        "add_rms_norm_backward from add_rms_norm(..., save_stats=True)'s statistics: the same bits.");
+  m.def("layer_norm_backward_from_output", &py_norm_backward_from_output<true>, py::arg("dy"), py::arg("y"),
+        py::arg("rstd"), py::arg("weight") = py::none(), py::arg("bias") = py::none(),
+        py::arg("axes") = std::vector<int>{-1},
+        "The memory-efficient backward of layer_norm (float32): (dx, dweight, dbias) from the forward's "
+        "output y "
+        "and rstd (layer_norm(..., return_stats=True)) instead of x, with x_hat = (y - bias) / weight. Any "
+        "zero "
+        "in weight raises normlab.Error (x_hat is lost there); small |weight| or |bias| >> |weight * x_hat| "
+        "costs digits that layer_norm_backward keeps.");
+  m.def(
+      "rms_norm_backward_from_output",
+      [](const F32Array& dy, const F32Array& y, const F32Array& rstd, const OptArray& weight,
+         const std::vector<int>& axes) {
+        return py_norm_backward_from_output<false>(dy, y, rstd, weight, OptArray(), axes);
+      },
+      py::arg("dy"), py::arg("y"), py::arg("rstd"), py::arg("weight") = py::none(),
+      py::arg("axes") = std::vector<int>{-1},
+      "The memory-efficient backward of rms_norm (float32): (dx, dweight) from its output y and rstd.");
   m.def(
       "batch_norm", &py_batch_norm, py::arg("x"), py::arg("running_mean") = py::none(),
       py::arg("running_var") = py::none(), py::arg("weight") = py::none(), py::arg("bias") = py::none(),

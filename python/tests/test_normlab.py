@@ -432,6 +432,117 @@ class BFloat16Test(unittest.TestCase):
                                       normlab.layer_norm(bits.astype(np.float32)))
 
 
+class FusedAndFromOutputTest(unittest.TestCase):
+    """The fused residual add + norm and the backward from the output (normlab/norm.h's contracts)."""
+
+    SHAPES = (((6, 64), [-1]), ((2, 33, 7), [1]), ((5, 1025), [-1]), ((3, 4, 6), [0, 2]))
+
+    def test_add_norm_is_the_composition_bit_for_bit(self):
+        rng = np.random.default_rng(50)
+        for shape, axes in self.SHAPES:
+            nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
+            x, r, dy, ds = (rng_array(rng, shape, 1.5, 0.5) for _ in range(4))
+            w, b = rng_array(rng, nshape, 0.5, 1.0), rng_array(rng, nshape)
+            y, s, mean, rstd, st = normlab.add_layer_norm(x, r, w, b, axes, return_stats=True, save_stats=True)
+            np.testing.assert_array_equal(s, x + r)
+            for a, ref in zip((y, mean, rstd), normlab.layer_norm(s, w, b, axes, return_stats=True)):
+                np.testing.assert_array_equal(a, ref)
+            dnorm = normlab.layer_norm_backward(dy, s, w, axes)
+            dx, dw, db = normlab.add_layer_norm_backward(dy, s, w, ds, axes)
+            np.testing.assert_array_equal(dx, dnorm[0] + ds)  # the gradient of x and of residual
+            np.testing.assert_array_equal(dw, dnorm[1])
+            np.testing.assert_array_equal(db, dnorm[2])
+            for a, ref in zip(normlab.add_layer_norm_backward(dy, s, w, axes=axes), dnorm):  # no ds: ds = 0
+                np.testing.assert_array_equal(a, ref)
+            for a, ref in zip(normlab.add_layer_norm_backward_saved(dy, s, st, w, ds), (dx, dw, db)):
+                np.testing.assert_array_equal(a, ref)
+            # RMSNorm
+            y, s, rstd, st = normlab.add_rms_norm(x, r, w, axes, return_stats=True, save_stats=True)
+            np.testing.assert_array_equal(s, x + r)
+            for a, ref in zip((y, rstd), normlab.rms_norm(s, w, axes, return_stats=True)):
+                np.testing.assert_array_equal(a, ref)
+            dnorm = normlab.rms_norm_backward(dy, s, w, axes)
+            dx, dw = normlab.add_rms_norm_backward(dy, s, w, ds, axes)
+            np.testing.assert_array_equal(dx, dnorm[0] + ds)
+            np.testing.assert_array_equal(dw, dnorm[1])
+            for a, ref in zip(normlab.add_rms_norm_backward_saved(dy, s, st, w, ds), (dx, dw)):
+                np.testing.assert_array_equal(a, ref)
+
+    def test_add_norm_bfloat16_rounds_the_sum_once(self):
+        # s is x + residual rounded once, y the norm of that s rounded once; dx is the float32 norm gradient
+        # plus ds, rounded once (two roundings in the unfused composition).
+        rng = np.random.default_rng(51)
+        wide = normlab.from_bfloat16
+        for shape, axes in self.SHAPES:
+            nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
+            x, r, dy, ds = (normlab.to_bfloat16(rng_array(rng, shape, 1.5, 0.5)) for _ in range(4))
+            w, b = rng_array(rng, nshape, 0.5, 1.0), rng_array(rng, nshape)
+            y, s, mean, rstd = normlab.add_layer_norm(x, r, w, b, axes, return_stats=True, storage="bfloat16")
+            self.assertEqual((y.dtype, s.dtype), (np.uint16, np.uint16))
+            np.testing.assert_array_equal(s, bf16_bits(wide(x) + wide(r)))
+            for a, ref in zip((y, mean, rstd),
+                              normlab.layer_norm(s, w, b, axes, return_stats=True, storage="bfloat16")):
+                np.testing.assert_array_equal(a, ref)
+            dx, dw, db = normlab.add_layer_norm_backward(dy, s, w, ds, axes, storage="bfloat16")
+            d32 = normlab.layer_norm_backward(wide(dy), wide(s), w, axes)
+            np.testing.assert_array_equal(dx, bf16_bits(d32[0] + wide(ds)))
+            np.testing.assert_array_equal(dw, d32[1])
+            np.testing.assert_array_equal(db, d32[2])
+            y, s = normlab.add_rms_norm(x, r, w, axes, storage="bfloat16")
+            np.testing.assert_array_equal(y, normlab.rms_norm(s, w, axes, storage="bfloat16"))
+            dx, dw = normlab.add_rms_norm_backward(dy, s, w, ds, axes, storage="bfloat16")
+            d32 = normlab.rms_norm_backward(wide(dy), wide(s), w, axes)
+            np.testing.assert_array_equal(dx, bf16_bits(d32[0] + wide(ds)))
+            np.testing.assert_array_equal(dw, d32[1])
+
+    def test_backward_from_output(self):
+        # Against the backward that reads x, within the accuracy norm.h states: x_hat = (y - bias) / weight
+        # carries about ulp(y) / |weight| more error (here |weight| >= 0.5, |bias| <= 0.3).
+        rng = np.random.default_rng(52)
+        for shape, axes in self.SHAPES:
+            nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
+            x, dy = rng_array(rng, shape, 2.0, 1.0), rng_array(rng, shape)
+            w = (rng.uniform(0.5, 1.5, nshape) * rng.choice([-1, 1], nshape)).astype(np.float32)
+            b = rng.uniform(-0.3, 0.3, nshape).astype(np.float32)
+            y, _, rstd = normlab.layer_norm(x, w, b, axes, return_stats=True)
+            got = normlab.layer_norm_backward_from_output(dy, y, rstd, w, b, axes)
+            ref = normlab.layer_norm_backward(dy, x, w, axes)
+            for a, r, what in zip(got, ref, ("dx", "dweight", "dbias")):
+                assert_close(self, a, r, k=8, scale=np.abs(r).max(), what=what)
+            np.testing.assert_array_equal(got[2], ref[2])  # dbias = sum of dy reads no x
+            y, rstd = normlab.rms_norm(x, w, axes, return_stats=True)
+            got = normlab.rms_norm_backward_from_output(dy, y, rstd, w, axes)
+            for a, r, what in zip(got, normlab.rms_norm_backward(dy, x, w, axes), ("dx", "dweight")):
+                assert_close(self, a, r, k=8, scale=np.abs(r).max(), what=what)
+        # By hand: [[1, 2, 3], [3, 4, 5]] over F (axis 0), eps 0: every column has rstd 1 and x_hat [-1, 1].
+        # dy = [[1, 0, 0], [0, 0, 0]]: column 0 has mean(dy) = 1/2, mean(dy * x_hat) = -1/2, so
+        # dx = rstd * (dy - mean(dy) - x_hat * mean(dy * x_hat)) = [1 - 1/2 - 1/2, 0 - 1/2 + 1/2] = [0, 0];
+        # dweight[f] = sum over t of dy * x_hat = [-1, 0], dbias[f] = sum of dy = [1, 0].
+        f = np.array([[1, 2, 3], [3, 4, 5]], np.float32)
+        y, _, rstd = normlab.layer_norm(f, axes=[0], eps=0.0, return_stats=True)
+        np.testing.assert_array_equal(y, [[-1, -1, -1], [1, 1, 1]])
+        dx, dw, db = normlab.layer_norm_backward_from_output(np.array([[1, 0, 0], [0, 0, 0]], np.float32), y,
+                                                             rstd, axes=[0])
+        np.testing.assert_array_equal(dx, np.zeros((2, 3), np.float32))
+        np.testing.assert_array_equal(dw, [-1, 0])
+        np.testing.assert_array_equal(db, [1, 0])
+
+    def test_errors(self):
+        x = np.ones((2, 4), np.float32)
+        with self.assertRaisesRegex(normlab.Error, "no float16 kernels"):
+            normlab.add_layer_norm(x, x, storage="float16")
+        with self.assertRaisesRegex(normlab.Error, "ds: storage=\"bfloat16\""):
+            bits = normlab.to_bfloat16(x)
+            normlab.add_rms_norm_backward(bits, bits, ds=x, storage="bfloat16")
+        with self.assertRaisesRegex(normlab.Error, "s: storage=\"bfloat16\""):
+            normlab.add_layer_norm_backward(normlab.to_bfloat16(x), x, storage="bfloat16")
+        y, _, rstd = normlab.layer_norm(np.arange(8, dtype=np.float32).reshape(2, 4), return_stats=True)
+        with self.assertRaisesRegex(normlab.Error, r"weight\[2\].*is 0"):
+            normlab.layer_norm_backward_from_output(x, y, rstd, np.array([1, 1, 0, 1], np.float32))
+        with self.assertRaises(normlab.Error):  # rstd of the wrong shape
+            normlab.rms_norm_backward_from_output(x, y, np.ones(3, np.float32))
+
+
 class BatchNormTest(unittest.TestCase):
     def test_training_updates_running_stats_in_place(self):
         rng = np.random.default_rng(7)

@@ -632,22 +632,76 @@ py::tuple py_group_norm_backward(const F32Array& dy, const F32Array& x, int grou
                           });
 }
 
-py::array py_sliding_cmvn(const F32Array& x, int cmn_window, int min_cmn_window, bool center, bool norm_vars,
-                          int time_axis) {
+SlidingCmvnOptions sliding_options(int cmn_window, int min_cmn_window, bool center, bool norm_vars,
+                                   int time_axis) {
   SlidingCmvnOptions opt;
   opt.cmn_window = cmn_window;
   opt.min_cmn_window = min_cmn_window;
   opt.center = center;
   opt.norm_vars = norm_vars;
   opt.time_axis = time_axis;
-  return map_forward(x, [&](View y, ConstView xv) { sliding_cmvn(y, xv, opt); });
+  return opt;
 }
-
-py::array py_cmvn_per_utterance(const F32Array& x, bool norm_vars, int time_axis) {
+CmvnOptions cmvn_options(bool norm_means, bool norm_vars, int time_axis) {
   CmvnOptions opt;
+  opt.norm_means = norm_means;
   opt.norm_vars = norm_vars;
   opt.time_axis = time_axis;
-  return map_forward(x, [&](View y, ConstView xv) { apply_cmvn_per_utterance(y, xv, opt); });
+  return opt;
+}
+
+// lengths given: x is a padded batch ([B, T, D] or [B, D, T]) and the masked function runs.
+py::array py_sliding_cmvn(const F32Array& x, int cmn_window, int min_cmn_window, bool center, bool norm_vars,
+                          int time_axis, const std::optional<std::vector<Index>>& lengths) {
+  const SlidingCmvnOptions opt = sliding_options(cmn_window, min_cmn_window, center, norm_vars, time_axis);
+  return map_forward(x, [&](View y, ConstView xv) {
+    if (lengths)
+      sliding_cmvn_masked(y, xv, *lengths, opt);
+    else
+      sliding_cmvn(y, xv, opt);
+  });
+}
+
+py::array py_cmvn_per_utterance(const F32Array& x, bool norm_vars, int time_axis,
+                                const std::optional<std::vector<Index>>& lengths) {
+  const CmvnOptions opt = cmvn_options(true, norm_vars, time_axis);
+  return map_forward(x, [&](View y, ConstView xv) {
+    if (lengths)
+      apply_cmvn_masked(y, xv, *lengths, opt);
+    else
+      apply_cmvn_per_utterance(y, xv, opt);
+  });
+}
+
+py::array py_cmvn_per_utterance_backward(const F32Array& dy, const F32Array& x, bool norm_vars, int time_axis,
+                                         const std::optional<std::vector<Index>>& lengths) {
+  const CmvnOptions opt = cmvn_options(true, norm_vars, time_axis);
+  const auto xv = cview<float>(x, "x");
+  return map_forward(dy, [&](View dx, ConstView dyv) {
+    if (lengths)
+      apply_cmvn_masked_backward(dx, dyv, xv, *lengths, opt);
+    else
+      apply_cmvn_per_utterance_backward(dx, dyv, xv, opt);
+  });
+}
+
+py::array py_apply_cmvn(const F32Array& x, const CmvnStats& stats, bool norm_means, bool norm_vars,
+                        int time_axis) {
+  const CmvnOptions opt = cmvn_options(norm_means, norm_vars, time_axis);
+  return map_forward(x, [&](View y, ConstView xv) { apply_cmvn(y, xv, stats, opt); });
+}
+
+py::array py_apply_cmvn_backward(const F32Array& dy, const CmvnStats& stats, bool norm_means, bool norm_vars,
+                                 int time_axis) {
+  const CmvnOptions opt = cmvn_options(norm_means, norm_vars, time_axis);
+  return map_forward(dy, [&](View dx, ConstView dyv) { apply_cmvn_backward(dx, dyv, stats, opt); });
+}
+
+// A float64 NumPy copy of a span (CmvnStats' sums).
+py::array_t<double> doubles(std::span<const double> v) {
+  auto a = new_array<double>(Dims{static_cast<Index>(v.size())});
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
 }
 
 py::tuple py_read_wav(const std::string& path, float expected_sample_rate, bool normalize) {
@@ -892,10 +946,97 @@ PYBIND11_MODULE(normlab, m) {
 
   m.def("sliding_cmvn", &py_sliding_cmvn, py::arg("x"), py::arg("cmn_window") = 600,
         py::arg("min_cmn_window") = 100, py::arg("center") = false, py::arg("norm_vars") = false,
-        py::arg("time_axis") = 0,
-        "Kaldi apply-cmvn-sliding on x [T, D] (time_axis 0) or [D, T] (time_axis 1).");
+        py::arg("time_axis") = 0, py::arg("lengths") = py::none(),
+        "Kaldi apply-cmvn-sliding on x [T, D] (time_axis 0) or [D, T] (time_axis 1). With lengths, x is a "
+        "padded batch [B, T, D] ([B, D, T]): utterance b is its first lengths[b] frames, normalized as if "
+        "alone; "
+        "padded frames come back 0.");
   m.def("cmvn_per_utterance", &py_cmvn_per_utterance, py::arg("x"), py::arg("norm_vars") = false,
-        py::arg("time_axis") = 0, "Kaldi apply-cmvn with the utterance's own statistics.");
+        py::arg("time_axis") = 0, py::arg("lengths") = py::none(),
+        "Kaldi apply-cmvn with the utterance's own statistics; lengths as in sliding_cmvn.");
+  m.def(
+      "cmvn_per_utterance_backward", &py_cmvn_per_utterance_backward, py::arg("dy"), py::arg("x"),
+      py::arg("norm_vars") = false, py::arg("time_axis") = 0, py::arg("lengths") = py::none(),
+      "Gradient of cmvn_per_utterance (its statistics depend on x): dx = dy - mean_t(dy), and with norm_vars "
+      "istd * (dy - mean_t(dy) - x_hat * mean_t(dy * x_hat)).");
+  m.def("apply_cmvn", &py_apply_cmvn, py::arg("x"), py::arg("stats"), py::arg("norm_means") = true,
+        py::arg("norm_vars") = false, py::arg("time_axis") = 0,
+        "Kaldi apply-cmvn with given (global or speaker) CmvnStats: y = x - mean, or (x - mean) / sqrt(var) "
+        "with norm_vars (the biased variance floored at 1e-20).");
+  m.def("apply_cmvn_backward", &py_apply_cmvn_backward, py::arg("dy"), py::arg("stats"),
+        py::arg("norm_means") = true, py::arg("norm_vars") = false, py::arg("time_axis") = 0,
+        "Gradient of apply_cmvn (fixed statistics): dx = dy, or dy / sqrt(var) with norm_vars.");
+
+  py::class_<CmvnStats>(
+      m, "CmvnStats",
+      "Accumulated CMVN statistics in double (frame count, per-dim sum and sum of squares), as "
+      "Kaldi's compute-cmvn-stats keeps them; read and written as Kaldi's [2, D+1] matrix "
+      "(.npy) or WeNet's global_cmvn JSON.")
+      .def(py::init<>(), "Empty statistics; the first add sets the width.")
+      .def(py::init<Index>(), py::arg("dim"), "Zero statistics of width dim.")
+      .def("add", py::overload_cast<const CmvnStats&>(&CmvnStats::add), py::arg("other"),
+           "Adds another object's statistics (same width).")
+      .def(
+          "add",
+          [](CmvnStats& st, const F32Array& feats, int time_axis) {
+            const ConstView f = cview<float>(feats, "feats");
+            nogil([&] { st.add(f, time_axis); });
+          },
+          py::arg("feats"), py::arg("time_axis") = 0,
+          "Adds every frame of feats [T, D] (time_axis 0) or [D, T] (time_axis 1).")
+      .def_property_readonly("dim", &CmvnStats::dim)
+      .def_property_readonly("count", &CmvnStats::count)
+      .def_property_readonly(
+          "sum", [](const CmvnStats& st) { return doubles(st.sum()); }, "float64 [D] (a copy)")
+      .def_property_readonly(
+          "sum_sq", [](const CmvnStats& st) { return doubles(st.sum_sq()); }, "float64 [D] (a copy)")
+      .def(
+          "to_kaldi_matrix",
+          [](const CmvnStats& st) {
+            const BasicTensor<double> k = st.to_kaldi_matrix();
+            auto a = new_array<double>(k.shape());
+            std::copy(k.data(), k.data() + k.numel(), a.mutable_data());
+            return a;
+          },
+          "Kaldi's layout, float64 [2, D+1]: [sum..., count; sum_sq..., 0].")
+      .def_static(
+          "from_kaldi_matrix",
+          [](const py::array_t<double, py::array::c_style | py::array::forcecast>& matrix) {
+            return CmvnStats::from_kaldi_matrix(cview<double>(matrix, "matrix"), "the matrix");
+          },
+          py::arg("matrix"), "Reads Kaldi's [2, D+1] layout (finite values, count >= 0).")
+      .def("save_kaldi_npy", &CmvnStats::save_kaldi_npy, py::arg("path"))
+      .def_static("load_kaldi_npy", &CmvnStats::load_kaldi_npy, py::arg("path"))
+      .def("to_wenet_json", &CmvnStats::to_wenet_json)
+      .def_static(
+          "from_wenet_json", [](const std::string& text) { return CmvnStats::from_wenet_json(text); },
+          py::arg("text"), "WeNet's {\"mean_stat\": [...], \"var_stat\": [...], \"frame_num\": n}.")
+      .def("save_wenet_json", &CmvnStats::save_wenet_json, py::arg("path"))
+      .def_static("load_wenet_json", &CmvnStats::load_wenet_json, py::arg("path"))
+      .def("__repr__", [](const CmvnStats& st) {
+        return py::str("CmvnStats(dim={}, count={})").format(st.dim(), st.count());
+      });
+
+  py::class_<StreamingCmvn>(
+      m, "StreamingCmvn",
+      "Causal sliding CMVN fed a frame or a chunk at a time: the concatenated outputs are "
+      "sliding_cmvn(all frames, center=False) with the same cmn_window and norm_vars, bit "
+      "for bit; frame t uses the frames [max(0, t - cmn_window), t].")
+      .def(py::init([](Index dim, int cmn_window, int min_cmn_window, bool norm_vars, int time_axis) {
+             return StreamingCmvn(dim,
+                                  sliding_options(cmn_window, min_cmn_window, false, norm_vars, time_axis));
+           }),
+           py::arg("dim"), py::arg("cmn_window") = 600, py::arg("min_cmn_window") = 0,
+           py::arg("norm_vars") = false, py::arg("time_axis") = 0,
+           "min_cmn_window must be 0 or 1 (a larger one looks ahead at the start, which a stream cannot).")
+      .def(
+          "accept",
+          [](StreamingCmvn& sc, const F32Array& frames) {
+            return map_forward(frames, [&](View y, ConstView f) { sc.accept(y, f); });
+          },
+          py::arg("frames"), "Normalizes the next frames ([n, D], or [D, n] with time_axis 1); returns them.")
+      .def_property_readonly("frames_seen", &StreamingCmvn::frames_seen)
+      .def("reset", &StreamingCmvn::reset, "Starts a new utterance.");
   m.def(
       "read_wav", &py_read_wav, py::arg("path"), py::arg("expected_sample_rate") = 16000.0f,
       py::arg("normalize") = false,

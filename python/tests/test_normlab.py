@@ -809,5 +809,115 @@ class SpeechTest(unittest.TestCase):
         assert_close(self, y, ref, k=64, scale=np.abs(ref).max(), what="vars")
 
 
+
+class CmvnTest(unittest.TestCase):
+    """Global statistics, the backward, padded batches and the stream (normlab/cmvn.h)."""
+
+    def test_stats_and_apply_cmvn(self):
+        rng = np.random.default_rng(60)
+        a, b = rng_array(rng, (40, 5), 3.0, 100.0), rng_array(rng, (17, 5), 2.0, 90.0)
+        st = normlab.CmvnStats()
+        self.assertEqual(st.dim, 0)
+        st.add(a)
+        st.add(b.T.astype(np.float64), time_axis=1)  # [D, T], converted
+        both = np.concatenate([a, b]).astype(np.float64)
+        self.assertEqual((st.dim, st.count), (5, 57.0))
+        np.testing.assert_allclose(st.sum, both.sum(axis=0), rtol=1e-14)
+        np.testing.assert_allclose(st.sum_sq, (both ** 2).sum(axis=0), rtol=1e-14)
+        merged = normlab.CmvnStats(5)
+        merged.add(st)
+        merged.add(st)
+        self.assertEqual(merged.count, 114.0)
+        np.testing.assert_array_equal(merged.sum, 2 * st.sum)
+        # Kaldi's [2, D+1] layout and WeNet's JSON, in memory and through files
+        k = st.to_kaldi_matrix()
+        self.assertEqual(k.shape, (2, 6))
+        np.testing.assert_array_equal(k[0], np.append(st.sum, 57.0))
+        np.testing.assert_array_equal(k[1], np.append(st.sum_sq, 0.0))
+        back = normlab.CmvnStats.from_kaldi_matrix(k)
+        np.testing.assert_array_equal(back.sum_sq, st.sum_sq)
+        self.assertEqual(json.loads(st.to_wenet_json())["frame_num"], 57)
+        with tempfile.TemporaryDirectory() as d:
+            st.save_kaldi_npy(os.path.join(d, "cmvn.npy"))
+            np.testing.assert_array_equal(np.load(os.path.join(d, "cmvn.npy")), k)
+            np.testing.assert_array_equal(normlab.CmvnStats.load_kaldi_npy(os.path.join(d, "cmvn.npy")).sum, st.sum)
+            st.save_wenet_json(os.path.join(d, "global_cmvn"))
+            w = normlab.CmvnStats.load_wenet_json(os.path.join(d, "global_cmvn"))
+            np.testing.assert_array_equal(w.sum, st.sum)
+            self.assertEqual(w.count, 57.0)
+        # apply-cmvn: x - mean, (x - mean) / sqrt(var) with the biased variance; its backward
+        mean = both.mean(axis=0)
+        std = np.sqrt((both ** 2).mean(axis=0) - mean ** 2)
+        assert_close(self, normlab.apply_cmvn(a, st), a - mean, k=16, scale=100.0, what="means")
+        ref = (a - mean) / std
+        assert_close(self, normlab.apply_cmvn(a, st, norm_vars=True), ref, k=16, scale=np.abs(ref).max(),
+                     what="vars")
+        np.testing.assert_array_equal(normlab.apply_cmvn(a.T, st, time_axis=1).T, normlab.apply_cmvn(a, st))
+        np.testing.assert_array_equal(normlab.apply_cmvn(a, st, norm_means=False), a)
+        dy = rng_array(rng, a.shape)
+        np.testing.assert_array_equal(normlab.apply_cmvn_backward(dy, st), dy)
+        assert_close(self, normlab.apply_cmvn_backward(dy, st, norm_vars=True), dy / std, k=16,
+                     scale=np.abs(dy / std).max(), what="backward")
+        with self.assertRaises(normlab.Error):  # stats of another width
+            normlab.apply_cmvn(np.ones((3, 4), np.float32), st)
+        with self.assertRaises(normlab.Error):  # not [2, D+1]
+            normlab.CmvnStats.from_kaldi_matrix(np.ones((3, 6)))
+        with self.assertRaises(normlab.Error):
+            normlab.CmvnStats.from_wenet_json("{}")
+
+    def test_per_utterance_backward(self):
+        rng = np.random.default_rng(61)
+        x, dy = rng_array(rng, (40, 5), 3.0, 10.0), rng_array(rng, (40, 5))
+        d64 = dy.astype(np.float64)
+        assert_close(self, normlab.cmvn_per_utterance_backward(dy, x), d64 - d64.mean(axis=0), k=16,
+                     scale=np.abs(d64).max(), what="means")
+        # with norm_vars: LayerNorm's backward over time with eps 0 and no affine
+        ref, _, _ = ref_layer_norm_backward(dy, x, None, [0], 0.0)
+        assert_close(self, normlab.cmvn_per_utterance_backward(dy, x, norm_vars=True), ref, k=16,
+                     scale=np.abs(ref).max(), what="vars")
+        assert_close(self, normlab.cmvn_per_utterance_backward(dy.T, x.T, norm_vars=True, time_axis=1), ref.T,
+                     k=16, scale=np.abs(ref).max(), what="[D, T]")
+
+    def test_padded_batches_are_each_utterance_alone(self):
+        rng = np.random.default_rng(62)
+        x, dy = rng_array(rng, (3, 30, 4), 2.0, 5.0), rng_array(rng, (3, 30, 4))
+        lengths = [30, 11, 0]
+        for norm_vars in (False, True):
+            y = normlab.cmvn_per_utterance(x, norm_vars, lengths=lengths)
+            s = normlab.sliding_cmvn(x, cmn_window=8, min_cmn_window=3, norm_vars=norm_vars, lengths=lengths)
+            dx = normlab.cmvn_per_utterance_backward(dy, x, norm_vars, lengths=lengths)
+            for bi, n in enumerate(lengths):
+                if n:
+                    np.testing.assert_array_equal(y[bi, :n], normlab.cmvn_per_utterance(x[bi, :n], norm_vars))
+                    np.testing.assert_array_equal(
+                        s[bi, :n], normlab.sliding_cmvn(x[bi, :n], cmn_window=8, min_cmn_window=3,
+                                                        norm_vars=norm_vars))
+                    np.testing.assert_array_equal(
+                        dx[bi, :n], normlab.cmvn_per_utterance_backward(dy[bi, :n], x[bi, :n], norm_vars))
+                for a in (y, s, dx):
+                    np.testing.assert_array_equal(a[bi, n:], 0.0)
+        with self.assertRaises(normlab.Error):  # a length beyond T
+            normlab.cmvn_per_utterance(x, lengths=[31, 1, 1])
+
+    def test_streaming_equals_the_causal_sliding_window(self):
+        rng = np.random.default_rng(63)
+        x = rng_array(rng, (53, 6), 2.0, -3.0)
+        for norm_vars in (False, True):
+            ref = normlab.sliding_cmvn(x, cmn_window=20, min_cmn_window=0, norm_vars=norm_vars)
+            sc = normlab.StreamingCmvn(6, cmn_window=20, norm_vars=norm_vars)
+            for _ in range(2):  # a second utterance after reset
+                out = [sc.accept(x[i:i + 7]) for i in range(0, 53, 7)] + [sc.accept(x[:0])]
+                self.assertEqual(sc.frames_seen, 53)
+                np.testing.assert_array_equal(np.concatenate(out), ref)
+                sc.reset()
+            # [D, n] chunks through time_axis = 1, one frame at a time
+            st = normlab.StreamingCmvn(6, cmn_window=20, norm_vars=norm_vars, time_axis=1)
+            np.testing.assert_array_equal(np.concatenate([st.accept(x[i:i + 1].T) for i in range(53)], axis=1),
+                                          ref.T)
+        with self.assertRaisesRegex(normlab.Error, "causal"):
+            normlab.StreamingCmvn(6, min_cmn_window=100)
+        with self.assertRaises(normlab.Error):  # a chunk of the wrong width
+            normlab.StreamingCmvn(6).accept(np.ones((2, 5), np.float32))
+
 if __name__ == "__main__":
     unittest.main()

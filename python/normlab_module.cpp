@@ -1037,6 +1037,26 @@ PYBIND11_MODULE(normlab, m) {
           py::arg("frames"), "Normalizes the next frames ([n, D], or [D, n] with time_axis 1); returns them.")
       .def_property_readonly("frames_seen", &StreamingCmvn::frames_seen)
       .def("reset", &StreamingCmvn::reset, "Starts a new utterance.");
+  py::class_<StreamingLayerNormF>(
+      m, "StreamingLayerNormF",
+      "Per-frame LayerNorm over the feature axis fed a frame or a chunk at a time: the "
+      "concatenated outputs are layer_norm over that axis of the whole utterance, bit "
+      "for bit.")
+      .def(py::init(
+               [](Index features, const OptArray& weight, const OptArray& bias, double eps, int time_axis) {
+                 return StreamingLayerNormF(features, cview(weight, "weight"), cview(bias, "bias"), eps,
+                                            time_axis);
+               }),
+           py::arg("features"), py::arg("weight") = py::none(), py::arg("bias") = py::none(),
+           py::arg("eps") = 1e-5, py::arg("time_axis") = 0,
+           "weight, bias: optional [features] (copied); time_axis 1 takes [F, n] chunks.")
+      .def(
+          "accept",
+          [](StreamingLayerNormF& ln, const F32Array& frames) {
+            return map_forward(frames, [&](View y, ConstView f) { ln.accept(y, f); });
+          },
+          py::arg("frames"), "Normalizes the next frames ([n, F], or [F, n] with time_axis 1); returns them.")
+      .def_property_readonly("frames_seen", &StreamingLayerNormF::frames_seen);
   m.def(
       "read_wav", &py_read_wav, py::arg("path"), py::arg("expected_sample_rate") = 16000.0f,
       py::arg("normalize") = false,

@@ -916,6 +916,15 @@ class CmvnTest(unittest.TestCase):
                                           ref.T)
         with self.assertRaisesRegex(normlab.Error, "causal"):
             normlab.StreamingCmvn(6, min_cmn_window=100)
+        # the per-frame LayerNorm over F: layer_norm of the whole utterance, bit for bit
+        w, b = rng_array(rng, (6,), 0.5, 1.0), rng_array(rng, (6,))
+        ln = normlab.StreamingLayerNormF(6, w, b)
+        np.testing.assert_array_equal(np.concatenate([ln.accept(x[i:i + 5]) for i in range(0, 53, 5)]),
+                                      normlab.layer_norm(x, w, b))
+        self.assertEqual(ln.frames_seen, 53)
+        lt = normlab.StreamingLayerNormF(6, time_axis=1)
+        np.testing.assert_array_equal(np.concatenate([lt.accept(x[i:i + 9].T) for i in range(0, 53, 9)], axis=1),
+                                      normlab.layer_norm(x.T, axes=[0]))
         with self.assertRaises(normlab.Error):  # a chunk of the wrong width
             normlab.StreamingCmvn(6).accept(np.ones((2, 5), np.float32))
 

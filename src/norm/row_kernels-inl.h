@@ -737,6 +737,96 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
+// Out of cache on a Zen 5 (forward_in_registers, row_kernels.h): fp32 LayerNorm rows of NC = 64, 80, 128 or
+// 192 elements one at a time, each loaded once into NC/kF vectors on which its three passes run, y written
+// with ordinary stores (no streaming stores, no software prefetch). Each row's arithmetic is that of
+// rows_forward_impl term by term: Σx as row_sum_vec (acc0..acc3 over consecutive eight-element pieces, the
+// pieces of one vector being its cvt_lo and cvt_hi), the second pass as row_second_pass_vec (blocks of four
+// vectors, a last block of fewer without the zero vectors), finish_rstd, row_output; so the same bits.
+// Why (docs/PERFORMANCE.md, "forty-fifth session"): out of cache the eight-row blocks with streaming stores
+// took about their in-L3 time plus a streaming copy of their bytes, or more, on this machine; this kernel, of
+// their time: at 1 thread 0.73-0.92 (scripts/ab-rows) at D = 64, 80, 128 and 0.75 at 192; with a copy of it
+// beside the library in one process 0.61-0.92 at 1 thread and 0.68-1.16 at 2 (0.52-0.93 at 192). In cache it
+// takes 1.2-1.55 times theirs, so only out of cache. Not taken: RMSNorm (no Σx stage in its eight-row blocks;
+// 0.99-1.07), D = 96, 160, 256 (gains of 0-40 % at one thread count and none at the other), 384 (24 vectors,
+// a loss), any length at run time (the row on the stack: 0.34-1.04).
+template <bool W, bool B, int NC, bool Save>
+void rows_forward_registers(const RowsForwardOf<float>& a) {
+  static_assert(NC % kF == 0 && NC >= 2 * kF);
+  constexpr int kV = NC / kF;
+  constexpr double nd = NC;
+  const float* const wp = a.w;
+  const float* const bp = a.b;
+  for (Index r = 0; r < a.rows; ++r) {
+    const float* const x = a.x + r * a.ldx;
+    VF v[kV];
+    for (int j = 0; j < kV; ++j) v[j] = load(x + j * kF);
+    // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i]); mean = hsum((acc0 + acc1) + (acc2 + acc3)) / n
+    VD a0 = cvt_lo(v[0]), a1 = cvt_hi(v[0]), a2 = cvt_lo(v[1]), a3 = cvt_hi(v[1]);
+    for (int j = 2; j + 1 < kV; j += 2) {
+      a0 = add(a0, cvt_lo(v[j]));
+      a1 = add(a1, cvt_hi(v[j]));
+      a2 = add(a2, cvt_lo(v[j + 1]));
+      a3 = add(a3, cvt_hi(v[j + 1]));
+    }
+    if constexpr (kV % 2 == 1) {
+      a0 = add(a0, cvt_lo(v[kV - 1]));
+      a1 = add(a1, cvt_hi(v[kV - 1]));
+    }
+    const double mean = (hsum(add(add(a0, a1), add(a2, a3))) + 0.0) / nd;
+    const float mh = static_cast<float>(mean), ml = static_cast<float>(mean - static_cast<double>(mh));
+    // Scalar math: e = x[i] − m_hi; per block of four vectors q = (e0·e0 + e1·e1) + (e2·e2 + e3·e3) in float,
+    // its lanes 0..7 and 8..15 added to two double accumulators; Σe² = hsum(acc_lo + acc_hi)
+    const VF mhv = bcast(mh);
+    VD q0 = zerod(), q1 = zerod();
+    for (int k = 0; k < kV; k += 4) {
+      const int live = std::min(4, kV - k);
+      VF e[4];
+      for (int u = 0; u < live; ++u) e[u] = sub(v[k + u], mhv);
+      VF q = mul(e[0], e[0]);
+      if (live == 2) q = add(q, mul(e[1], e[1]));
+      if (live == 3) q = add(add(q, mul(e[1], e[1])), mul(e[2], e[2]));
+      if (live == 4) q = add(add(q, mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
+      q0 = k == 0 ? cvt_lo(q) : add(q0, cvt_lo(q));
+      q1 = k == 0 ? cvt_hi(q) : add(q1, cvt_hi(q));
+    }
+    const double sq = hsum(add(q0, q1));
+    const double mld = static_cast<double>(ml);
+    const double var = std::max(sq / nd - mld * mld, 0.0);
+    const double rstd = 1.0 / std::sqrt(var + a.eps);
+    const float rs = static_cast<float>(rstd);
+    if (a.mean) a.mean[r * a.ld_stats] = mh;
+    if (a.rstd) a.rstd[r * a.ld_stats] = rs;
+    if constexpr (Save) {
+      if (a.smean) a.smean[r] = mean;
+      if (a.srstd) a.srstd[r] = rstd;
+    }
+    // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float (as row_output)
+    const VF mlv = bcast(ml), rv = bcast(rs);
+    float* const y = a.y + r * a.ldy;
+    for (int u = 0; u < kV; ++u) {
+      VF o = mul(dev<true>(v[u], mhv, mlv), rv);
+      if constexpr (W) o = mul(o, load(wp + u * kF));
+      if constexpr (B) o = add(o, load(bp + u * kF));
+      store(y + u * kF, o);
+    }
+  }
+}
+
+template <bool W, bool B, bool Save>
+void rows_forward_registers_n(const RowsForwardOf<float>& a) {
+  switch (a.n) {
+    case 64:
+      return rows_forward_registers<W, B, 64, Save>(a);
+    case 80:
+      return rows_forward_registers<W, B, 80, Save>(a);
+    case 128:
+      return rows_forward_registers<W, B, 128, Save>(a);
+    default:
+      return rows_forward_registers<W, B, 192, Save>(a);
+  }
+}
+
 template <bool Center, bool W, bool B, bool Save, typename T>
 void rows_forward_batched_n(const RowsForwardOf<T>& a) {
   switch (a.n) {
@@ -772,9 +862,10 @@ void with_flags(bool center, bool w, bool b, F&& f) {
     on_w(std::false_type{});
 }
 
-// The forward kernel for the row length: eight-row blocks for short rows (forward_batched), the pipelined
-// kernel where forward_pipelined says so (row_kernels.h: multiples of 64 from 256 on, but on some machines
-// not long fp32 LayerNorm rows out of cache), rows_forward_impl otherwise.
+// The forward kernel for the row length: one row at a time from registers where forward_in_registers says so
+// (fp32 LayerNorm rows of 64, 80, 128 or 192 out of cache on a Zen 5), eight-row blocks for short rows
+// (forward_batched), the pipelined kernel where forward_pipelined says so (row_kernels.h: multiples of 64
+// from 256 on, but on some machines not long fp32 LayerNorm rows out of cache), rows_forward_impl otherwise.
 template <typename T>
 void rows_forward_plain(const RowsForwardOf<T>& a) {
   const bool pipelined = forward_pipelined(a);
@@ -784,6 +875,9 @@ void rows_forward_plain(const RowsForwardOf<T>& a) {
     constexpr bool C = decltype(c)::value, W = decltype(w)::value, B = decltype(b)::value;
     auto run = [&](auto sv) {
       constexpr bool S = decltype(sv)::value;
+      if constexpr (std::is_same_v<T, float> && C) {
+        if (forward_in_registers(a)) return rows_forward_registers_n<W, B, S>(a);
+      }
       if (batched)
         rows_forward_batched_n<C, W, B, S>(a);
       else if (pipelined)

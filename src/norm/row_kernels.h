@@ -49,6 +49,10 @@ struct RowTuning {
   // the next group's rows (next_group_rows): every length gained from D = 128 on the Xeon and at D = 256 and
   // 768 on a Zen 5; on the Zen 4 the forward's length, unmeasured there.
   Index backward_prefetch_min_n = 0;
+  // Out of cache, fp32 LayerNorm rows of 64, 80, 128 or 192 elements run one at a time from registers with
+  // ordinary stores (forward_in_registers below): on a Zen 5 0.52-0.93 of the eight-row blocks' time at 1
+  // thread, 0.54-1.16 at 2 (streaming stores; row_kernels-inl.h, rows_forward_registers).
+  bool rows_in_registers = false;
 };
 enum class CpuKind { kIntel, kZen4, kZen5 };  // the machines measured (docs/PERFORMANCE.md)
 inline RowTuning row_tuning_for(CpuKind kind) {
@@ -61,6 +65,7 @@ inline RowTuning row_tuning_for(CpuKind kind) {
   } else if (kind == CpuKind::kZen5) {
     r.prefetch_min_n = 512;
     r.batched_prefetch_fp32 = true;
+    r.rows_in_registers = true;
   }
   return r;
 }
@@ -243,6 +248,16 @@ inline constexpr Index kBatchMaxN = 512;
 template <typename T>
 inline bool forward_batched(const RowsForwardOf<T>& a) {
   return a.n <= kBatchMaxN && a.rows > 1 && !forward_pipelined(a);
+}
+
+// Whether the forward runs one row at a time from registers (rows_forward_registers in row_kernels-inl.h):
+// fp32 LayerNorm rows of 64, 80, 128 or 192 elements that come from memory (not the fused add's s) out of
+// cache, where tuning.rows_in_registers says so. Before forward_batched, which such rows would otherwise
+// take.
+template <typename T>
+inline bool forward_in_registers(const RowsForwardOf<T>& a) {
+  return std::is_same_v<T, float> && a.center && a.stream && !a.x_cached && a.tuning.rows_in_registers &&
+         (a.n == 64 || a.n == 80 || a.n == 128 || a.n == 192);
 }
 
 // Whether the backward runs the eight-row blocks (rows_backward_batched, software-pipelined over three

@@ -724,6 +724,9 @@ TEST(LayerNormLayouts, RowTuningPerMachine) {
   EXPECT_TRUE(zen5.batched_prefetch);
   EXPECT_TRUE(zen5.batched_prefetch_fp32);
   EXPECT_EQ(zen5.backward_prefetch_min_n, 0);
+  EXPECT_FALSE(xeon.rows_in_registers);
+  EXPECT_FALSE(zen4.rows_in_registers);
+  EXPECT_TRUE(zen5.rows_in_registers);
   for (const CpuKind kind : {CpuKind::kIntel, CpuKind::kZen4, CpuKind::kZen5})
     EXPECT_EQ(kernels::parse_cpu_kind(kernels::cpu_kind_name(kind)), kind);
   for (const char* bad : {"", "zen6", "Intel", "xeon"})
@@ -746,21 +749,24 @@ TEST(LayerNormLayouts, RowTuningPerMachine) {
   EXPECT_EQ(m.batched_prefetch, k.batched_prefetch);
   EXPECT_EQ(m.batched_prefetch_fp32, k.batched_prefetch_fp32);
   EXPECT_EQ(m.backward_prefetch_min_n, k.backward_prefetch_min_n);
+  EXPECT_EQ(m.rows_in_registers, k.rows_in_registers);
 }
 
 // The machine choices never change a bit: the row forward out of cache (streaming stores) with every
 // prefetch choice on and with every one off gives the y, mean and rstd of the forward in cache, for rows of
-// the eight-row blocks (D = 32, 64, 80; a last block of fewer rows), of the pipelined kernel (512) and of the
-// row blocks (2048), LayerNorm and RMSNorm, fp32 and bf16, on every SIMD target.
+// the eight-row blocks (D = 32, 64, 80, 128, 192; a last block of fewer rows; with rows_in_registers the fp32
+// LayerNorm at 64, 80, 128 and 192 one row at a time), of the pipelined kernel (512) and of the row blocks
+// (2048), LayerNorm and RMSNorm, fp32 and bf16, on every SIMD target.
 TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
   std::mt19937_64 rng(43);
   const Isa saved = active_isa();
   kernels::RowTuning on = kernels::row_tuning_for(kernels::CpuKind::kZen5), off = on;
   on.prefetch_min_n = on.backward_prefetch_min_n = 1;
-  on.batched_prefetch = on.batched_prefetch_fp32 = true;
+  on.batched_prefetch = on.batched_prefetch_fp32 = on.rows_in_registers = true;
   off.prefetch_min_n = off.backward_prefetch_min_n = Index{1} << 40;
-  off.batched_prefetch = off.batched_prefetch_fp32 = false;
-  for (const Index d : {Index{32}, Index{64}, Index{80}, Index{512}, kernels::kUnpipelinedMinN}) {
+  off.batched_prefetch = off.batched_prefetch_fp32 = off.rows_in_registers = false;
+  for (const Index d :
+       {Index{32}, Index{64}, Index{80}, Index{128}, Index{192}, Index{512}, kernels::kUnpipelinedMinN}) {
     const Index rows = d <= kernels::kBatchMaxN ? 45 : 5;
     const Tensor x = testing::random_tensor({rows, d}, rng, 2.0, 3.0),
                  w = testing::random_tensor({d}, rng, 1.0, 1.0),
@@ -803,6 +809,83 @@ TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
           EXPECT_EQ(std::memcmp(rstd[0].data(), rstd[v].data(), rstd[0].size() * sizeof(float)), 0) << what;
           EXPECT_EQ(std::memcmp(y16[0].data(), y16[v].data(), y16[0].size() * sizeof(bfloat16)), 0)
               << what << " bf16 y " << v;
+        }
+      }
+    }
+  }
+  set_isa(saved);
+}
+
+// Out of cache, where tuning.rows_in_registers says so (a Zen 5), fp32 LayerNorm rows of 64, 80, 128 and 192
+// elements run one row at a time from registers (kernels::forward_in_registers): the y, mean, rstd and saved
+// double statistics of the eight-row blocks bit for bit, with and without γ and β, rows apart in memory,
+// statistics at a stride, in place (y = x), on every SIMD target. Nothing else takes that kernel.
+TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
+  std::mt19937_64 rng(47);
+  const Isa saved = active_isa();
+  kernels::RowsForward p;
+  p.rows = 3;
+  p.stream = true;
+  p.tuning.rows_in_registers = true;
+  for (const Index d : {Index{32}, Index{64}, Index{80}, Index{96}, Index{128}, Index{192}, Index{256}}) {
+    p.n = d;
+    EXPECT_EQ(kernels::forward_in_registers(p), d == 64 || d == 80 || d == 128 || d == 192) << d;
+  }
+  p.n = 64;
+  for (auto off :
+       {&kernels::RowsForward::stream, &kernels::RowsForward::center, &kernels::RowsForward::x_cached}) {
+    kernels::RowsForward q = p;
+    q.*off = off == &kernels::RowsForward::x_cached;
+    EXPECT_FALSE(kernels::forward_in_registers(q));
+  }
+  p.tuning.rows_in_registers = false;
+  EXPECT_FALSE(kernels::forward_in_registers(p));
+  kernels::RowsForwardOf<bfloat16> p16;
+  p16.n = 64;
+  p16.stream = true;
+  p16.tuning.rows_in_registers = true;
+  EXPECT_FALSE(kernels::forward_in_registers(p16));
+
+  for (const Index d : {Index{64}, Index{80}, Index{128}, Index{192}}) {
+    constexpr Index kRows = 21, kPad = 16;  // rows kPad floats apart beyond their length
+    const Index ld = d + kPad;
+    const Tensor x = testing::random_tensor({kRows, ld}, rng, 2.0, 3.0),
+                 w = testing::random_tensor({d}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({d}, rng, 0.5, 0.0);
+    for (const Isa isa : supported_isas()) {
+      set_isa(isa);
+      for (const int affine : {0, 1, 2, 3}) {
+        const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
+        // v = 0: the eight-row blocks; 1: in registers; 2: in registers, in place
+        std::vector<float> y[3], stats[3];
+        double smean[3][kRows], srstd[3][kRows];
+        for (int v = 0; v < 3; ++v) {
+          y[v].assign(static_cast<std::size_t>(kRows * ld), -7.0f);
+          stats[v].assign(static_cast<std::size_t>(4 * kRows), -7.0f);
+          if (v == 2) std::copy(x.data(), x.data() + kRows * ld, y[v].begin());
+          kernels::RowsForward a =
+              contiguous_rows(v == 2 ? y[v].data() : x.data(), kRows, d, affine & 1 ? w.data() : nullptr,
+                              affine & 2 ? b.data() : nullptr);
+          a.ldx = a.ldy = ld;
+          a.stream = true;
+          a.tuning.rows_in_registers = v > 0;
+          EXPECT_EQ(kernels::forward_in_registers(a), v > 0) << what;
+          a.y = y[v].data();
+          a.mean = stats[v].data();
+          a.rstd = stats[v].data() + 1;
+          a.ld_stats = 4;
+          a.smean = smean[v];
+          a.srstd = srstd[v];
+          kernels::row_kernels().rows_forward(a);
+        }
+        for (int v = 1; v < 3; ++v) {
+          for (Index r = 0; r < kRows; ++r)  // the rows; the padding between them is the callers'
+            EXPECT_EQ(std::memcmp(y[0].data() + r * ld, y[v].data() + r * ld, d * sizeof(float)), 0)
+                << what << " y row " << r << " v " << v;
+          EXPECT_EQ(std::memcmp(stats[0].data(), stats[v].data(), stats[0].size() * sizeof(float)), 0)
+              << what;
+          EXPECT_EQ(std::memcmp(smean[0], smean[v], sizeof smean[0]), 0) << what;
+          EXPECT_EQ(std::memcmp(srstd[0], srstd[v], sizeof srstd[0]), 0) << what;
         }
       }
     }

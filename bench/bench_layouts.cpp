@@ -169,16 +169,13 @@ struct State {  // what an implementation keeps alive between calls
   std::vector<float> a, b, c, d;
   at::Tensor t0, t1, t2, t3, t4, t5, t6, t7, t8;
   std::tuple<at::Tensor, at::Tensor, at::Tensor> out;
-  std::unordered_map<int, dnnl::memory> args;
-  dnnl::primitive prim;
-  onednn::Call call;  // oneDNN's LayerNorm (bench_onednn.h)
+  onednn::Call call;  // oneDNN's primitive and arguments (bench_onednn.h)
   normlab::NormStats stats;
 };
 
 using dnnl::memory;
 using onednn::Engine;
 using onednn::kScaleShift;
-using onednn::Stream;
 
 // [B, F, T] over F as oneDNN sees it: logical [B, T, F] with F's stride T.
 memory::desc BftDesc(const Shape& s) {
@@ -514,42 +511,32 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
                                            {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, var},
                                            {DNNL_ARG_SCALE, g},   {DNNL_ARG_SHIFT, be}};
   if (fwd) {
-    st->prim = dnnl::batch_normalization_forward(fpd);
-    st->args = fargs;
-    auto out = std::make_unique<Lambda>(
-        [st] {
-          st->prim.execute(Stream(), st->args);
-          Stream().wait();
-        },
-        [&d] { return Result{d.y.get()}; });
-    out->label = fpd.impl_info_str();
+    st->call = {dnnl::batch_normalization_forward(fpd), fargs, fpd.impl_info_str()};
+    auto out = std::make_unique<Lambda>([st] { st->call.Run(); }, [&d] { return Result{d.y.get()}; });
+    out->label = st->call.impl;
     return out;
   }
-  dnnl::batch_normalization_forward(fpd).execute(Stream(), fargs);
-  Stream().wait();
+  onednn::Call{dnnl::batch_normalization_forward(fpd), fargs, {}}.Run();  // the statistics the backward reads
   const dnnl::batch_normalization_backward::primitive_desc bpd(
       dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, data, data,
                                                static_cast<float>(kEps), kScaleShift),
       e, fpd);
-  st->prim = dnnl::batch_normalization_backward(bpd);
-  st->args = {{DNNL_ARG_SRC, x},
-              {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())},
-              {DNNL_ARG_MEAN, mean},
-              {DNNL_ARG_VARIANCE, var},
-              {DNNL_ARG_SCALE, g},
-              {DNNL_ARG_SHIFT, be},
-              {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())},
-              {DNNL_ARG_DIFF_SCALE, memory(stat, e, st->c.data())},
-              {DNNL_ARG_DIFF_SHIFT, memory(stat, e, st->d.data())}};
-  auto out = std::make_unique<Lambda>(
-      [st] {
-        st->prim.execute(Stream(), st->args);
-        Stream().wait();
-      },
-      [&d, st] {
-        return Result{d.dx.get(), st->c.data(), st->d.data()};
-      });
-  out->label = bpd.impl_info_str();
+  st->call.prim = dnnl::batch_normalization_backward(bpd);
+  st->call.impl = bpd.impl_info_str();
+  st->call.args = {{DNNL_ARG_SRC, x},
+                   {DNNL_ARG_DIFF_DST, memory(data, e, d.dy.get())},
+                   {DNNL_ARG_MEAN, mean},
+                   {DNNL_ARG_VARIANCE, var},
+                   {DNNL_ARG_SCALE, g},
+                   {DNNL_ARG_SHIFT, be},
+                   {DNNL_ARG_DIFF_SRC, memory(data, e, d.dx.get())},
+                   {DNNL_ARG_DIFF_SCALE, memory(stat, e, st->c.data())},
+                   {DNNL_ARG_DIFF_SHIFT, memory(stat, e, st->d.data())}};
+  auto out = std::make_unique<Lambda>([st] { st->call.Run(); },
+                                      [&d, st] {
+                                        return Result{d.dx.get(), st->c.data(), st->d.data()};
+                                      });
+  out->label = st->call.impl;
   return out;
 }
 

@@ -175,6 +175,16 @@ struct SecondPassVec {  // the accumulators before the hsum
   VD sq, sg, sge;
 };
 
+// The float sum of a second-pass block's live vectors (1 to 4; a tail block leaves out its all-zero ones):
+// term(0), term(0) + term(1), (term(0) + term(1)) + term(2), (term(0) + term(1)) + (term(2) + term(3)).
+template <typename F>
+NL_FORCE_INLINE inline VF block_tree(int live, F&& term) {
+  if (live == 1) return term(0);
+  if (live == 2) return add(term(0), term(1));
+  if (live == 3) return add(add(term(0), term(1)), term(2));
+  return add(add(term(0), term(1)), add(term(2), term(3)));
+}
+
 // WithSq = false leaves Σe² out (a backward from saved statistics needs only Σg and Σg·e).
 // Always inlined: within its inlining budget GCC left the bf16/fp16 instantiations out of line in the
 // avx2 unit's short-row forward, a call per row that returned the accumulators through memory (the bf16
@@ -207,22 +217,16 @@ NL_FORCE_INLINE inline SecondPassVec row_second_pass_vec(const T* x, std::type_i
         }
       }
     }
-    // live: the vectors with elements (4 except in a tail); tree4 sums those in the tree of four.
+    // live: the vectors with elements (4 except in a tail); block_tree sums those in the tree of four.
     const int live = !tail ? 4 : (k[1] == 0 ? 1 : k[2] == 0 ? 2 : k[3] == 0 ? 3 : 4);
-    auto tree4 = [&](auto term) NL_FORCE_INLINE {
-      if (live == 1) return term(0);
-      if (live == 2) return add(term(0), term(1));
-      if (live == 3) return add(add(term(0), term(1)), term(2));
-      return add(add(term(0), term(1)), add(term(2), term(3)));
-    };
     if constexpr (WithSq) {
-      const VF q = tree4([&](int u) { return mul(e[u], e[u]); });
+      const VF q = block_tree(live, [&](int u) { return mul(e[u], e[u]); });
       q0 = first ? cvt_lo(q) : add(q0, cvt_lo(q));
       q1 = first ? cvt_hi(q) : add(q1, cvt_hi(q));
     }
     if constexpr (WithDy) {
-      const VF sg = tree4([&](int u) { return g[u]; });
-      const VF sge = tree4([&](int u) { return mul(g[u], e[u]); });
+      const VF sg = block_tree(live, [&](int u) { return g[u]; });
+      const VF sge = block_tree(live, [&](int u) { return mul(g[u], e[u]); });
       g0 = first ? cvt_lo(sg) : add(g0, cvt_lo(sg));
       g1 = first ? cvt_hi(sg) : add(g1, cvt_hi(sg));
       p0 = first ? cvt_lo(sge) : add(p0, cvt_lo(sge));
@@ -783,10 +787,7 @@ void rows_forward_registers(const RowsForwardOf<float>& a) {
       const int live = std::min(4, kV - k);
       VF e[4];
       for (int u = 0; u < live; ++u) e[u] = sub(v[k + u], mhv);
-      VF q = mul(e[0], e[0]);
-      if (live == 2) q = add(q, mul(e[1], e[1]));
-      if (live == 3) q = add(add(q, mul(e[1], e[1])), mul(e[2], e[2]));
-      if (live == 4) q = add(add(q, mul(e[1], e[1])), add(mul(e[2], e[2]), mul(e[3], e[3])));
+      const VF q = block_tree(live, [&](int u) { return mul(e[u], e[u]); });
       q0 = k == 0 ? cvt_lo(q) : add(q0, cvt_lo(q));
       q1 = k == 0 ? cvt_hi(q) : add(q1, cvt_hi(q));
     }
@@ -822,7 +823,7 @@ void rows_forward_registers_n(const RowsForwardOf<float>& a) {
       return rows_forward_registers<W, B, 80, Save>(a);
     case 128:
       return rows_forward_registers<W, B, 128, Save>(a);
-    default:
+    default:  // 192 (forward_in_registers)
       return rows_forward_registers<W, B, 192, Save>(a);
   }
 }

@@ -1482,6 +1482,11 @@ void per_sample_segment_grads(const Plan& p, const Operand& dxo, const Operand& 
 
 void per_sample_forward(const Plan& p, View y, ConstView x, double eps, const float* w, const float* b,
                         Moments& m, std::vector<double>& rstd) {
+  if (group_rows_apply(p, {x, y})) {
+    m.var.clear();
+    m.count.clear();
+    return group_rows_forward(p, y.data(), x.data(), eps, w, b, m.mean, rstd);
+  }
   const Operand xo = operand(x, p), yo = operand(y, p);
   if (on_sample_rows(p, {&xo, &yo})) return sample_rows_forward(p, yo, xo, eps, w, b, m, rstd);
   if (on_sample_runs(p, {&xo, &yo})) return sample_runs_forward(p, yo, xo, eps, w, b, m, rstd);
@@ -1505,6 +1510,8 @@ void per_sample_forward(const Plan& p, View y, ConstView x, double eps, const fl
 
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
                          std::vector<double>& sw, std::vector<double>& sb) {
+  if (group_rows_apply(p, {x, dy, dx}))
+    return group_rows_backward(p, dx.data(), dy.data(), x.data(), eps, w, sw, sb);
   const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
   if (on_sample_rows(p, {&xo, &dyo, &dxo})) return sample_rows_backward(p, dxo, dyo, xo, eps, w, sw, sb);
   if (num_threads() == 1 && on_sample_runs(p, {&xo, &dyo, &dxo}))

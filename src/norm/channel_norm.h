@@ -191,6 +191,26 @@ void per_sample_forward(const Plan& p, View y, ConstView x, double eps, const fl
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
                          std::vector<double>& sw, std::vector<double>& sb);
 
+// GroupNorm of short segments through the LayerNorm row kernels (group_rows.cpp): where group_rows_apply
+// says so (GroupNorm, unmasked, at least kGroupRowsMinCpg channels per group, 2 ≤ S ≤ kGroupRowsMaxS, rows of
+// n = (C/G)·S floats with n a multiple of 16 or n ≥ 64, every operand contiguous), each group is one row of n
+// consecutive floats and per_sample_forward / per_sample_backward run it as a LayerNorm row with γ_c, β_c
+// repeated over each channel's S elements: the group's mean and rstd (double) are those of
+// layer_norm_forward on the row, y and dx its elementwise formulas; sw, sb as per_sample_backward's (C
+// entries each). Tiles of batch items, group by group within a tile; the same bits for any thread count.
+// Why these bounds (docs/PERFORMANCE.md, "forty-sixth session"; paired in one process, 2^22 floats, 1
+// thread): with 4 to 32 channels per group the rows took 0.26-0.79 of the segment path's time forward and
+// backward from S = 2 to 32, but 1.03-1.33 at S = 3 with 8 channels per group (rows of 24 floats), 1.03-1.72
+// backward at S = 49 and 64, and 1.2-1.4 with 2 channels per group at S = 4 and 16 (rows of 8 and 32).
+// GroupNorm with G = C (one channel per group) keeps the segment path, so that it stays InstanceNorm's bits.
+inline constexpr Index kGroupRowsMinCpg = 4;
+inline constexpr Index kGroupRowsMaxS = 32;
+bool group_rows_apply(const Plan& p, std::initializer_list<ConstView> operands);
+void group_rows_forward(const Plan& p, float* y, const float* x, double eps, const float* w, const float* b,
+                        std::vector<double>& mean, std::vector<double>& rstd);
+void group_rows_backward(const Plan& p, float* dx, const float* dy, const float* x, double eps,
+                         const float* w, std::vector<double>& sw, std::vector<double>& sb);
+
 // sw[c] = Σ_b sdyxh[b, c], sb[c] = Σ_b sdy[b, c] (double, from 0.0 in b order).
 void param_grad_sums(const Plan& p, const std::vector<double>& sdy, const std::vector<double>& sdyxh,
                      std::vector<double>& sw, std::vector<double>& sb);

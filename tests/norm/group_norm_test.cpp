@@ -10,8 +10,10 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 
+#include "norm/channel_norm.h"
 #include "norm/streaming.h"
 #include "support/finite_diff.h"
 #include "support/random.h"
@@ -271,7 +273,8 @@ TEST(InstanceNormMasked, EqualsUnmaskedInstanceNormOfEachSequenceCutToItsLength)
 // [N, T, C]) with the channels consecutive run on sample rows (the groups' statistics eight at a time, their
 // channels from 8x8 blocks and the rest gathered: [4, 104], 8 groups of 13; [3, 216], 8 groups of 18 and 4
 // more one by one; [9, 1024]; [6, 33, 1], 3 channels per group, gathered; channel-rows elementwise
-// kernels); short segments (2 ≤ S ≤ 64, [N, C, H, W]) with the channels S floats apart on sample runs (one
+// kernels); short segments (2 ≤ S ≤ 64, [N, C, H, W]; GroupNorm: where the LayerNorm rows below do not
+// apply) with the channels S floats apart on sample runs (one
 // segments_stats call per run of groups, S ≤ 40 sixteen segments at a time, one per lane, as with
 // [3, 40, 4, 4], [2, 48, 20], [3, 32, 6, 6]; segments_normalize / segments_input_grad with each segment's
 // constants, for S < 16 one stream of vectors over the run: [3, 12, 2], [3, 35, 3], [4, 6, 3] (one segment
@@ -293,11 +296,16 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
                         Case{{3, 12, 2}, 1, 3},     Case{{4, 8, 5, 3}, 1, 2},  Case{{3, 33, 7}, 1, 11},
                         Case{{2, 64, 64}, 1, 32},   Case{{5, 9, 4, 4}, 1, 9},  Case{{7, 48, 8, 8}, 1, 3},
                         Case{{3, 40, 4, 4}, 1, 20}, Case{{3, 35, 3}, 1, 7},    Case{{40, 1024}, 1, 2},
-                        Case{{2, 48, 20}, 1, 6},    Case{{3, 32, 6, 6}, 1, 8}, Case{{4, 6, 3}, 1, 6},
+                        Case{{2, 48, 20}, 1, 24},   Case{{3, 32, 6, 6}, 1, 8}, Case{{4, 6, 3}, 1, 6},
                         Case{{40, 256, 3}, 1, 64},  Case{{4, 104}, 1, 8},      Case{{3, 216}, 1, 12}}) {
     const int ca = k.channel_axis < 0 ? k.channel_axis + k.shape.size() : k.channel_axis;
     const Index C = k.shape[ca];
     Tensor x = testing::random_tensor(k.shape, rng, 2.0, 3.0);
+    // (GroupNorm of these shapes stays off the LayerNorm rows of GroupNormRows below.)
+    ASSERT_FALSE(chnorm::group_rows_apply(
+        chnorm::make_plan(k.shape, ca, chnorm::Grouping::kGroup, k.groups, {}, -1, "group_norm_forward"),
+        {x.cview()}))
+        << k.shape.str();
     Tensor dy = testing::random_tensor(k.shape, rng, 1.0, 0.0);
     x.data()[0] = -0.0f;
     // The elements of a segment of the first row (S of them, consecutive when the channel axis is not last).
@@ -363,6 +371,109 @@ TEST(ChannelNormSampleRows, SameBitsAsTheSegmentPath) {
   set_num_threads(saved_threads);
 }
 
+// GroupNorm of contiguous short segments with four or more channels per group (2 ≤ S ≤ 32, rows of a
+// multiple of 16 floats or of 64 or more: chnorm::group_rows_apply, group_rows.cpp) runs each group as one
+// LayerNorm row of (C/G)·S floats with γ_c, β_c repeated over each channel's S elements: y, mean, rstd and dx
+// are bitwise those of layer_norm_forward / layer_norm_backward on the group's rows (a strided view of every
+// batch item's group g) with the expanded γ and β, on every target and thread count; dγ, dβ within 8 float
+// eps (of the terms' magnitude) of the sums of the LayerNorm's per-element dγ, dβ. Shapes: five tiles of up
+// to 128 items, the last partial, each its own chunk of partial rows ([600, 32, 4], 8 groups: rows of 16),
+// one group per item ([3, 8, 2, 2]), rows of 4·21 = 84 floats (a tail), the largest S ([2, 128, 32]), four
+// dimensions; in-place y and dx; with and without γ, β; at 3 threads with streaming stores. The rows hold
+// -0.0, a NaN, an infinity and a constant group.
+TEST(GroupNormRows, EqualsLayerNormOfEachGroupRow) {
+  std::mt19937_64 rng(4242);
+  const Isa saved_isa = active_isa();
+  const int saved_threads = num_threads();
+  struct Case {
+    Dims shape;
+    int groups;
+  };
+  for (const Case& k : {Case{{40, 32, 8}, 8}, Case{{3, 8, 2, 2}, 1}, Case{{5, 12, 21}, 3},
+                        Case{{2, 128, 32}, 32}, Case{{600, 32, 4}, 8}, Case{{7, 16, 3, 4}, 2}}) {
+    const Index B = k.shape[0], C = k.shape[1], S = k.shape.product() / (B * C), G = k.groups, n = C / G * S;
+    Tensor x = testing::random_tensor(k.shape, rng, 2.0, 3.0),
+           dy = testing::random_tensor(k.shape, rng, 1.0, 0.0);
+    ASSERT_TRUE(chnorm::group_rows_apply(
+        chnorm::make_plan(k.shape, 1, chnorm::Grouping::kGroup, G, {}, -1, "group_norm_forward"),
+        {x.cview()}))
+        << k.shape.str();
+    x.data()[0] = -0.0f;
+    if (B >= 3) {
+      x.data()[1 * C * S + 3] = std::numeric_limits<float>::quiet_NaN();
+      x.data()[2 * C * S + n] = std::numeric_limits<float>::infinity();
+    }
+    for (Index e = 0; e < n; ++e) x.data()[(B - 1) * C * S + e] = 0.75f;  // a constant group
+    const Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({C}, rng, 0.5, 0.0);
+    Tensor we({C * S}), be({C * S});
+    for (Index i = 0; i < C * S; ++i) {
+      we.data()[i] = w.data()[i / S];
+      be.data()[i] = b.data()[i / S];
+    }
+    // The reference: LayerNorm on each group's rows.
+    auto rows = [&](auto v, Index g) { return v.reshape({B, G, n}).select(1, g); };
+    auto part = [&](const Tensor& t, Index g) { return ConstView(t.data() + g * n, {n}); };
+    for (const bool affine : {true, false}) {
+      Tensor ly(k.shape), lmean({B, G}), lrstd({B, G}), ldx(k.shape), ldw({C * S}), ldb({C * S});
+      for (Index g = 0; g < G; ++g) {
+        layer_norm_forward(rows(ly.view(), g), lmean.view().select(1, g), lrstd.view().select(1, g),
+                           rows(x.cview(), g), affine ? part(we, g) : ConstView{},
+                           affine ? part(be, g) : ConstView{}, {1});
+        layer_norm_backward(rows(ldx.view(), g), View(ldw.data() + g * n, {n}), View(ldb.data() + g * n, {n}),
+                            rows(dy.cview(), g), rows(x.cview(), g), affine ? part(we, g) : ConstView{}, {1});
+      }
+      const ConstView wv = affine ? w.cview() : ConstView{}, bv = affine ? b.cview() : ConstView{};
+      for (const Isa isa : supported_isas()) {
+        set_isa(isa);
+        for (const int threads : {1, 2, 3}) {
+          set_num_threads(threads);
+          // With 3 threads, every output streamed (non-temporal stores where a row allows them).
+          std::optional<kernels::ScopedStreamMinBytes> streamed;
+          if (threads == 3) streamed.emplace(0);
+          const std::string what = fmt::format("{} groups {} {} {} threads{}", k.shape.str(), G,
+                                               isa_name(isa), threads, affine ? " affine" : "");
+          const Fwd f = gn_forward(x.cview(), wv, bv, static_cast<int>(G), {});
+          EXPECT_TRUE(bitwise_equal(f.y.cview(), ly.cview(), what + " y"));
+          EXPECT_TRUE(bitwise_equal(f.mean.cview(), lmean.cview(), what + " mean"));
+          EXPECT_TRUE(bitwise_equal(f.rstd.cview(), lrstd.cview(), what + " rstd"));
+          const Grads gr = gn_backward(dy.cview(), x.cview(), wv, static_cast<int>(G), {});
+          EXPECT_TRUE(bitwise_equal(gr.dx.cview(), ldx.cview(), what + " dx"));
+          // dγ, dβ against sums of the LayerNorm's per-element values (each within its own rounding).
+          for (Index c = 0; c < C; ++c) {
+            double sw = 0, sb = 0, mw = 0, mb = 0;
+            for (Index e = 0; e < S; ++e) {
+              sw += ldw.data()[c * S + e];
+              sb += ldb.data()[c * S + e];
+              mw += std::fabs(ldw.data()[c * S + e]);
+              mb += std::fabs(ldb.data()[c * S + e]);
+            }
+            const double eps8 = 8 * std::numeric_limits<float>::epsilon();
+            auto expect_sum = [&](float got, double sum, double mag, const char* name) {
+              if (std::isfinite(sum)) {
+                EXPECT_NEAR(got, sum, eps8 * mag) << what << " " << name << "[" << c << "]";
+              } else {
+                EXPECT_TRUE(std::isnan(got) || got == static_cast<float>(sum))
+                    << what << " " << name << "[" << c << "]";
+              }
+            };
+            expect_sum(gr.dw.data()[c], sw, mw, "dγ");
+            expect_sum(gr.db.data()[c], sb, mb, "dβ");
+          }
+          // In place: y over x, dx over dy.
+          Tensor xi = x.clone(), dyi = dy.clone();
+          group_norm_forward(xi.view(), {}, {}, xi.cview(), wv, bv, static_cast<int>(G));
+          EXPECT_TRUE(bitwise_equal(xi.cview(), ly.cview(), what + " y in place"));
+          group_norm_backward(dyi.view(), {}, {}, dyi.cview(), x.cview(), wv, static_cast<int>(G));
+          EXPECT_TRUE(bitwise_equal(dyi.cview(), ldx.cview(), what + " dx in place"));
+        }
+      }
+    }
+  }
+  set_isa(saved_isa);
+  set_num_threads(saved_threads);
+}
+
 // ---- relations between the groupings --------------------------------------------------------------
 
 TEST(GroupNormRelations, GroupsEqualChannelsIsInstanceNormAndOneGroupIsLayerNorm) {
@@ -410,10 +521,13 @@ void expect_fd(Forward&& forward, ref::DTensor& x, ref::DTensor& w, ref::DTensor
 
 TEST(ChannelNormGradients, InstanceAndGroupNormMatchFiniteDifferences) {
   std::mt19937_64 rng(919);
-  const Dims shape{3, 4, 5};
-  for (int variant = 0; variant < 3; ++variant) {  // 0: InstanceNorm, 1: masked InstanceNorm, 2: GroupNorm(2)
-    Tensor xf = testing::random_tensor(shape, rng, 1.0, 0.5), wf = testing::random_tensor({4}, rng, 0.5, 1.0);
-    Tensor bf = testing::random_tensor({4}, rng, 1.0, 0.0), rf = testing::random_tensor(shape, rng, 1.0, 0.0);
+  // 0: InstanceNorm, 1: masked InstanceNorm, 2: GroupNorm(2) of [3, 4, 5], 3: GroupNorm(2) of [3, 8, 4] (four
+  // channels per group of S = 4: the LayerNorm rows of GroupNormRows)
+  for (int variant = 0; variant < 4; ++variant) {
+    const Dims shape = variant == 3 ? Dims{3, 8, 4} : Dims{3, 4, 5};
+    const Index C = shape[1];
+    Tensor xf = testing::random_tensor(shape, rng, 1.0, 0.5), wf = testing::random_tensor({C}, rng, 0.5, 1.0);
+    Tensor bf = testing::random_tensor({C}, rng, 1.0, 0.0), rf = testing::random_tensor(shape, rng, 1.0, 0.0);
     ref::DTensor x = ref::to_double(xf.cview()), w = ref::to_double(wf.cview()),
                  b = ref::to_double(bf.cview());
     const ref::DTensor r = ref::to_double(rf.cview());

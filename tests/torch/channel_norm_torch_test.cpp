@@ -295,23 +295,20 @@ TEST(TorchInstanceNorm, MaskedEqualsTorchOnEachSequenceCutToItsLength) {
   }
 }
 
+// Random shapes on strided views, then contiguous shapes with four or more channels per group and short
+// segments, which GroupNorm runs as LayerNorm rows (chnorm::group_rows_apply): [4, 32, 8] in 8 groups (rows
+// of 32), [2, 64, 4, 4] in 4 (rows of 256), [3, 24, 5, 5] in 6 (rows of 100).
 TEST(TorchGroupNorm, NativeForwardAndAutogradGradientsMatch) {
   std::mt19937_64 rng(19);
   int compared = 0;
-  for (int i = 0; i < 100; ++i) {
-    Dims shape = random_shape(rng);
-    shape[1] = std::vector<Index>{2, 4, 6, 12}[rng() % 4];
+  auto compare = [&](const Dims& shape, int groups, bool contiguous, const std::string& what) {
+    SCOPED_TRACE(what);
     const Index C = shape[1];
-    std::vector<int> divisors;
-    for (int g = 1; g <= C; ++g)
-      if (C % g == 0) divisors.push_back(g);
-    const int groups = divisors[rng() % divisors.size()];
-    if (shape.product() / (shape[0] * groups) < 2) continue;
     Tensor parent;
-    View x = strided(rng, parent, shape, 1.5, 0.5);
+    const View x = contiguous ? (parent = testing::random_tensor(shape, rng, 1.5, 0.5)).view()
+                              : strided(rng, parent, shape, 1.5, 0.5);
     Tensor w = testing::random_tensor({C}, rng, 0.5, 1.0), b = testing::random_tensor({C}, rng, 1.0, 0.0);
     Tensor dy = testing::random_tensor(shape, rng, 1.0, 0.0);
-    SCOPED_TRACE(fmt::format("case {}: shape {} groups {}", i, shape.str(), groups));
     const Dims ss = group_stats_shape(shape, groups);
     Tensor y(shape), mean(ss), rstd(ss), dx(shape), dw({C}), db({C});
     group_norm_forward(y.view(), mean.view(), rstd.view(), x, w.cview(), b.cview(), groups);
@@ -336,8 +333,22 @@ TEST(TorchGroupNorm, NativeForwardAndAutogradGradientsMatch) {
     ASSERT_TRUE(agree(dw.cview(), t.dw, rg.dweight, 8, "dweight", kappa, dwf));
     ASSERT_TRUE(agree(db.cview(), t.db, rg.dbias, 8, "dbias", kappa));
     ++compared;
+  };
+  for (int i = 0; i < 100; ++i) {
+    Dims shape = random_shape(rng);
+    shape[1] = std::vector<Index>{2, 4, 6, 12}[rng() % 4];
+    const Index C = shape[1];
+    std::vector<int> divisors;
+    for (int g = 1; g <= C; ++g)
+      if (C % g == 0) divisors.push_back(g);
+    const int groups = divisors[rng() % divisors.size()];
+    if (shape.product() / (shape[0] * groups) < 2) continue;
+    compare(shape, groups, false, fmt::format("case {}: shape {} groups {}", i, shape.str(), groups));
   }
   EXPECT_GT(compared, 40);
+  for (const auto& [shape, groups] :
+       {std::pair{Dims{4, 32, 8}, 8}, std::pair{Dims{2, 64, 4, 4}, 4}, std::pair{Dims{3, 24, 5, 5}, 6}})
+    compare(shape, groups, true, fmt::format("rows: shape {} groups {}", shape.str(), groups));
 }
 
 }  // namespace

@@ -21,7 +21,8 @@
 // rows of channels instead (channel_rows below; the same bits); InstanceNorm and GroupNorm with such
 // segments ([N, C], channels-last [N, T, C]) take each batch item's row of channels at once (its groups'
 // statistics eight groups at a time in vector lanes, one channel-rows elementwise call per row; the same
-// bits).
+// bits). GroupNorm of short contiguous segments with four or more channels per group runs each group as one
+// LayerNorm row instead (group_rows_apply below; its own arithmetic: the fused LayerNorm kernels').
 // Outputs larger than the last-level cache are written with streaming (non-temporal) stores. Numerics
 // (docs/numerics.md): sums in double, elementwise work in fp32 at full vector width, as in the fused
 // LayerNorm kernels.

@@ -15,7 +15,9 @@
 //             where the layout allows (chnorm::batch_forward_blocked/_backward_blocked), so that each
 //             block's data is read from memory once per pass pair.
 //   InstanceNorm, GroupNorm: the same arithmetic group by group (chnorm::per_sample_forward/_backward),
-//             so that a group's data is read from memory once per pass pair.
+//             so that a group's data is read from memory once per pass pair. GroupNorm of short
+//             contiguous segments with four or more channels per group: each group one LayerNorm row
+//             through the row kernels, with their arithmetic (chnorm::group_rows_apply; docs/numerics.md).
 // Every check runs before anything is written.
 #include <cmath>
 #include <vector>

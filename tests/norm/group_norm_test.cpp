@@ -398,12 +398,12 @@ TEST(GroupNormRows, EqualsLayerNormOfEachGroupRow) {
         chnorm::make_plan(k.shape, 1, chnorm::Grouping::kGroup, G, {}, -1, "group_norm_forward"),
         {x.cview()}))
         << k.shape.str();
+    for (Index e = 0; e < n; ++e) x.data()[(G - 1) * n + e] = 0.75f;  // a constant group (item 0, group G − 1)
     x.data()[0] = -0.0f;
-    if (B >= 3) {
+    if (B >= 3) {  // a NaN in item 1, an infinity in the last element of item 2
       x.data()[1 * C * S + 3] = std::numeric_limits<float>::quiet_NaN();
-      x.data()[2 * C * S + n] = std::numeric_limits<float>::infinity();
+      x.data()[3 * C * S - 1] = std::numeric_limits<float>::infinity();
     }
-    for (Index e = 0; e < n; ++e) x.data()[(B - 1) * C * S + e] = 0.75f;  // a constant group
     const Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0),
                  b = testing::random_tensor({C}, rng, 0.5, 0.0);
     Tensor we({C * S}), be({C * S});

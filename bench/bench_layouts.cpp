@@ -33,7 +33,11 @@
 //   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/1024x256x16       the same of [N, C, 4·4] (segments of 16 floats:
 //                        normlab's sample runs)
 //   BM_GroupNorm{Fwd,Bwd}/{normlab,aten}/2048x256x8        the same of [N, C, 8] (segments of 8 floats:
-//                        sample runs, sixteen segments' elements deinterleaved into vector lanes)
+//                        sample runs, sixteen segments' elements deinterleaved into vector lanes; from
+//                        the forty-sixth session LayerNorm rows of 64: GroupNorm's group_rows)
+//   BM_InstanceNorm{Fwd,Bwd}/{normlab,aten}/{1024x256x16,256x256x64}  InstanceNorm of [N, C, S]; ATen as
+//                        torch.nn.functional.instance_norm runs it (BatchNorm over the [1, N·C, S] view, the
+//                        backward from one forward's mean/invstd), normlab recomputing
 //   BM_Copy/copy/{64x256x400,32000x80,32768x1024}, BM_CopyStream/...  the copy roofline at those shapes
 //                        (the BFT shape's copies are in bench_norm.cpp)
 // Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).
@@ -125,6 +129,8 @@ const Shape kPermRows{"32768x1024", {32768, 1024}};
 const Shape kGn{"4096x1024", {4096, 1024}};  // GroupNorm of [N, C], kGroups groups
 const Shape kGnSmall{"1024x256x16", {1024, 256, 16}};  // GroupNorm of [N, C, H·W] with H·W = 4 × 4
 const Shape kGnShort{"2048x256x8", {2048, 256, 8}};    // GroupNorm of [N, C, T] with T = 8
+const Shape kInShort{"1024x256x16", {1024, 256, 16}};  // InstanceNorm of [N, C, H·W], H·W = 4 × 4
+const Shape kInMid{"256x256x64", {256, 256, 64}};      // InstanceNorm of [N, C, H·W], H·W = 8 × 8
 constexpr int kGroups = 32;
 
 // ---- implementations: Run() is timed; Result() gives the main output and (backward) dγ, dβ ----------
@@ -194,7 +200,9 @@ enum class Bench {
   kLnFwdPerm,
   kLnBwdPerm,
   kGnFwd,
-  kGnBwd
+  kGnBwd,
+  kInFwd,
+  kInBwd
 };
 
 std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
@@ -422,6 +430,63 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
                         std::get<2>(st->out).data_ptr<float>()};
         });
   }
+  if (b == Bench::kInFwd || b == Bench::kInBwd) {  // InstanceNorm of [N, C, S]: normlab and ATen
+    const bool ifwd = b == Bench::kInFwd;
+    const Index N = s.dims[0], S = s.numel() / (N * C);
+    if (impl == "normlab") {
+      st->a.assign(static_cast<std::size_t>(C), 0.0f);
+      st->b.assign(static_cast<std::size_t>(C), 0.0f);
+      if (ifwd)
+        return std::make_unique<Lambda>(
+            [&d, s, C] {
+              normlab::instance_norm_forward(
+                  normlab::View(d.y.get(), D(s.dims)), {}, {}, normlab::ConstView(d.x.get(), D(s.dims)),
+                  normlab::ConstView(d.gamma.get(), D({C})), normlab::ConstView(d.beta.get(), D({C})));
+            },
+            [&d] { return Result{d.y.get()}; });
+      return std::make_unique<Lambda>(
+          [&d, st, s, C] {
+            normlab::instance_norm_backward(
+                normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+                normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+                normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})));
+          },
+          [&d, st] {
+            return Result{d.dx.get(), st->a.data(), st->b.data()};
+          });
+    }
+    // What torch.nn.functional.instance_norm runs on the CPU (at::instance_norm): BatchNorm in training mode
+    // over the [1, N·C, S] view, γ and β repeated N times; its backward, native_batch_norm_backward from the
+    // forward's mean and invstd, gives dγ, dβ per (n, c), which autograd's repeat sums over n (here in
+    // Get(), untimed: C·N additions).
+    st->t0 = Wrap(d.x.get(), {1, N * C, S});
+    st->t1 = Wrap(d.dy.get(), {1, N * C, S});
+    st->t2 = Wrap(d.gamma.get(), cs).repeat({N});
+    st->t3 = Wrap(d.beta.get(), cs).repeat({N});
+    if (ifwd)
+      return std::make_unique<Lambda>(
+          [st] {
+            st->out = at::native_batch_norm(st->t0, st->t2, st->t3, {}, {}, true, 0.1, kEps);
+            benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
+          },
+          [st] { return Result{std::get<0>(st->out).data_ptr<float>()}; });
+    auto f = at::native_batch_norm(st->t0, st->t2, st->t3, {}, {}, true, 0.1, kEps);
+    st->t4 = std::get<1>(f);
+    st->t5 = std::get<2>(f);
+    return std::make_unique<Lambda>(
+        [st] {
+          st->out = at::native_batch_norm_backward(st->t1, st->t0, st->t2, {}, {}, st->t4, st->t5, true, kEps,
+                                                   {true, true, true});
+          benchmark::DoNotOptimize(std::get<0>(st->out).data_ptr());
+        },
+        [st, N, C] {
+          const at::Tensor dg = std::get<1>(st->out).view({N, C}).sum(0),
+                           db = std::get<2>(st->out).view({N, C}).sum(0);
+          st->a.assign(dg.data_ptr<float>(), dg.data_ptr<float>() + C);
+          st->b.assign(db.data_ptr<float>(), db.data_ptr<float>() + C);
+          return Result{std::get<0>(st->out).data_ptr<float>(), st->a.data(), st->b.data()};
+        });
+  }
   // BatchNorm, training; [N, C, T], or [N, T, C] with the channels innermost (channel_dim 2).
   const bool fwd = b == Bench::kBnFwd;
   const bool last = s.channel_dim == 2;
@@ -567,7 +632,7 @@ Copy3 Snapshot(Impl& impl, const Shape& s, bool grads) {
 
 bool IsBackward(Bench b) {
   return b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved || b == Bench::kBnBwd ||
-         b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm || b == Bench::kGnBwd;
+         b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm || b == Bench::kGnBwd || b == Bench::kInBwd;
 }
 
 // The bytes the ideal kernel moves: forward x, y; backward x, dy, dx.
@@ -663,6 +728,10 @@ const bool kRegistered = [] {
   RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGnSmall);
   RegisterImpls("GroupNormFwd", {"normlab", "aten"}, Bench::kGnFwd, kGnShort);
   RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGnShort);
+  RegisterImpls("InstanceNormFwd", {"normlab", "aten"}, Bench::kInFwd, kInShort);
+  RegisterImpls("InstanceNormBwd", {"normlab", "aten"}, Bench::kInBwd, kInShort);
+  RegisterImpls("InstanceNormFwd", {"normlab", "aten"}, Bench::kInFwd, kInMid);
+  RegisterImpls("InstanceNormBwd", {"normlab", "aten"}, Bench::kInBwd, kInMid);
   return true;
 }();
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "norm/channel_norm.h"
+#include "norm/norm_plan.h"
 #include "norm/row_kernels.h"
 #include "norm/streaming.h"
 #include "parallel/parallel.h"
@@ -94,10 +95,9 @@ void group_rows_backward(const Plan& p, float* dx, const float* dy, const float*
   const Index per_chunk = (tiles + max_chunks - 1) / max_chunks;
   const Index chunks = (tiles + per_chunk - 1) / per_chunk;
   const std::vector<float> we = expand(w, p);
-  // The calling thread's buffer, reused from call to call (the workers reach it through `base`).
-  thread_local std::vector<double> part;
-  part.resize(static_cast<std::size_t>(2 * chunks * cs));
-  double* const base = part.data();
+  // The calling thread's buffer, reused from call to call: every chunk's first tile assigns its rows (init).
+  thread_local std::vector<double> partials;
+  const plan::PartialRows part(partials, chunks, cs, true, true);
   const kernels::RowKernels& k = kernels::row_kernels();
   kernels::RowsBackward args;
   args.n = n;
@@ -106,8 +106,8 @@ void group_rows_backward(const Plan& p, float* dx, const float* dy, const float*
   args.center = true;
   args.stream = kernels::stream_output_bytes(p.B * cs * Index{sizeof(float)});
   parallel::parallel_for(chunks, [&](Index c) {
-    double* const pw = base + 2 * c * cs;
-    double* const pb = pw + cs;
+    double* const pw = part.dw_row(c);
+    double* const pb = part.db_row(c);
     const Index t1 = std::min(tiles, (c + 1) * per_chunk);
     for (Index t = c * per_chunk; t < t1; ++t) {
       const Index b0 = t * K, rows = std::min(K, p.B - b0);
@@ -129,8 +129,8 @@ void group_rows_backward(const Plan& p, float* dx, const float* dy, const float*
   sw.assign(static_cast<std::size_t>(p.C), 0.0);
   sb.assign(static_cast<std::size_t>(p.C), 0.0);
   for (Index ch = 0; ch < chunks; ++ch) {
-    const double* pw = base + 2 * ch * cs;
-    const double* pb = pw + cs;
+    const double* pw = part.dw_row(ch);
+    const double* pb = part.db_row(ch);
     for (Index c = 0; c < p.C; ++c)
       for (Index s = 0; s < p.S; ++s) {
         sw[static_cast<std::size_t>(c)] += pw[c * p.S + s];

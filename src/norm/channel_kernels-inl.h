@@ -926,11 +926,48 @@ void spread_groupsd(double* out, const double* v, Index spg, Index groups) {
   spread_values(out, v, spg, groups);
 }
 
-// The per-channel constants of a sample row's normalize pass (channel_kernels.h), group by group, 16
+// The most channels per group whose constants single_normalize_consts and single_input_grad_consts store
+// one by one: with two or three channels per group a group's vector stores took GroupNorm's forward on
+// sample runs ([1024, 256, 16], 128 groups; [1024, 255, 16] and [512, 255, 32], 85 groups) 1.01-1.05 times
+// as long at 1 thread as scalar stores; at four ([256, 256, 64], 64 groups) and eight ([512, 256, 49])
+// about as long (docs/PERFORMANCE.md, forty-seventh session).
+inline constexpr Index kScalarConstsUpTo = 3;
+
+// The per-channel constants of a sample row's normalize pass (channel_kernels.h): one channel per group
+// sixteen groups per vector, up to kScalarConstsUpTo channels per group one by one, more group by group, 16
 // channels at a time.
 void single_normalize_consts(float* mh, float* ml, float* s, const double* mean, const double* rstd,
                              const float* w, Index spg, Index groups) {
-  for (Index g = 0; g < groups; ++g) {
+  Index g = 0;
+  if (spg == 1) {
+    // One channel per group (InstanceNorm): sixteen groups per vector, the same operations.
+    // Scalar math: mh[g] = float(mean_g); ml[g] = float(mean_g − double(mh[g])); s[g] =
+    //   float(rstd_g·double(w[g])) (w null: float(rstd_g)); the last groups % 16 in the loop below
+    for (; g + kF <= groups; g += kF) {
+      const VD m0 = loadd(mean + g), m1 = loadd(mean + g + kD), r0 = loadd(rstd + g),
+               r1 = loadd(rstd + g + kD);
+      const VF h = narrow_pd(m0, m1);
+      store(mh + g, h);
+      store(ml + g, narrow_pd(sub(m0, cvt_lo(h)), sub(m1, cvt_hi(h))));
+      if (w) {
+        const VF wv = load(w + g);
+        store(s + g, narrow_pd(mul(r0, cvt_lo(wv)), mul(r1, cvt_hi(wv))));
+      } else {
+        store(s + g, narrow_pd(r0, r1));
+      }
+    }
+  }
+  if (spg <= kScalarConstsUpTo) {
+    for (; g < groups; ++g) {
+      const float h = static_cast<float>(mean[g]), l = static_cast<float>(mean[g] - static_cast<double>(h));
+      for (Index c = g * spg; c < (g + 1) * spg; ++c) {
+        mh[c] = h;
+        ml[c] = l;
+        s[c] = static_cast<float>(rstd[g] * (w ? static_cast<double>(w[c]) : 1.0));
+      }
+    }
+  }
+  for (; g < groups; ++g) {
     // Scalar math: mh[c] = float(mean_g); ml[c] = float(mean_g − mh[c]); s[c] = float(rstd_g·double(w[c]))
     //   (w null: float(rstd_g)), for c = g·spg + j
     const float h = static_cast<float>(mean[g]);
@@ -939,7 +976,10 @@ void single_normalize_consts(float* mh, float* ml, float* s, const double* mean,
     const VF r1 = bcast(static_cast<float>(rstd[g]));
     for (Index j = 0; j < spg; j += kF) {
       const Index c = g * spg + j;
-      const int k = static_cast<int>(std::min<Index>(kF, spg - j));
+      // A group's last partial vector whole where that stays within the spg·groups entries (the lanes past
+      // the group hold this group's values for the next groups' channels until their stores overwrite
+      // them), as spread_values does.
+      const int k = c + kF <= spg * groups ? kF : static_cast<int>(std::min<Index>(kF, spg - j));
       VF sv = r1;
       if (w) {
         const VF wv = load_k(w, c, k);
@@ -953,6 +993,58 @@ void single_normalize_consts(float* mh, float* ml, float* s, const double* mean,
         store_n(mh + c, vh, k);
         store_n(ml + c, vl, k);
         store_n(s + c, sv, k);
+      }
+    }
+  }
+}
+
+// The constants of an input_grad pass (input_grad_consts of channel_norm.cpp, without γ) per channel from
+// its group's statistics: for channel c = g·spg + j, mh[c] = float(mean[g]), ml[c] = float(mean[g] −
+// mh[c]), r[c] = float(rstd[g]), c0[c] = float(mg[g]), c2[c] = float(rstd[g]·mgx[g]). One channel per
+// group (InstanceNorm): sixteen groups per vector; up to kScalarConstsUpTo channels one by one; more group
+// by group, each group's values broadcast over its channels.
+void single_input_grad_consts(const InputGradOut& o, const double* mean, const double* rstd, const double* mg,
+                              const double* mgx, Index spg, Index groups) {
+  Index g = 0;
+  if (spg == 1) {
+    // Scalar math: as below, for sixteen groups at once (the last groups % 16 in the loop below)
+    for (; g + kF <= groups; g += kF) {
+      const VD m0 = loadd(mean + g), m1 = loadd(mean + g + kD), r0 = loadd(rstd + g),
+               r1 = loadd(rstd + g + kD);
+      const VF h = narrow_pd(m0, m1);
+      store(o.mh + g, h);
+      store(o.ml + g, narrow_pd(sub(m0, cvt_lo(h)), sub(m1, cvt_hi(h))));
+      store(o.r + g, narrow_pd(r0, r1));
+      store(o.c0 + g, narrow_pd(loadd(mg + g), loadd(mg + g + kD)));
+      store(o.c2 + g, narrow_pd(mul(r0, loadd(mgx + g)), mul(r1, loadd(mgx + g + kD))));
+    }
+  }
+  if (spg <= kScalarConstsUpTo) {
+    for (; g < groups; ++g) {
+      const float h = static_cast<float>(mean[g]);
+      const float v[5] = {h, static_cast<float>(mean[g] - static_cast<double>(h)),
+                          static_cast<float>(rstd[g]), static_cast<float>(mg[g]),
+                          static_cast<float>(rstd[g] * mgx[g])};
+      for (Index c = g * spg; c < (g + 1) * spg; ++c)
+        o.mh[c] = v[0], o.ml[c] = v[1], o.r[c] = v[2], o.c0[c] = v[3], o.c2[c] = v[4];
+    }
+  }
+  for (; g < groups; ++g) {
+    // Scalar math: the group's five values, stored at each of its spg channels
+    const float h = static_cast<float>(mean[g]);
+    const VF v[5] = {bcast(h), bcast(static_cast<float>(mean[g] - static_cast<double>(h))),
+                     bcast(static_cast<float>(rstd[g])), bcast(static_cast<float>(mg[g])),
+                     bcast(static_cast<float>(rstd[g] * mgx[g]))};
+    float* const out[5] = {o.mh, o.ml, o.r, o.c0, o.c2};
+    for (Index j = 0; j < spg; j += kF) {
+      const Index c = g * spg + j;
+      // The group's last partial vector whole where that stays within the entries (spread_values).
+      const int k = c + kF <= spg * groups ? kF : static_cast<int>(std::min<Index>(kF, spg - j));
+      for (int a = 0; a < 5; ++a) {
+        if (k == kF)
+          store(out[a] + c, v[a]);
+        else
+          store_n(out[a] + c, v[a], k);
       }
     }
   }
@@ -1103,6 +1195,7 @@ const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
                                       vec::leave_clean<chan::single_moments>,
                                       vec::leave_clean<chan::group_means>,
                                       vec::leave_clean<chan::single_normalize_consts>,
+                                      vec::leave_clean<chan::single_input_grad_consts>,
                                       vec::leave_clean<chan::spread_groups>,
                                       vec::leave_clean<chan::spread_groupsd>,
                                       vec::leave_clean<chan::single_grad_terms>,

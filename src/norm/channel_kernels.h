@@ -112,6 +112,10 @@ struct RowNormalizeConsts {
 struct RowInputGradConsts {
   const float *mh, *ml, *r, *w, *c0, *c2;
 };
+// Where single_input_grad_consts writes: RowInputGradConsts' arrays but w.
+struct InputGradOut {
+  float *mh, *ml, *r, *c0, *c2;
+};
 
 // How segments_stats forms the lane vectors of its sixteen segments at a time (channel_kernels-inl.h,
 // load_lanes) for segments of fewer than 16 floats but 2, 4 and 8, and for the elements from the 17th on: one
@@ -177,6 +181,12 @@ struct ChannelKernels {
   // spg·groups entries are written.
   void (*single_normalize_consts)(float* mh, float* ml, float* s, const double* mean, const double* rstd,
                                   const float* w, Index spg, Index groups);
+  // The constants of an input_grad pass (input_grad_consts of channel_norm.cpp, without γ) from the groups'
+  // statistics: for channel c = g·spg + j, mh[c] = float(mean[g]), ml[c] = float(mean[g] − mh[c]), r[c] =
+  // float(rstd[g]), c0[c] = float(mg[g]), c2[c] = float(rstd[g]·mgx[g]). Only the spg·groups entries are
+  // written. Both take sixteen groups per vector when spg = 1 (InstanceNorm), the same operations.
+  void (*single_input_grad_consts)(const InputGradOut& o, const double* mean, const double* rstd,
+                                   const double* mg, const double* mgx, Index spg, Index groups);
   // out[g·spg + j] = v[g] for j < spg, g < groups: the groups' values at their channels (only those
   // entries are written).
   void (*spread_groups)(float* out, const float* v, Index spg, Index groups);

@@ -439,15 +439,6 @@ struct RowsNormalize {
     const std::size_t i = static_cast<std::size_t>(c);
     mh[i] = t.mh, ml[i] = t.ml, s[i] = t.s, b[i] = t.b;
   }
-  // normalize_consts of the n channels from c of one group (the same mh, ml): the values of set(c + j,
-  // normalize_consts(mean, rstd, w, b, c + j)) for each j, except b (set by set_bias).
-  void set_group(Index c, Index n, double mean, double rstd, const float* w) {
-    const kernels::NormalizeConsts t = normalize_consts(mean, rstd, nullptr, nullptr, c);
-    const std::size_t i = static_cast<std::size_t>(c);
-    std::fill_n(mh.begin() + i, n, t.mh);
-    std::fill_n(ml.begin() + i, n, t.ml);
-    for (Index j = 0; j < n; ++j) s[i + j] = normalize_scale(rstd, w, c + j);
-  }
   // normalize_consts' b of every channel (it depends on nothing else).
   void set_bias(const float* bias) {
     for (std::size_t c = 0; c < nc; ++c) b[c] = bias ? bias[c] : 0.0f;
@@ -472,15 +463,6 @@ struct RowsInputGrad {
     const std::size_t i = static_cast<std::size_t>(c);
     mh[i] = t.mh, ml[i] = t.ml, r[i] = t.r, w[i] = t.w, c0[i] = t.c0, c2[i] = t.c2;
   }
-  // t's values (one group's input_grad_consts) at the n channels from c, except w (set by set_weight).
-  void set_group(Index c, Index n, const kernels::InputGradConsts& t) {
-    const std::size_t i = static_cast<std::size_t>(c);
-    std::fill_n(mh.begin() + i, n, t.mh);
-    std::fill_n(ml.begin() + i, n, t.ml);
-    std::fill_n(r.begin() + i, n, t.r);
-    std::fill_n(c0.begin() + i, n, t.c0);
-    std::fill_n(c2.begin() + i, n, t.c2);
-  }
   // input_grad_consts' w of every channel (it depends on nothing else).
   void set_weight(const float* weight) {
     for (std::size_t c = 0; c < nc; ++c) w[c] = weight ? weight[c] : 1.0f;
@@ -489,6 +471,8 @@ struct RowsInputGrad {
     const std::size_t i = static_cast<std::size_t>(c);
     return {mh.data() + i, ml.data() + i, r.data() + i, w.data() + i, c0.data() + i, c2.data() + i};
   }
+  // The arrays but w from channel 0, for single_input_grad_consts.
+  kernels::InputGradOut out() { return {mh.data(), ml.data(), r.data(), c0.data(), c2.data()}; }
 };
 
 }  // namespace
@@ -1163,7 +1147,6 @@ struct SampleRowsBackward {
   RowsInputGrad kc;
   SampleRowBuffers buf;
   std::vector<double> t;  // mean, var, rstd, mg, mgx of the share's groups
-  std::vector<float> gc;  // their input_grad_consts' mh, ml, r, c0, c2 (RowsInputGrad's arrays, per group)
   SampleRowsBackward(const Plan& p_, const Operand& dx, const Operand& dy, const Operand& x, double eps_,
                      const float* w, Index g0, Index ng_)
       : k(kernels::channel_kernels()),
@@ -1181,8 +1164,7 @@ struct SampleRowsBackward {
         wc(w ? w + c0 : nullptr),
         kc(nc),
         buf(nc),
-        t(static_cast<std::size_t>(5 * ng)),
-        gc(static_cast<std::size_t>(5 * ng)) {
+        t(static_cast<std::size_t>(5 * ng)) {
     kc.set_weight(wc);
   }
   // sdy, sdyxh: where the segments' terms go (null: buf.sdy, buf.sdyxh).
@@ -1193,17 +1175,9 @@ struct SampleRowsBackward {
     const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs] + c0;
     k.single_moments(mean, var, r, xr, spg, ng, count, eps);
     row_grads(k, xr, dyr, spg, ng, count, mean, r, wc, mg, mgx, buf, sdy, sdyxh);
-    // Each group's input_grad_consts (but w, per channel) at its channels: kc.set_group's values.
-    float *gmh = gc.data(), *gml = gmh + ng, *gr = gml + ng, *gc0 = gr + ng, *gc2 = gc0 + ng;
-    for (Index g = 0; g < ng; ++g) {
-      const kernels::InputGradConsts ic = input_grad_consts(mean[g], r[g], wc, g * spg, mg[g], mgx[g]);
-      gmh[g] = ic.mh, gml[g] = ic.ml, gr[g] = ic.r, gc0[g] = ic.c0, gc2[g] = ic.c2;
-    }
-    k.spread_groups(kc.mh.data(), gmh, spg, ng);
-    k.spread_groups(kc.ml.data(), gml, spg, ng);
-    k.spread_groups(kc.r.data(), gr, spg, ng);
-    k.spread_groups(kc.c0.data(), gc0, spg, ng);
-    k.spread_groups(kc.c2.data(), gc2, spg, ng);
+    // Each group's input_grad_consts (but w, per channel) at its channels: set(c, input_grad_consts(...))'s
+    // values for every channel c of the group.
+    k.single_input_grad_consts(kc.out(), mean, r, mg, mgx, spg, ng);
     k.rows_input_grad(kc.at(0), sample_row(bi, c0, nc, xo, &dyo, dxo), stream);
   }
 };
@@ -1392,10 +1366,11 @@ void sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo, do
                   *const rs = rstd.data() + r.g0;
     run_moments(k, p, r, st, count, eps, mean, var, rs);
     const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ, β
-    for (Index g = 0; g < r.g1 - r.g0; ++g) {
-      m.count[static_cast<std::size_t>(r.g0 + g)] = count;
-      buf.kc.set_group(g * spg, spg, mean[g], rs[g], wr);
-    }
+    std::fill_n(m.count.begin() + r.g0, r.g1 - r.g0, count);
+    // Each group's normalize_consts (but β) at its channels: set(c, normalize_consts(...))'s values for every
+    // channel c of the group.
+    k.single_normalize_consts(buf.kc.mh.data(), buf.kc.ml.data(), buf.kc.s.data(), mean, rs, wr, spg,
+                              r.g1 - r.g0);
     for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.b[static_cast<std::size_t>(j)] = b ? b[r.c0 + j] : 0.0f;
     k.segments_normalize(run_at(yo, r), run_at<const float>(xo, r), p.S, r.c1 - r.c0, buf.kc.at(0), stream);
   });
@@ -1414,8 +1389,9 @@ void run_backward(const kernels::ChannelKernels& k, const Plan& p, const GroupRu
   run_moments(k, p, r, st, count, eps, mean, var, rs);
   run_grads(k, p, r, st, count, mean, rs, w, mg, mgx, sdyxh);
   const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ
-  for (Index g = 0; g < ng; ++g)
-    buf.kc.set_group(g * spg, spg, input_grad_consts(mean[g], rs[g], wr, g * spg, mg[g], mgx[g]));
+  // Each group's input_grad_consts (but w, per channel) at its channels: set(c, input_grad_consts(...))'s
+  // values for every channel c of the group.
+  k.single_input_grad_consts(buf.kc.out(), mean, rs, mg, mgx, spg, ng);
   for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.w[static_cast<std::size_t>(j)] = wr ? wr[j] : 1.0f;
   k.segments_input_grad(run_at(dxo, r), run_at<const float>(dyo, r), run_at<const float>(xo, r), p.S,
                         r.c1 - r.c0, buf.kc.at(0), stream);

@@ -273,5 +273,85 @@ TEST(ChannelKernels, RunCombinationIsTheScalarChains) {
   set_isa(saved);
 }
 
+// single_normalize_consts and single_input_grad_consts against their formulas written out in scalar code
+// (channel_norm.cpp's normalize_consts and input_grad_consts), every entry the same bits, on every target:
+// one channel per group (sixteen groups per vector, then the rest) and several, group counts around
+// multiples of 16, with and without γ, the statistics holding −0.0, values whose fp32 pair needs m_lo, huge
+// values that round to ±Inf in fp32, a subnormal m_lo, NaN and ±Inf.
+TEST(ChannelKernels, SingleConstsAreTheirScalarFormulas) {
+  std::mt19937_64 rng(94);
+  std::normal_distribution<double> nd;
+  const Isa saved = active_isa();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (const Index spg : {1, 2, 3, 17}) {
+    for (const Index groups : {1, 7, 16, 17, 33, 48}) {
+      const std::size_t ng = static_cast<std::size_t>(groups), nc = static_cast<std::size_t>(spg * groups);
+      std::vector<double> mean(ng), rstd(ng), mg(ng), mgx(ng);
+      for (std::size_t g = 0; g < ng; ++g) {
+        mean[g] = nd(rng) * 1e3 + 1e4;
+        rstd[g] = std::abs(nd(rng)) * 10.0;
+        mg[g] = nd(rng);
+        mgx[g] = nd(rng);
+      }
+      const double odd[] = {-0.0, 1e39, -1e39, 1.0 + 1e-30, nan, inf, -inf};
+      for (std::size_t i = 0; i < std::size(odd) && i < ng; ++i) {
+        const std::size_t g = (i * 5 + 1) % ng;
+        mean[g] = odd[i];
+        rstd[(g + 1) % ng] = odd[(i + 1) % std::size(odd)];
+        mg[(g + 2) % ng] = odd[(i + 2) % std::size(odd)];
+        mgx[(g + 3) % ng] = odd[(i + 3) % std::size(odd)];
+      }
+      std::vector<float> w(nc);
+      for (float& v : w) v = static_cast<float>(nd(rng));
+      if (nc > 2) w[2] = -0.0f;
+      for (const bool with_w : {true, false}) {
+        // The scalar formulas, channel by channel.
+        std::vector<float> rmh(nc), rml(nc), rs(nc), rr(nc), rc0(nc), rc2(nc);
+        for (std::size_t c = 0; c < nc; ++c) {
+          const std::size_t g = c / static_cast<std::size_t>(spg);
+          rmh[c] = static_cast<float>(mean[g]);
+          rml[c] = static_cast<float>(mean[g] - static_cast<double>(rmh[c]));
+          rs[c] = static_cast<float>(rstd[g] * (with_w ? static_cast<double>(w[c]) : 1.0));
+          rr[c] = static_cast<float>(rstd[g]);
+          rc0[c] = static_cast<float>(mg[g]);
+          rc2[c] = static_cast<float>(rstd[g] * mgx[g]);
+        }
+        for (const Isa isa : supported_isas()) {
+          set_isa(isa);
+          const kernels::ChannelKernels& k = kernels::channel_kernels();
+          const std::string what =
+              fmt::format("spg {} groups {}{} {}", spg, groups, with_w ? " w" : "", isa_name(isa));
+          // One entry past the channels, which neither kernel may write.
+          const float mark = 7.0f;
+          std::vector<float> mh(nc + 1, mark), ml(mh), sc(mh), r(mh), c0(mh), c2(mh);
+          k.single_normalize_consts(mh.data(), ml.data(), sc.data(), mean.data(), rstd.data(),
+                                    with_w ? w.data() : nullptr, spg, groups);
+          for (std::size_t c = 0; c < nc; ++c) {
+            EXPECT_EQ(bits(mh[c]), bits(rmh[c])) << what << " normalize mh, channel " << c;
+            EXPECT_EQ(bits(ml[c]), bits(rml[c])) << what << " normalize ml, channel " << c;
+            EXPECT_EQ(bits(sc[c]), bits(rs[c])) << what << " normalize s, channel " << c;
+          }
+          EXPECT_TRUE(mh[nc] == mark && ml[nc] == mark && sc[nc] == mark) << what << " wrote past the end";
+          if (!with_w) continue;  // (input_grad_consts take no γ)
+          std::fill(mh.begin(), mh.end(), mark);
+          std::fill(ml.begin(), ml.end(), mark);
+          k.single_input_grad_consts({mh.data(), ml.data(), r.data(), c0.data(), c2.data()}, mean.data(),
+                                     rstd.data(), mg.data(), mgx.data(), spg, groups);
+          for (std::size_t c = 0; c < nc; ++c) {
+            EXPECT_EQ(bits(mh[c]), bits(rmh[c])) << what << " input_grad mh, channel " << c;
+            EXPECT_EQ(bits(ml[c]), bits(rml[c])) << what << " input_grad ml, channel " << c;
+            EXPECT_EQ(bits(r[c]), bits(rr[c])) << what << " input_grad r, channel " << c;
+            EXPECT_EQ(bits(c0[c]), bits(rc0[c])) << what << " input_grad c0, channel " << c;
+            EXPECT_EQ(bits(c2[c]), bits(rc2[c])) << what << " input_grad c2, channel " << c;
+          }
+          EXPECT_TRUE(mh[nc] == mark && ml[nc] == mark && r[nc] == mark && c0[nc] == mark && c2[nc] == mark)
+              << what << " wrote past the end";
+        }
+      }
+    }
+  }
+  set_isa(saved);
+}
+
 }  // namespace
 }  // namespace normlab

@@ -178,16 +178,25 @@ std::vector<Call> calls() {
                                                                 false);  // n < 16
                }});
   v.push_back(
-      {"channel single_moments, group_means, single_normalize_consts, spread_groups(d), single_grad_terms",
+      {"channel single_moments, group_means, single_normalize_consts, single_input_grad_consts, "
+       "spread_groups(d), single_grad_terms",
        [] {
          const Tensor x = filled({37}), dy = filled({37});
          std::vector<double> m(48, 0.5), r(48, 1.0), a(48), b(48), c(48), d(48);
          kernels::channel_kernels().single_moments(a.data(), b.data(), c.data(), x.data(), 3, 12, 3.0,
                                                    1e-5);  // a block of eight groups and four more
          kernels::channel_kernels().group_means(a.data(), m.data(), 3, 12, 3.0);
-         std::vector<float> f0(48), f1(48), f2(48);
+         std::vector<float> f0(48), f1(48), f2(48), f3(48, 1.0f), f4(48);
          kernels::channel_kernels().single_normalize_consts(f0.data(), f1.data(), f2.data(), m.data(),
                                                             r.data(), x.data(), 3, 12);
+         kernels::channel_kernels().single_normalize_consts(f0.data(), f1.data(), f2.data(), m.data(),
+                                                            r.data(), x.data(), 1, 37);  // one per group
+         kernels::channel_kernels().single_normalize_consts(f0.data(), f1.data(), f2.data(), m.data(),
+                                                            r.data(), f3.data(), 4, 12);  // vector stores
+         for (Index spg : {4, 1})
+           kernels::channel_kernels().single_input_grad_consts(
+               {f0.data(), f1.data(), f2.data(), f3.data(), f4.data()}, m.data(), r.data(), a.data(),
+               b.data(), spg, spg == 4 ? 12 : 37);
          kernels::channel_kernels().spread_groups(f0.data(), f1.data(), 3, 12);
          kernels::channel_kernels().spread_groupsd(a.data(), m.data(), 3, 12);
          kernels::channel_kernels().single_grad_terms({a.data(), b.data(), c.data(), d.data()}, x.data(),

@@ -933,6 +933,14 @@ void spread_groupsd(double* out, const double* v, Index spg, Index groups) {
 // about as long (docs/PERFORMANCE.md, forty-seventh session).
 inline constexpr Index kScalarConstsUpTo = 3;
 
+// The fp32 pairs of sixteen means: mh[i] = float(mean[i]), ml[i] = float(mean[i] − double(mh[i])).
+inline void store_mean_pairs(float* mh, float* ml, const double* mean) {
+  const VD m0 = loadd(mean), m1 = loadd(mean + kD);
+  const VF h = narrow_pd(m0, m1);
+  store(mh, h);
+  store(ml, narrow_pd(sub(m0, cvt_lo(h)), sub(m1, cvt_hi(h))));
+}
+
 // The per-channel constants of a sample row's normalize pass (channel_kernels.h): one channel per group
 // sixteen groups per vector, up to kScalarConstsUpTo channels per group one by one, more group by group, 16
 // channels at a time.
@@ -944,11 +952,8 @@ void single_normalize_consts(float* mh, float* ml, float* s, const double* mean,
     // Scalar math: mh[g] = float(mean_g); ml[g] = float(mean_g − double(mh[g])); s[g] =
     //   float(rstd_g·double(w[g])) (w null: float(rstd_g)); the last groups % 16 in the loop below
     for (; g + kF <= groups; g += kF) {
-      const VD m0 = loadd(mean + g), m1 = loadd(mean + g + kD), r0 = loadd(rstd + g),
-               r1 = loadd(rstd + g + kD);
-      const VF h = narrow_pd(m0, m1);
-      store(mh + g, h);
-      store(ml + g, narrow_pd(sub(m0, cvt_lo(h)), sub(m1, cvt_hi(h))));
+      store_mean_pairs(mh + g, ml + g, mean + g);
+      const VD r0 = loadd(rstd + g), r1 = loadd(rstd + g + kD);
       if (w) {
         const VF wv = load(w + g);
         store(s + g, narrow_pd(mul(r0, cvt_lo(wv)), mul(r1, cvt_hi(wv))));
@@ -1009,11 +1014,8 @@ void single_input_grad_consts(const InputGradOut& o, const double* mean, const d
   if (spg == 1) {
     // Scalar math: as below, for sixteen groups at once (the last groups % 16 in the loop below)
     for (; g + kF <= groups; g += kF) {
-      const VD m0 = loadd(mean + g), m1 = loadd(mean + g + kD), r0 = loadd(rstd + g),
-               r1 = loadd(rstd + g + kD);
-      const VF h = narrow_pd(m0, m1);
-      store(o.mh + g, h);
-      store(o.ml + g, narrow_pd(sub(m0, cvt_lo(h)), sub(m1, cvt_hi(h))));
+      store_mean_pairs(o.mh + g, o.ml + g, mean + g);
+      const VD r0 = loadd(rstd + g), r1 = loadd(rstd + g + kD);
       store(o.r + g, narrow_pd(r0, r1));
       store(o.c0 + g, narrow_pd(loadd(mg + g), loadd(mg + g + kD)));
       store(o.c2 + g, narrow_pd(mul(r0, loadd(mgx + g)), mul(r1, loadd(mgx + g + kD))));

@@ -275,15 +275,16 @@ TEST(ChannelKernels, RunCombinationIsTheScalarChains) {
 
 // single_normalize_consts and single_input_grad_consts against their formulas written out in scalar code
 // (channel_norm.cpp's normalize_consts and input_grad_consts), every entry the same bits, on every target:
-// one channel per group (sixteen groups per vector, then the rest) and several, group counts around
-// multiples of 16, with and without γ, the statistics holding −0.0, values whose fp32 pair needs m_lo, huge
-// values that round to ±Inf in fp32, a subnormal m_lo, NaN and ±Inf.
+// one channel per group (sixteen groups per vector, then the rest), two and three (stored one by one), five
+// and seventeen (vector stores, a group's last one overlapping the next groups' channels), group counts
+// around multiples of 16, with and without γ, the statistics holding −0.0, values whose fp32 pair needs m_lo,
+// huge values that round to ±Inf in fp32, a subnormal m_lo, NaN and ±Inf.
 TEST(ChannelKernels, SingleConstsAreTheirScalarFormulas) {
   std::mt19937_64 rng(94);
   std::normal_distribution<double> nd;
   const Isa saved = active_isa();
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
-  for (const Index spg : {1, 2, 3, 17}) {
+  for (const Index spg : {1, 2, 3, 5, 17}) {
     for (const Index groups : {1, 7, 16, 17, 33, 48}) {
       const std::size_t ng = static_cast<std::size_t>(groups), nc = static_cast<std::size_t>(spg * groups);
       std::vector<double> mean(ng), rstd(ng), mg(ng), mgx(ng);
@@ -293,7 +294,7 @@ TEST(ChannelKernels, SingleConstsAreTheirScalarFormulas) {
         mg[g] = nd(rng);
         mgx[g] = nd(rng);
       }
-      const double odd[] = {-0.0, 1e39, -1e39, 1.0 + 1e-30, nan, inf, -inf};
+      const double odd[] = {-0.0, 1e39, -1e39, 1e-32, nan, inf, -inf};  // 1e-32: m_lo subnormal
       for (std::size_t i = 0; i < std::size(odd) && i < ng; ++i) {
         const std::size_t g = (i * 5 + 1) % ng;
         mean[g] = odd[i];

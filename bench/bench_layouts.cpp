@@ -205,6 +205,31 @@ enum class Bench {
   kInBwd
 };
 
+// normlab's InstanceNorm or GroupNorm of [N, C, ...] (x, γ, β from d; y or dx, dγ, dβ into d and st):
+// fwd(y, x, γ, β) or bwd(dx, dγ, dβ, dy, x, γ) is the library call, its other arguments bound by the caller.
+template <typename Fwd, typename Bwd>
+std::unique_ptr<Impl> PerSampleNormlab(bool forward, Data& d, const std::shared_ptr<State>& st,
+                                       const Shape& s, Index C, Fwd fwd, Bwd bwd) {
+  st->a.assign(static_cast<std::size_t>(C), 0.0f);
+  st->b.assign(static_cast<std::size_t>(C), 0.0f);
+  if (forward)
+    return std::make_unique<Lambda>(
+        [&d, s, C, fwd] {
+          fwd(normlab::View(d.y.get(), D(s.dims)), normlab::ConstView(d.x.get(), D(s.dims)),
+              normlab::ConstView(d.gamma.get(), D({C})), normlab::ConstView(d.beta.get(), D({C})));
+        },
+        [&d] { return Result{d.y.get()}; });
+  return std::make_unique<Lambda>(
+      [&d, st, s, C, bwd] {
+        bwd(normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+            normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+            normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})));
+      },
+      [&d, st] {
+        return Result{d.dx.get(), st->a.data(), st->b.data()};
+      });
+}
+
 std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
   Data& d = GetData(s);
   auto st = std::make_shared<State>();
@@ -382,29 +407,15 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
   if (b == Bench::kGnFwd || b == Bench::kGnBwd) {  // GroupNorm of [N, C, ...]: normlab and ATen
     const bool gfwd = b == Bench::kGnFwd;
     const Index N = s.dims[0], HxW = s.numel() / (N * C);
-    if (impl == "normlab") {
-      st->a.assign(static_cast<std::size_t>(C), 0.0f);
-      st->b.assign(static_cast<std::size_t>(C), 0.0f);
-      if (gfwd)
-        return std::make_unique<Lambda>(
-            [&d, s, C] {
-              normlab::group_norm_forward(normlab::View(d.y.get(), D(s.dims)), {}, {},
-                                          normlab::ConstView(d.x.get(), D(s.dims)),
-                                          normlab::ConstView(d.gamma.get(), D({C})),
-                                          normlab::ConstView(d.beta.get(), D({C})), kGroups);
-            },
-            [&d] { return Result{d.y.get()}; });
-      return std::make_unique<Lambda>(
-          [&d, st, s, C] {
-            normlab::group_norm_backward(
-                normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
-                normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
-                normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})), kGroups);
+    if (impl == "normlab")
+      return PerSampleNormlab(
+          gfwd, d, st, s, C,
+          [](normlab::View y, normlab::ConstView x, normlab::ConstView g, normlab::ConstView be) {
+            normlab::group_norm_forward(y, {}, {}, x, g, be, kGroups);
           },
-          [&d, st] {
-            return Result{d.dx.get(), st->a.data(), st->b.data()};
-          });
-    }
+          [](normlab::View dx, normlab::View dg, normlab::View db, normlab::ConstView dy,
+             normlab::ConstView x,
+             normlab::ConstView g) { normlab::group_norm_backward(dx, dg, db, dy, x, g, kGroups); });
     st->t0 = Wrap(d.x.get(), s.dims);
     st->t1 = Wrap(d.dy.get(), s.dims);
     st->t2 = Wrap(d.gamma.get(), cs);
@@ -433,28 +444,15 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
   if (b == Bench::kInFwd || b == Bench::kInBwd) {  // InstanceNorm of [N, C, S]: normlab and ATen
     const bool ifwd = b == Bench::kInFwd;
     const Index N = s.dims[0], S = s.numel() / (N * C);
-    if (impl == "normlab") {
-      st->a.assign(static_cast<std::size_t>(C), 0.0f);
-      st->b.assign(static_cast<std::size_t>(C), 0.0f);
-      if (ifwd)
-        return std::make_unique<Lambda>(
-            [&d, s, C] {
-              normlab::instance_norm_forward(
-                  normlab::View(d.y.get(), D(s.dims)), {}, {}, normlab::ConstView(d.x.get(), D(s.dims)),
-                  normlab::ConstView(d.gamma.get(), D({C})), normlab::ConstView(d.beta.get(), D({C})));
-            },
-            [&d] { return Result{d.y.get()}; });
-      return std::make_unique<Lambda>(
-          [&d, st, s, C] {
-            normlab::instance_norm_backward(
-                normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
-                normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
-                normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})));
+    if (impl == "normlab")
+      return PerSampleNormlab(
+          ifwd, d, st, s, C,
+          [](normlab::View y, normlab::ConstView x, normlab::ConstView g, normlab::ConstView be) {
+            normlab::instance_norm_forward(y, {}, {}, x, g, be);
           },
-          [&d, st] {
-            return Result{d.dx.get(), st->a.data(), st->b.data()};
-          });
-    }
+          [](normlab::View dx, normlab::View dg, normlab::View db, normlab::ConstView dy,
+             normlab::ConstView x,
+             normlab::ConstView g) { normlab::instance_norm_backward(dx, dg, db, dy, x, g); });
     // What torch.nn.functional.instance_norm runs on the CPU (at::instance_norm): BatchNorm in training mode
     // over the [1, N·C, S] view, γ and β repeated N times; its backward, native_batch_norm_backward from the
     // forward's mean and invstd, gives dγ, dβ per (n, c), which autograd's repeat sums over n (here in

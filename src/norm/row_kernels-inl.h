@@ -828,8 +828,29 @@ void rows_forward_registers_n(const RowsForwardOf<float>& a) {
   }
 }
 
+// The eight-row kernels at a compile-time length (NC) for the lengths listed, the run-time length otherwise;
+// the same bits either way. fp32 rows of 8, 16, 24, 32 and 48 too: paired on a Zen 5 (scripts/ab-rows, 1
+// thread; docs/PERFORMANCE.md, "forty-eighth session") the LayerNorm forward took 0.55-0.66 of the time at
+// D = 8 to 24, 0.64-0.80 at 32 and 0.80-0.83 at 48, the backward 0.55-0.97 (D = 96 gained nothing). Not the
+// 16-bit rows: the instantiations for three storage types would lengthen the kernels' compile by half.
 template <bool Center, bool W, bool B, bool Save, typename T>
 void rows_forward_batched_n(const RowsForwardOf<T>& a) {
+  if constexpr (std::is_same_v<T, float>) {
+    switch (a.n) {
+      case 8:
+        return rows_forward_batched<Center, W, B, 8, Save, T>(a);
+      case 16:
+        return rows_forward_batched<Center, W, B, 16, Save, T>(a);
+      case 24:
+        return rows_forward_batched<Center, W, B, 24, Save, T>(a);
+      case 32:
+        return rows_forward_batched<Center, W, B, 32, Save, T>(a);
+      case 48:
+        return rows_forward_batched<Center, W, B, 48, Save, T>(a);
+      default:
+        break;
+    }
+  }
   switch (a.n) {
     case 64:
       return rows_forward_batched<Center, W, B, 64, Save, T>(a);
@@ -1369,8 +1390,25 @@ void rows_backward_batched(const RowsBackwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
+// As rows_forward_batched_n, for the backward.
 template <bool Center, bool W, bool Saved, typename T>
 void rows_backward_batched_n(const RowsBackwardOf<T>& a) {
+  if constexpr (std::is_same_v<T, float>) {
+    switch (a.n) {
+      case 8:
+        return rows_backward_batched<Center, W, 8, Saved>(a);
+      case 16:
+        return rows_backward_batched<Center, W, 16, Saved>(a);
+      case 24:
+        return rows_backward_batched<Center, W, 24, Saved>(a);
+      case 32:
+        return rows_backward_batched<Center, W, 32, Saved>(a);
+      case 48:
+        return rows_backward_batched<Center, W, 48, Saved>(a);
+      default:
+        break;
+    }
+  }
   switch (a.n) {
     case 64:
       return rows_backward_batched<Center, W, 64, Saved>(a);

@@ -483,6 +483,7 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
   const bool ahead = (sizeof(T) == 2 ? a.tuning.batched_prefetch : a.tuning.batched_prefetch_fp32) &&
                      a.stream && !a.x_cached;
   const Index row_lines = (n * Index{sizeof(T)} + 63) / 64;
+  const bool nt = stream_rows(a);
   constexpr bool kSecondFirst = !Center && (NC > 0 || sizeof(T) == 2);
   for (Index s = 0; s < blocks + 2; ++s) {
     const T* xs[8];
@@ -528,7 +529,7 @@ void rows_forward_batched(const RowsForwardOf<T>& a) {
       }
       for (; j < nr; ++j)
         row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, a.x + (r0 + j) * a.ldx, n, a.w, a.b, sc.mh[j],
-                                 sc.ml[j], sc.r[j], a.stream);
+                                 sc.ml[j], sc.r[j], nt);
     };
     if (!kSecondFirst && s >= 2) outputs();
     if (s >= 1 && s - 1 < blocks) {  // the second passes and rstd of block s − 1
@@ -580,6 +581,7 @@ template <bool Center, bool W, bool B, bool Save, typename T>
 void rows_forward_impl(const RowsForwardOf<T>& a) {
   const Index n = a.n;
   const int block = block_rows(n);
+  const bool nt = stream_rows(a);
   for (Index r0 = 0; r0 < a.rows; r0 += block) {
     const int nr = static_cast<int>(std::min<Index>(block, a.rows - r0));
     RowStats st[kMaxBlock];
@@ -599,8 +601,7 @@ void rows_forward_impl(const RowsForwardOf<T>& a) {
       }
     }
     for (int j = 0; j < nr; ++j)
-      row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, xs[j], n, a.w, a.b, st[j].mh, st[j].ml, st[j].r,
-                               a.stream);
+      row_output<Center, W, B>(a.y + (r0 + j) * a.ldy, xs[j], n, a.w, a.b, st[j].mh, st[j].ml, st[j].r, nt);
   }
   if (a.stream) stream_fence();
 }
@@ -1015,13 +1016,14 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
   const T* dss[R];
   T* dxs[R];
   bool st_ok[R];
+  const bool nt = stream_rows(a);  // streaming stores where a row's vectors are aligned for them
   VF mh[R], ml[R], r[R], c0[R], c2[R];
   for (int j = 0; j < nr; ++j) {
     xs[j] = a.x + (r0 + j) * a.ldx;
     dys[j] = a.dy + (r0 + j) * a.lddy;
     dss[j] = with_ds ? a.ds + (r0 + j) * a.ldds : nullptr;
     dxs[j] = a.dx + (r0 + j) * a.lddx;
-    st_ok[j] = a.stream && stream_ok(dxs[j]);
+    st_ok[j] = nt && stream_ok(dxs[j]);
     mh[j] = bcast(mhs[j]);
     ml[j] = bcast(mls[j]);
     r[j] = bcast(rs[j]);
@@ -1155,7 +1157,7 @@ inline void backward_columns(const RowsBackwardOf<T>& a, Index r0, int nr_, cons
     for (; i + kF <= n; i += kF) column(i, kF, false);
     if (i < n) column(i, static_cast<int>(n - i), true);
   };
-  const bool fast = !with_ds && !a.stream && dwp;
+  const bool fast = !with_ds && !nt && dwp;
   auto on_first = [&](auto fast_c, auto fast_b_c) NL_FORCE_INLINE {
     if (first)
       columns(fast_c, fast_b_c, std::true_type{});

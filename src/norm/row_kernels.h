@@ -53,6 +53,14 @@ struct RowTuning {
   // ordinary stores (forward_in_registers below): on a Zen 5 0.52-0.93 of the eight-row blocks' time at 1
   // thread, 0.54-1.16 at 2 (streaming stores; row_kernels-inl.h, rows_forward_registers).
   bool rows_in_registers = false;
+  // Out of cache, rows whose length is not a whole number of 16-element vectors ("ragged": 24, 40, 100 ...)
+  // write their outputs (the forward's y, the backward's dx) with streaming stores where a vector starts on a
+  // 64-byte boundary and with ordinary stores elsewhere (stream_rows below); without it, with ordinary stores
+  // throughout. On a Zen 5 (docs/PERFORMANCE.md, "forty-eighth session"; scripts/ab-rows, 1 thread, 64 MiB
+  // per operand) ordinary stores took 0.45 and 0.62 of the time for the LayerNorm backward at D = 24 and 40,
+  // 0.58 at 56, 0.95-1.04 at 100, 200 and 1029, and 0.74-0.97 for the forward from D = 24 to 1029. Not
+  // measured on the other two.
+  bool stream_ragged_rows = true;
 };
 enum class CpuKind { kIntel, kZen4, kZen5 };  // the machines measured (docs/PERFORMANCE.md)
 inline RowTuning row_tuning_for(CpuKind kind) {
@@ -66,6 +74,7 @@ inline RowTuning row_tuning_for(CpuKind kind) {
     r.prefetch_min_n = 512;
     r.batched_prefetch_fp32 = true;
     r.rows_in_registers = true;
+    r.stream_ragged_rows = false;
   }
   return r;
 }
@@ -271,6 +280,14 @@ inline constexpr Index kBatchStreamMaxN = 96;
 template <typename T>
 inline bool backward_batched(const RowsBackwardOf<T>& a) {
   return a.n <= kBatchMaxN && a.rows > 1 && (!a.stream || a.n < kBatchStreamMaxN);
+}
+
+// Whether a kernel of rows `a` (RowsForwardOf or RowsBackwardOf) writes its outputs with streaming stores
+// (where a row's vectors are aligned for them): out of cache (a.stream), for rows of whole 16-element vectors
+// or where a.tuning.stream_ragged_rows says so.
+template <typename Rows>
+inline bool stream_rows(const Rows& a) {
+  return a.stream && (a.n % 16 == 0 || a.tuning.stream_ragged_rows);
 }
 
 struct RowKernels {

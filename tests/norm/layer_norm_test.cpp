@@ -728,6 +728,9 @@ TEST(LayerNormLayouts, RowTuningPerMachine) {
   EXPECT_FALSE(xeon.rows_in_registers);
   EXPECT_FALSE(zen4.rows_in_registers);
   EXPECT_TRUE(zen5.rows_in_registers);
+  EXPECT_TRUE(xeon.stream_ragged_rows);
+  EXPECT_TRUE(zen4.stream_ragged_rows);
+  EXPECT_FALSE(zen5.stream_ragged_rows);
   for (const CpuKind kind : {CpuKind::kIntel, CpuKind::kZen4, CpuKind::kZen5})
     EXPECT_EQ(kernels::parse_cpu_kind(kernels::cpu_kind_name(kind)), kind);
   for (const char* bad : {"", "zen6", "Intel", "xeon"})
@@ -751,23 +754,25 @@ TEST(LayerNormLayouts, RowTuningPerMachine) {
   EXPECT_EQ(m.batched_prefetch_fp32, k.batched_prefetch_fp32);
   EXPECT_EQ(m.backward_prefetch_min_n, k.backward_prefetch_min_n);
   EXPECT_EQ(m.rows_in_registers, k.rows_in_registers);
+  EXPECT_EQ(m.stream_ragged_rows, k.stream_ragged_rows);
 }
 
 // The machine choices never change a bit: the row forward out of cache (streaming stores) with every
 // prefetch choice on and with every one off gives the y, mean and rstd of the forward in cache, for rows of
-// the eight-row blocks (D = 32, 64, 80, 128, 192; a last block of fewer rows; with rows_in_registers the fp32
-// LayerNorm at 64, 80, 128 and 192 one row at a time), of the pipelined kernel (512) and of the row blocks
-// (2048), LayerNorm and RMSNorm, fp32 and bf16, on every SIMD target.
+// the eight-row blocks (D = 24, 32, 40, 64, 80, 128, 192; a last block of fewer rows; with rows_in_registers
+// the fp32 LayerNorm at 64, 80, 128 and 192 one row at a time; rows of 24 and 40, not whole vectors, with and
+// without stream_ragged_rows), of the pipelined kernel (512) and of the row blocks (2048), LayerNorm and
+// RMSNorm, fp32 and bf16, on every SIMD target.
 TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
   std::mt19937_64 rng(43);
   const Isa saved = active_isa();
   kernels::RowTuning on = kernels::row_tuning_for(kernels::CpuKind::kZen5), off = on;
   on.prefetch_min_n = on.backward_prefetch_min_n = 1;
-  on.batched_prefetch = on.batched_prefetch_fp32 = on.rows_in_registers = true;
+  on.batched_prefetch = on.batched_prefetch_fp32 = on.rows_in_registers = on.stream_ragged_rows = true;
   off.prefetch_min_n = off.backward_prefetch_min_n = Index{1} << 40;
-  off.batched_prefetch = off.batched_prefetch_fp32 = off.rows_in_registers = false;
-  for (const Index d :
-       {Index{32}, Index{64}, Index{80}, Index{128}, Index{192}, Index{512}, kernels::kUnpipelinedMinN}) {
+  off.batched_prefetch = off.batched_prefetch_fp32 = off.rows_in_registers = off.stream_ragged_rows = false;
+  for (const Index d : {Index{24}, Index{32}, Index{40}, Index{64}, Index{80}, Index{128}, Index{192},
+                        Index{512}, kernels::kUnpipelinedMinN}) {
     const Index rows = d <= kernels::kBatchMaxN ? 45 : 5;
     const Tensor x = testing::random_tensor({rows, d}, rng, 2.0, 3.0),
                  w = testing::random_tensor({d}, rng, 1.0, 1.0),
@@ -972,6 +977,87 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheTakeTheRowGroupsWithTheSameBits) {
               << what << " dγ";
           EXPECT_EQ(std::memcmp(db[0].data(), db[1].data(), db[0].size() * sizeof(double)), 0)
               << what << " dβ";
+        }
+        set_isa(saved);
+      }
+    }
+  }
+}
+
+// Out of cache, rows that are not whole 16-element vectors (24 and 40: the eight-row backward; 100: the
+// groups of four) write dx with streaming stores where tuning.stream_ragged_rows says so
+// (kernels::stream_rows: not on a Zen 5) and with ordinary ones otherwise: the dx, dγ and dβ of the backward
+// in cache bit for bit either way, LayerNorm and RMSNorm, recomputing and from the forward's saved
+// statistics, on every SIMD target. Rows of whole vectors stream whatever the choice.
+TEST(LayerNormLayouts, RaggedRowsOutOfCacheKeepTheBits) {
+  kernels::RowsBackward c;
+  c.n = 64;
+  c.stream = true;
+  c.tuning.stream_ragged_rows = false;
+  EXPECT_TRUE(kernels::stream_rows(c));
+  c.n = 24;
+  EXPECT_FALSE(kernels::stream_rows(c));
+  c.tuning.stream_ragged_rows = true;
+  EXPECT_TRUE(kernels::stream_rows(c));
+  c.stream = false;
+  EXPECT_FALSE(kernels::stream_rows(c));
+  std::mt19937_64 rng(53);
+  const Isa saved = active_isa();
+  for (const Index d : {Index{24}, Index{40}, Index{100}}) {
+    constexpr Index kRows = 21;  // rows starting on and off 64-byte boundaries; short last blocks and groups
+    const Tensor x = testing::random_tensor({kRows, d}, rng, 2.0, 3.0),
+                 dy = testing::random_tensor({kRows, d}, rng, 1.0, 0.0),
+                 w = testing::random_tensor({d}, rng, 1.0, 1.0);
+    for (const bool center : {true, false}) {
+      kernels::RowsForward f = contiguous_rows(x.data(), kRows, d, w.data(), nullptr);
+      Tensor y({kRows, d});
+      double smean[kRows], srstd[kRows];
+      f.y = y.data();
+      f.center = center;
+      f.smean = center ? smean : nullptr;
+      f.srstd = srstd;
+      kernels::row_kernels().rows_forward(f);
+      for (const bool with_saved : {false, true}) {
+        for (const Isa isa : supported_isas()) {
+          set_isa(isa);
+          const std::string what =
+              fmt::format("{} D={} {} {}", isa_name(isa), d, center ? "LayerNorm" : "RMSNorm",
+                          with_saved ? "saved" : "recomputing");
+          // v = 0: in cache; 1: out of cache, ragged rows streamed; 2: out of cache, ordinary stores
+          Tensor dx[3] = {Tensor({kRows, d}), Tensor({kRows, d}), Tensor({kRows, d})};
+          std::vector<double> dw[3], db[3];
+          for (int v = 0; v < 3; ++v) {
+            kernels::RowsBackward a;
+            a.dx = dx[v].data();
+            a.dy = dy.data();
+            a.x = x.data();
+            a.lddx = a.lddy = a.ldx = d;
+            a.rows = kRows;
+            a.n = d;
+            a.w = w.data();
+            a.eps = 1e-5;
+            a.center = center;
+            a.stream = v > 0;
+            a.tuning.stream_ragged_rows = v == 1;
+            dw[v].assign(static_cast<std::size_t>(d), 0.0);
+            db[v].assign(static_cast<std::size_t>(d), 0.0);
+            a.dw = dw[v].data();
+            a.db = db[v].data();
+            a.init = true;
+            if (with_saved) {
+              a.smean = center ? smean : nullptr;
+              a.srstd = srstd;
+            }
+            ASSERT_EQ(kernels::stream_rows(a), v == 1) << what;
+            kernels::row_kernels().rows_backward(a);
+          }
+          for (int v = 1; v < 3; ++v) {
+            EXPECT_TRUE(bitwise_equal(dx[0].cview(), dx[v].cview(), fmt::format("{} dx {}", what, v)));
+            EXPECT_EQ(std::memcmp(dw[0].data(), dw[v].data(), dw[0].size() * sizeof(double)), 0)
+                << what << " dγ " << v;
+            EXPECT_EQ(std::memcmp(db[0].data(), db[v].data(), db[0].size() * sizeof(double)), 0)
+                << what << " dβ " << v;
+          }
         }
         set_isa(saved);
       }

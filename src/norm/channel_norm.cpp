@@ -98,11 +98,6 @@ const float* seg_in(const Operand& o, const Plan& p, Index b, Index c, float* sc
   return scratch;
 }
 
-// Outputs of kernels::stream_min_bytes() or more (norm/streaming.h) are written with streaming stores.
-bool stream_output(const Plan& p) {
-  return kernels::stream_output_bytes(p.segments() * p.S * Index{sizeof(float)});
-}
-
 // Where to write the real elements of segment (b, c): the tensor itself, or scratch to scatter later.
 float* seg_out(const Operand& o, const Plan& p, Index b, Index c, float* scratch) {
   return direct(o, p, b) ? reinterpret_cast<float*>(o.base) + seg_offset(o, p, b, c) : scratch;
@@ -162,6 +157,13 @@ bool needs_gather(const Operand& o, const Plan& p) {
 }
 
 }  // namespace
+
+bool stream_output(const Plan& p) {
+  if (p.grouping != Grouping::kBatch && p.S > 16 && p.S % 16 != 0 &&
+      !kernels::machine_row_tuning().stream_ragged_rows)
+    return false;
+  return kernels::stream_output_bytes(p.segments() * p.S * Index{sizeof(float)});
+}
 
 Plan make_plan(const Dims& x_shape, int channel_axis, Grouping grouping, Index groups,
                std::span<const Index> lengths, int time_axis, const char* op) {

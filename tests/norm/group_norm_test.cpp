@@ -14,6 +14,7 @@
 #include <random>
 
 #include "norm/channel_norm.h"
+#include "norm/row_kernels.h"
 #include "norm/streaming.h"
 #include "support/finite_diff.h"
 #include "support/random.h"
@@ -587,36 +588,62 @@ TEST(ChannelNormDeterminism, InstanceAndGroupNormSameBitsForOneTwoAndThreeThread
 // Outputs at or above the streaming-store threshold (norm/streaming.h; 16 MiB, here lowered to 64 KiB)
 // are streamed (channel_norm.cpp) when a segment of the output is consecutive floats: the bits of the
 // ordinary path, which an output with a step of 2 along T takes; masked InstanceNorm with full lengths
-// (input a sliced view) gives the unmasked bits.
+// (input a sliced view) gives the unmasked bits. Segments of 4099 floats (not whole vectors: streamed only
+// where the machine streams such rows, chnorm::stream_output) and of 4096.
 TEST(ChannelNormDeterminism, StreamingStoresGiveTheSameBits) {
   std::mt19937_64 rng(17);
   const kernels::ScopedStreamMinBytes lowered(Index{64} << 10);
-  const Index B = 2, C = 8, T = (Index{1} << 12) + 3;
-  Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, -1.0),
-         dy = testing::random_tensor({B, C, T}, rng, 1, 0);
-  Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 0.5, 0.0);
-  Tensor py({B, C, 2 * T}), pdx({B, C, 2 * T}), m({B, 4}), r({B, 4}), dw({C}), db({C});
-  View ys = py.view().slice(2, 0, 2 * T, 2), dxs = pdx.view().slice(2, 0, 2 * T, 2);
-  const Fwd a = gn_forward(x.cview(), w.cview(), b.cview(), 4, {});
-  group_norm_forward(ys, m.view(), r.view(), x.cview(), w.cview(), b.cview(), 4, {});
-  EXPECT_TRUE(bitwise_equal(a.y.cview(), ys, "GroupNorm y"));
-  const Grads ga = gn_backward(dy.cview(), x.cview(), w.cview(), 4, {});
-  group_norm_backward(dxs, dw.view(), db.view(), dy.cview(), x.cview(), w.cview(), 4, {});
-  EXPECT_TRUE(bitwise_equal(ga.dx.cview(), dxs, "GroupNorm dx"));
-  EXPECT_TRUE(bitwise_equal(ga.dw.cview(), dw.cview(), "GroupNorm dweight"));
-  Tensor px({B, C, T + 2});
-  View xv = px.view().slice(2, 1, T + 1);
-  for (Index i = 0; i < B * C; ++i)
-    for (Index t = 0; t < T; ++t) xv.data()[i * (T + 2) + t] = x[i * T + t];
-  const Lengths full{T, T};
-  const Fwd ia = in_forward(x.cview(), w.cview(), b.cview(), {}, {}),
-            im = in_forward(xv, w.cview(), b.cview(), full, {});
-  EXPECT_TRUE(bitwise_equal(ia.y.cview(), im.y.cview(), "InstanceNorm y, masked full lengths"));
-  const Grads gi = in_backward(dy.cview(), x.cview(), w.cview(), {}, {}),
-              gm = in_backward(dy.cview(), xv, w.cview(), full, {});
-  EXPECT_TRUE(bitwise_equal(gi.dx.cview(), gm.dx.cview(), "InstanceNorm dx, masked full lengths"));
-  EXPECT_TRUE(all_close(ia.y.cview(), ref::instance_norm_forward(x.cview(), w.cview(), b.cview(), {}, {}).y,
-                        Tol{4, 1}, "InstanceNorm y vs float64"));
+  for (const Index T : {(Index{1} << 12) + 3, Index{1} << 12}) {
+    SCOPED_TRACE(fmt::format("T = {}", T));
+    const Index B = 2, C = 8;
+    Tensor x = testing::random_tensor({B, C, T}, rng, 2.0, -1.0),
+           dy = testing::random_tensor({B, C, T}, rng, 1, 0);
+    Tensor w = testing::random_tensor({C}, rng, 1.0, 1.0), b = testing::random_tensor({C}, rng, 0.5, 0.0);
+    Tensor py({B, C, 2 * T}), pdx({B, C, 2 * T}), m({B, 4}), r({B, 4}), dw({C}), db({C});
+    View ys = py.view().slice(2, 0, 2 * T, 2), dxs = pdx.view().slice(2, 0, 2 * T, 2);
+    const Fwd a = gn_forward(x.cview(), w.cview(), b.cview(), 4, {});
+    group_norm_forward(ys, m.view(), r.view(), x.cview(), w.cview(), b.cview(), 4, {});
+    EXPECT_TRUE(bitwise_equal(a.y.cview(), ys, "GroupNorm y"));
+    const Grads ga = gn_backward(dy.cview(), x.cview(), w.cview(), 4, {});
+    group_norm_backward(dxs, dw.view(), db.view(), dy.cview(), x.cview(), w.cview(), 4, {});
+    EXPECT_TRUE(bitwise_equal(ga.dx.cview(), dxs, "GroupNorm dx"));
+    EXPECT_TRUE(bitwise_equal(ga.dw.cview(), dw.cview(), "GroupNorm dweight"));
+    Tensor px({B, C, T + 2});
+    View xv = px.view().slice(2, 1, T + 1);
+    for (Index i = 0; i < B * C; ++i)
+      for (Index t = 0; t < T; ++t) xv.data()[i * (T + 2) + t] = x[i * T + t];
+    const Lengths full{T, T};
+    const Fwd ia = in_forward(x.cview(), w.cview(), b.cview(), {}, {}),
+              im = in_forward(xv, w.cview(), b.cview(), full, {});
+    EXPECT_TRUE(bitwise_equal(ia.y.cview(), im.y.cview(), "InstanceNorm y, masked full lengths"));
+    const Grads gi = in_backward(dy.cview(), x.cview(), w.cview(), {}, {}),
+                gm = in_backward(dy.cview(), xv, w.cview(), full, {});
+    EXPECT_TRUE(bitwise_equal(gi.dx.cview(), gm.dx.cview(), "InstanceNorm dx, masked full lengths"));
+    EXPECT_TRUE(all_close(ia.y.cview(), ref::instance_norm_forward(x.cview(), w.cview(), b.cview(), {}, {}).y,
+                          Tol{4, 1}, "InstanceNorm y vs float64"));
+  }
+}
+
+// Which outputs the channel norms stream (chnorm::stream_output), the threshold lowered to 0: every one, but
+// InstanceNorm's and GroupNorm's whose segments are longer than a vector and not whole vectors only where the
+// machine streams such rows (kernels::RowTuning::stream_ragged_rows; not on a Zen 5). Short segments (their
+// runs one stream of vectors) and BatchNorm stream either way.
+TEST(ChannelNormDeterminism, RaggedSegmentsStreamWhereTheMachineSaysSo) {
+  const kernels::ScopedStreamMinBytes every(0);
+  const bool ragged = kernels::machine_row_tuning().stream_ragged_rows;
+  using chnorm::Grouping;
+  auto streams = [](const Dims& shape, Grouping g, Index groups) {
+    return chnorm::stream_output(chnorm::make_plan(shape, 1, g, groups, {}, -1, "test"));
+  };
+  EXPECT_EQ(streams({2, 8, 49}, Grouping::kInstance, 1), ragged);
+  EXPECT_EQ(streams({2, 8, 100}, Grouping::kGroup, 4), ragged);
+  EXPECT_EQ(streams({2, 8, 7, 7}, Grouping::kGroup, 2), ragged);
+  EXPECT_TRUE(streams({2, 8, 48}, Grouping::kInstance, 1));
+  EXPECT_TRUE(streams({2, 8, 64}, Grouping::kGroup, 4));
+  EXPECT_TRUE(streams({2, 8, 15}, Grouping::kInstance, 1));
+  EXPECT_TRUE(streams({2, 8, 49}, Grouping::kBatch, 1));
+  const kernels::ScopedStreamMinBytes never(Index{1} << 40);
+  EXPECT_FALSE(streams({2, 8, 64}, Grouping::kGroup, 4));
 }
 
 TEST(ChannelNormErrors, BadInputGetsClearMessages) {

@@ -92,10 +92,11 @@ std::vector<double> group_counts(const Plan& p);
 // more (norm/streaming.h), but not InstanceNorm's and GroupNorm's where the segments are longer than a vector
 // and not whole vectors (S = 49, 100, 196 ...: each segment's aligned vectors streamed, its head and tail
 // ordinary stores) on a machine that writes such rows with ordinary stores throughout
-// (kernels::RowTuning::stream_ragged_rows: a Zen 5). Paired there (docs/PERFORMANCE.md, "forty-eighth
-// session"; 64 MiB, S = 36, 49, 100, 196) ordinary stores took 0.66-0.85 of the forward's time and 0.77-0.93
-// of the backward's; BatchNorm's (blocked over channels) came out 0.90 to 1.20, so it keeps them. Shorter
-// segments go through their runs as one stream of vectors and keep them too.
+// (kernels::RowTuning::stream_ragged_rows: a Zen 5). Measured there (processes alternating;
+// docs/PERFORMANCE.md, "forty-eighth session"; 64 MiB, S = 36, 49, 100, 196) ordinary stores took 0.66-0.85
+// of the forward's time and 0.76-0.96 of the backward's; BatchNorm's (blocked over channels) came out 0.91
+// to 1.20, so it keeps them. Shorter segments go through their runs as one stream of vectors and keep them
+// too.
 bool stream_output(const Plan& p);
 
 // Per-group biased moments of x over real elements: mean = Σx/n, var = Σ(x−mean)²/n, in one pass over

@@ -57,9 +57,9 @@ struct RowTuning {
   // write their outputs (the forward's y, the backward's dx) with streaming stores where a vector starts on a
   // 64-byte boundary and with ordinary stores elsewhere (stream_rows below); without it, with ordinary stores
   // throughout. On a Zen 5 (docs/PERFORMANCE.md, "forty-eighth session"; scripts/ab-rows, 1 thread, 64 MiB
-  // per operand) ordinary stores took 0.45 and 0.62 of the time for the LayerNorm backward at D = 24 and 40,
-  // 0.58 at 56, 0.95-1.04 at 100, 200 and 1029, and 0.74-0.97 for the forward from D = 24 to 1029. Not
-  // measured on the other two.
+  // per operand) ordinary stores took 0.37-0.45 of the time for the LayerNorm backward at D = 24, 0.44-0.62
+  // at 40, 0.58 at 56 (bf16 from saved statistics: 0.17 and 0.22 at 24 and 40), 0.95-1.04 at 100, 200 and
+  // 1029, and 0.74-0.97 for the forward from D = 24 to 1029. Not measured on the other two.
   bool stream_ragged_rows = true;
 };
 enum class CpuKind { kIntel, kZen4, kZen5 };  // the machines measured (docs/PERFORMANCE.md)

@@ -646,6 +646,32 @@ kernels::RowsForwardOf<T> contiguous_rows(const T* x, Index rows, Index d, const
   return a;
 }
 
+// The fused backward's arguments for `rows` contiguous rows of d floats (eps 1e-5): dx, and dγ, dβ partial
+// rows (dw, db: sized and assigned, init), from the forward's saved statistics where srstd is not null
+// (smean: the LayerNorm's mean, else null).
+kernels::RowsBackward backward_rows(float* dx, std::vector<double>& dw, std::vector<double>& db,
+                                    const float* dy, const float* x, const float* w, Index rows, Index d,
+                                    bool center, const double* smean, const double* srstd) {
+  kernels::RowsBackward a;
+  a.dx = dx;
+  a.dy = dy;
+  a.x = x;
+  a.lddx = a.lddy = a.ldx = d;
+  a.rows = rows;
+  a.n = d;
+  a.w = w;
+  a.eps = 1e-5;
+  a.center = center;
+  dw.assign(static_cast<std::size_t>(d), 0.0);
+  db.assign(static_cast<std::size_t>(d), 0.0);
+  a.dw = dw.data();
+  a.db = db.data();
+  a.init = true;
+  a.smean = smean;
+  a.srstd = srstd;
+  return a;
+}
+
 // Long fp32 LayerNorm rows out of cache (streaming stores) take the kernel of row blocks instead of the
 // pipelined one (kernels::forward_pipelined) where tuning.long_rows_blocked says so (by default on AMD
 // processors, kernels::machine_row_tuning): the same y, mean and rstd (and the saved double statistics) bit
@@ -926,16 +952,10 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheTakeTheRowGroupsWithTheSameBits) {
                  w = testing::random_tensor({d}, rng, 1.0, 1.0);
     for (const bool center : {true, false}) {
       // The forward's saved double statistics.
-      kernels::RowsForward f;
+      kernels::RowsForward f = contiguous_rows(x.data(), kRows, d, w.data(), nullptr);
       Tensor y({kRows, d});
       double smean[kRows], srstd[kRows];
       f.y = y.data();
-      f.x = x.data();
-      f.ldx = f.ldy = d;
-      f.rows = kRows;
-      f.n = d;
-      f.w = w.data();
-      f.eps = 1e-5;
       f.center = center;
       f.smean = center ? smean : nullptr;
       f.srstd = srstd;
@@ -949,26 +969,10 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheTakeTheRowGroupsWithTheSameBits) {
           Tensor dx[2] = {Tensor({kRows, d}), Tensor({kRows, d})};
           std::vector<double> dw[2], db[2];
           for (int v = 0; v < 2; ++v) {
-            kernels::RowsBackward a;
-            a.dx = dx[v].data();
-            a.dy = dy.data();
-            a.x = x.data();
-            a.lddx = a.lddy = a.ldx = d;
-            a.rows = kRows;
-            a.n = d;
-            a.w = w.data();
-            a.eps = 1e-5;
-            a.center = center;
+            kernels::RowsBackward a =
+                backward_rows(dx[v].data(), dw[v], db[v], dy.data(), x.data(), w.data(), kRows, d, center,
+                              with_saved && center ? smean : nullptr, with_saved ? srstd : nullptr);
             a.stream = v == 1;
-            dw[v].assign(static_cast<std::size_t>(d), 0.0);
-            db[v].assign(static_cast<std::size_t>(d), 0.0);
-            a.dw = dw[v].data();
-            a.db = db[v].data();
-            a.init = true;
-            if (with_saved) {
-              a.smean = center ? smean : nullptr;
-              a.srstd = srstd;
-            }
             ASSERT_EQ(kernels::backward_batched(a), v == 0) << what;
             kernels::row_kernels().rows_backward(a);
           }
@@ -1027,27 +1031,11 @@ TEST(LayerNormLayouts, RaggedRowsOutOfCacheKeepTheBits) {
           Tensor dx[3] = {Tensor({kRows, d}), Tensor({kRows, d}), Tensor({kRows, d})};
           std::vector<double> dw[3], db[3];
           for (int v = 0; v < 3; ++v) {
-            kernels::RowsBackward a;
-            a.dx = dx[v].data();
-            a.dy = dy.data();
-            a.x = x.data();
-            a.lddx = a.lddy = a.ldx = d;
-            a.rows = kRows;
-            a.n = d;
-            a.w = w.data();
-            a.eps = 1e-5;
-            a.center = center;
+            kernels::RowsBackward a =
+                backward_rows(dx[v].data(), dw[v], db[v], dy.data(), x.data(), w.data(), kRows, d, center,
+                              with_saved && center ? smean : nullptr, with_saved ? srstd : nullptr);
             a.stream = v > 0;
             a.tuning.stream_ragged_rows = v == 1;
-            dw[v].assign(static_cast<std::size_t>(d), 0.0);
-            db[v].assign(static_cast<std::size_t>(d), 0.0);
-            a.dw = dw[v].data();
-            a.db = db[v].data();
-            a.init = true;
-            if (with_saved) {
-              a.smean = center ? smean : nullptr;
-              a.srstd = srstd;
-            }
             ASSERT_EQ(kernels::stream_rows(a), v == 1) << what;
             kernels::row_kernels().rows_backward(a);
           }

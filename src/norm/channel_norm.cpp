@@ -159,8 +159,8 @@ bool needs_gather(const Operand& o, const Plan& p) {
 }  // namespace
 
 bool stream_output(const Plan& p) {
-  if (p.grouping != Grouping::kBatch && p.S > 16 && p.S % 16 != 0 &&
-      !kernels::machine_row_tuning().stream_ragged_rows)
+  if (p.grouping != Grouping::kBatch && p.S > 16 &&
+      !kernels::stream_rows_of(p.S, kernels::machine_row_tuning()))
     return false;
   return kernels::stream_output_bytes(p.segments() * p.S * Index{sizeof(float)});
 }

@@ -282,12 +282,17 @@ inline bool backward_batched(const RowsBackwardOf<T>& a) {
   return a.n <= kBatchMaxN && a.rows > 1 && (!a.stream || a.n < kBatchStreamMaxN);
 }
 
+// Whether rows of n elements that are out of cache take streaming stores under the choices t: rows of whole
+// 16-element vectors, and the others where t.stream_ragged_rows says so. (Also the channel norms' segments:
+// chnorm::stream_output.)
+inline bool stream_rows_of(Index n, const RowTuning& t) {
+  return n % 16 == 0 || t.stream_ragged_rows;
+}
 // Whether a kernel of rows `a` (RowsForwardOf or RowsBackwardOf) writes its outputs with streaming stores
-// (where a row's vectors are aligned for them): out of cache (a.stream), for rows of whole 16-element vectors
-// or where a.tuning.stream_ragged_rows says so.
+// (where a row's vectors are aligned for them): out of cache (a.stream), per stream_rows_of.
 template <typename Rows>
 inline bool stream_rows(const Rows& a) {
-  return a.stream && (a.n % 16 == 0 || a.tuning.stream_ragged_rows);
+  return a.stream && stream_rows_of(a.n, a.tuning);
 }
 
 struct RowKernels {

@@ -38,6 +38,9 @@
 //   BM_InstanceNorm{Fwd,Bwd}/{normlab,aten}/{1024x256x16,256x256x64}  InstanceNorm of [N, C, S]; ATen as
 //                        torch.nn.functional.instance_norm runs it (BatchNorm over the [1, N·C, S] view, the
 //                        backward from one forward's mean/invstd), normlab recomputing
+//   BM_InstanceNormBwdSaved/normlab/{1024x256x16,256x256x64}  normlab's backward from one forward's
+//                        ChannelNormStats (instance_norm_backward_saved): what ATen's backward gets; bitwise
+//                        the recomputing backward's
 //   BM_Copy/copy/{64x256x400,32000x80,32768x1024}, BM_CopyStream/...  the copy roofline at those shapes
 //                        (the BFT shape's copies are in bench_norm.cpp)
 // Bytes per iteration as in bench_norm.cpp: forward 2·4·N (x, y), backward 3·4·N (x, dy, dx).
@@ -177,6 +180,7 @@ struct State {  // what an implementation keeps alive between calls
   std::tuple<at::Tensor, at::Tensor, at::Tensor> out;
   onednn::Call call;  // oneDNN's primitive and arguments (bench_onednn.h)
   normlab::NormStats stats;
+  normlab::ChannelNormStats cstats;  // InstanceNorm's / GroupNorm's, for the backward from saved statistics
 };
 
 using dnnl::memory;
@@ -202,7 +206,8 @@ enum class Bench {
   kGnFwd,
   kGnBwd,
   kInFwd,
-  kInBwd
+  kInBwd,
+  kInBwdSaved
 };
 
 // normlab's InstanceNorm or GroupNorm of [N, C, ...] (x, γ, β from d; y or dx, dγ, dβ into d and st):
@@ -441,9 +446,22 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
                         std::get<2>(st->out).data_ptr<float>()};
         });
   }
-  if (b == Bench::kInFwd || b == Bench::kInBwd) {  // InstanceNorm of [N, C, S]: normlab and ATen
+  if (b == Bench::kInFwd || b == Bench::kInBwd || b == Bench::kInBwdSaved) {  // InstanceNorm: normlab, ATen
     const bool ifwd = b == Bench::kInFwd;
     const Index N = s.dims[0], S = s.numel() / (N * C);
+    if (b == Bench::kInBwdSaved) {  // normlab from the statistics of one forward made here
+      normlab::instance_norm_forward(normlab::View(d.y.get(), D(s.dims)), {}, {},
+                                     normlab::ConstView(d.x.get(), D(s.dims)),
+                                     normlab::ConstView(d.gamma.get(), D({C})),
+                                     normlab::ConstView(d.beta.get(), D({C})), {}, {}, &st->cstats);
+      return PerSampleNormlab(
+          false, d, st, s, C,
+          [](normlab::View, normlab::ConstView, normlab::ConstView, normlab::ConstView) {},
+          [st](normlab::View dx, normlab::View dg, normlab::View db, normlab::ConstView dy,
+               normlab::ConstView x, normlab::ConstView g) {
+            normlab::instance_norm_backward_saved(dx, dg, db, dy, x, g, st->cstats);
+          });
+    }
     if (impl == "normlab")
       return PerSampleNormlab(
           ifwd, d, st, s, C,
@@ -630,7 +648,8 @@ Copy3 Snapshot(Impl& impl, const Shape& s, bool grads) {
 
 bool IsBackward(Bench b) {
   return b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved || b == Bench::kBnBwd ||
-         b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm || b == Bench::kGnBwd || b == Bench::kInBwd;
+         b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm || b == Bench::kGnBwd || b == Bench::kInBwd ||
+         b == Bench::kInBwdSaved;
 }
 
 // The bytes the ideal kernel moves: forward x, y; backward x, dy, dx.
@@ -728,8 +747,10 @@ const bool kRegistered = [] {
   RegisterImpls("GroupNormBwd", {"normlab", "aten"}, Bench::kGnBwd, kGnShort);
   RegisterImpls("InstanceNormFwd", {"normlab", "aten"}, Bench::kInFwd, kInShort);
   RegisterImpls("InstanceNormBwd", {"normlab", "aten"}, Bench::kInBwd, kInShort);
+  RegisterImpls("InstanceNormBwdSaved", {"normlab"}, Bench::kInBwdSaved, kInShort);
   RegisterImpls("InstanceNormFwd", {"normlab", "aten"}, Bench::kInFwd, kInMid);
   RegisterImpls("InstanceNormBwd", {"normlab", "aten"}, Bench::kInBwd, kInMid);
+  RegisterImpls("InstanceNormBwdSaved", {"normlab"}, Bench::kInBwdSaved, kInMid);
   return true;
 }();
 

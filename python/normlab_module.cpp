@@ -587,14 +587,27 @@ InstanceNormOptions in_options(double eps, int channel_axis, int time_axis) {
   return opt;
 }
 
-py::array py_instance_norm(const F32Array& x, const OptArray& weight, const OptArray& bias, double eps,
-                           const std::optional<std::vector<Index>>& lengths, int channel_axis,
-                           int time_axis) {
+// y, or (y, the ChannelNormStats) when saved.
+py::object channel_forward_result(py::array y, std::optional<ChannelNormStats>& saved) {
+  if (!saved) return y;
+  return py::make_tuple(y, py::cast(std::move(*saved)));
+}
+
+py::object py_instance_norm(const F32Array& x, const OptArray& weight, const OptArray& bias, double eps,
+                            const std::optional<std::vector<Index>>& lengths, int channel_axis, int time_axis,
+                            bool save_stats) {
   const InstanceNormOptions opt = in_options(eps, channel_axis, time_axis);
   const std::vector<Index> len = lengths_of(lengths);
   const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-  return map_forward(
-      x, [&](View y, ConstView xv) { instance_norm_forward(y, View(), View(), xv, w, b, len, opt); });
+  std::optional<ChannelNormStats> saved;
+  if (save_stats) saved.emplace();
+  py::array out = map_forward(x, [&](View y, ConstView xv) {
+    if (saved)
+      instance_norm_forward(y, View(), View(), xv, w, b, len, opt, &*saved);
+    else
+      instance_norm_forward(y, View(), View(), xv, w, b, len, opt);
+  });
+  return channel_forward_result(out, saved);
 }
 
 py::tuple py_instance_norm_backward(const F32Array& dy, const F32Array& x, const OptArray& weight, double eps,
@@ -615,12 +628,19 @@ GroupNormOptions gn_options(double eps, int channel_axis) {
   return opt;
 }
 
-py::array py_group_norm(const F32Array& x, int groups, const OptArray& weight, const OptArray& bias,
-                        double eps, int channel_axis) {
+py::object py_group_norm(const F32Array& x, int groups, const OptArray& weight, const OptArray& bias,
+                         double eps, int channel_axis, bool save_stats) {
   const GroupNormOptions opt = gn_options(eps, channel_axis);
   const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-  return map_forward(
-      x, [&](View y, ConstView xv) { group_norm_forward(y, View(), View(), xv, w, b, groups, opt); });
+  std::optional<ChannelNormStats> saved;
+  if (save_stats) saved.emplace();
+  py::array out = map_forward(x, [&](View y, ConstView xv) {
+    if (saved)
+      group_norm_forward(y, View(), View(), xv, w, b, groups, opt, &*saved);
+    else
+      group_norm_forward(y, View(), View(), xv, w, b, groups, opt);
+  });
+  return channel_forward_result(out, saved);
 }
 
 py::tuple py_group_norm_backward(const F32Array& dy, const F32Array& x, int groups, const OptArray& weight,
@@ -630,6 +650,31 @@ py::tuple py_group_norm_backward(const F32Array& dy, const F32Array& x, int grou
                           [&](View dx, View dw, View db, ConstView dyv, ConstView xv, ConstView w) {
                             group_norm_backward(dx, dw, db, dyv, xv, w, groups, opt);
                           });
+}
+
+// The backward from a forward's ChannelNormStats (the library checks x against them; the shape first here,
+// because the gradients' shapes come from it).
+py::tuple py_channel_norm_backward_saved(const F32Array& dy, const F32Array& x, const ChannelNormStats& stats,
+                                         const OptArray& weight, bool group) {
+  const char* op = group ? "group_norm_backward_saved" : "instance_norm_backward_saved";
+  NL_CHECK(shape_of(x) == stats.x_shape, "{}: x has shape {}, the saved statistics are of {}", op,
+           shape_of(x).str(), stats.x_shape.str());
+  return channel_backward(dy, x, weight, stats.channel_axis,
+                          [&](View dx, View dw, View db, ConstView dyv, ConstView xv, ConstView w) {
+                            if (group)
+                              group_norm_backward_saved(dx, dw, db, dyv, xv, w, stats);
+                            else
+                              instance_norm_backward_saved(dx, dw, db, dyv, xv, w, stats);
+                          });
+}
+
+// A ChannelNormStats statistic as a float64 array of save_mean's shape (a copy).
+py::array channel_stats_array(const ChannelNormStats& st, const std::vector<double>& v) {
+  const Dims k = st.group ? group_stats_shape(st.x_shape, st.groups, st.channel_axis)
+                          : instance_stats_shape(st.x_shape, st.channel_axis);
+  auto a = new_array<double>(k);
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(double));
+  return a;
 }
 
 SlidingCmvnOptions sliding_options(int cmn_window, int min_cmn_window, bool center, bool norm_vars,
@@ -929,17 +974,56 @@ PYBIND11_MODULE(normlab, m) {
         py::arg("running_var") = py::none(), py::arg("training") = true, py::arg("eps") = 1e-5,
         py::arg("lengths") = py::none(), py::arg("channel_axis") = 1, py::arg("time_axis") = -1,
         "Gradients of batch_norm: (dx, dweight, dbias).");
+  py::class_<ChannelNormStats>(
+      m, "ChannelNormStats",
+      "The statistics of an instance_norm / group_norm forward, kept in double for the "
+      "backward (save_stats=True). Read-only.")
+      .def_property_readonly(
+          "group", [](const ChannelNormStats& s) { return s.group; },
+          "True for GroupNorm, False for InstanceNorm")
+      .def_property_readonly(
+          "shape",
+          [](const ChannelNormStats& s) { return std::vector<Index>(s.x_shape.begin(), s.x_shape.end()); },
+          "the forward's x shape")
+      .def_property_readonly("channel_axis", [](const ChannelNormStats& s) { return s.channel_axis; })
+      .def_property_readonly("groups", [](const ChannelNormStats& s) { return s.groups; })
+      .def_property_readonly("eps", [](const ChannelNormStats& s) { return s.eps; })
+      .def_property_readonly(
+          "mean", [](const ChannelNormStats& s) { return channel_stats_array(s, s.mean); },
+          "float64 array: the axes before the channel axis, then C (InstanceNorm) or groups (GroupNorm)")
+      .def_property_readonly(
+          "rstd", [](const ChannelNormStats& s) { return channel_stats_array(s, s.rstd); },
+          "float64 array, as mean");
   m.def("instance_norm", &py_instance_norm, py::arg("x"), py::arg("weight") = py::none(),
         py::arg("bias") = py::none(), py::arg("eps") = 1e-5, py::arg("lengths") = py::none(),
-        py::arg("channel_axis") = 1, py::arg("time_axis") = -1,
-        "InstanceNorm: each (sample, channel) over the remaining axes (padding-aware with lengths).");
+        py::arg("channel_axis") = 1, py::arg("time_axis") = -1, py::arg("save_stats") = false,
+        "InstanceNorm: each (sample, channel) over the remaining axes (padding-aware with lengths). With "
+        "save_stats, (y, ChannelNormStats) for instance_norm_backward_saved.");
+  m.def(
+      "instance_norm_backward_saved",
+      [](const F32Array& dy, const F32Array& x, const ChannelNormStats& stats, const OptArray& weight) {
+        return py_channel_norm_backward_saved(dy, x, stats, weight, false);
+      },
+      py::arg("dy"), py::arg("x"), py::arg("stats"), py::arg("weight") = py::none(),
+      "instance_norm_backward with the forward's statistics (options and lengths from stats): bitwise the "
+      "same (dx, dweight, dbias), without recomputing them.");
   m.def("instance_norm_backward", &py_instance_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("weight") = py::none(), py::arg("eps") = 1e-5, py::arg("lengths") = py::none(),
         py::arg("channel_axis") = 1, py::arg("time_axis") = -1,
         "Gradients of instance_norm: (dx, dweight, dbias).");
   m.def("group_norm", &py_group_norm, py::arg("x"), py::arg("groups"), py::arg("weight") = py::none(),
         py::arg("bias") = py::none(), py::arg("eps") = 1e-5, py::arg("channel_axis") = 1,
-        "GroupNorm as torch.nn.functional.group_norm (per-channel weight and bias).");
+        py::arg("save_stats") = false,
+        "GroupNorm as torch.nn.functional.group_norm (per-channel weight and bias). With save_stats, "
+        "(y, ChannelNormStats) for group_norm_backward_saved.");
+  m.def(
+      "group_norm_backward_saved",
+      [](const F32Array& dy, const F32Array& x, const ChannelNormStats& stats, const OptArray& weight) {
+        return py_channel_norm_backward_saved(dy, x, stats, weight, true);
+      },
+      py::arg("dy"), py::arg("x"), py::arg("stats"), py::arg("weight") = py::none(),
+      "group_norm_backward with the forward's statistics (groups and options from stats): bitwise the same "
+      "(dx, dweight, dbias).");
   m.def("group_norm_backward", &py_group_norm_backward, py::arg("dy"), py::arg("x"), py::arg("groups"),
         py::arg("weight") = py::none(), py::arg("eps") = 1e-5, py::arg("channel_axis") = 1,
         "Gradients of group_norm: (dx, dweight, dbias).");

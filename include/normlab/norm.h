@@ -232,6 +232,48 @@ void group_norm_forward(View y, View save_mean, View save_rstd, ConstView x, Con
 void group_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
                          int groups, const GroupNormOptions& opt = {}, GradMode mode = GradMode::kOverwrite);
 
+// Statistics an InstanceNorm / GroupNorm forward keeps for its backward (optional), as NormStats does for
+// LayerNorm: every group's mean and rstd as the double values the forward computed (save_mean and
+// save_rstd are their fp32 roundings, too coarse for the backward: docs/numerics.md). The backward given
+// them (instance_norm_backward_saved, group_norm_backward_saved) returns bitwise what instance_norm_backward
+// / group_norm_backward return, and skips the work of recomputing them: the combination of the segments'
+// moments, and with one channel per group (InstanceNorm; GroupNorm with groups = C) each segment's Σx and
+// Σ(x − mean)² (the backward then sums only Σdy and Σdy·(x − mean) over the segment). GroupNorm of short
+// segments (four or more channels per group, 2 ≤ S ≤ 32) on contiguous operands, which runs each group as a
+// LayerNorm row, recomputes them (no faster with them: docs/PERFORMANCE.md, "forty-ninth session").
+//   Filled by instance_norm_forward / group_norm_forward when passed (every field is overwritten). The
+//   backward checks that x has the forward's shape, the op, options (channel axis, eps, groups; InstanceNorm
+//   the time axis and lengths) and that the stats hold one value per group; like PyTorch's saved mean and
+//   rstd, it cannot check that x holds the forward's values. Where the forward ran GroupNorm as LayerNorm
+//   rows (their arithmetic) and the backward's operands do not (a non-contiguous dx, say), the statistics
+//   are recomputed from x too, so the result is the same either way.
+struct ChannelNormStats {
+  bool group = false;          // GroupNorm (true) or InstanceNorm (false)
+  Dims x_shape;                // the forward's x shape
+  int channel_axis = 1;        // as given to the forward
+  int groups = 1;              // GroupNorm's groups
+  int time_axis = -1;          // InstanceNorm's masked axis, as given
+  std::vector<Index> lengths;  // InstanceNorm's lengths (empty: unmasked)
+  double eps = 0;
+  bool layer_norm_rows = false;  // which kernels formed them: GroupNorm as LayerNorm rows (above)
+  std::vector<double> mean;      // one per group, in save_mean's order
+  std::vector<double> rstd;
+};
+
+// As above, also filling `stats` (not null).
+void instance_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight,
+                           ConstView bias, std::span<const Index> lengths, const InstanceNormOptions& opt,
+                           ChannelNormStats* stats);
+void group_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight, ConstView bias,
+                        int groups, const GroupNormOptions& opt, ChannelNormStats* stats);
+// The backward with the forward's statistics: options, groups and lengths come from `stats`; dx, dweight,
+// dbias are bitwise those of instance_norm_backward / group_norm_backward.
+void instance_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView x,
+                                  ConstView weight, const ChannelNormStats& stats,
+                                  GradMode mode = GradMode::kOverwrite);
+void group_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                               const ChannelNormStats& stats, GradMode mode = GradMode::kOverwrite);
+
 // Shapes of the saved statistics, for callers that allocate outputs.
 Dims instance_stats_shape(const Dims& x_shape, int channel_axis = 1);        // [axes before C..., C]
 Dims group_stats_shape(const Dims& x_shape, int groups, int channel_axis = 1);  // [axes before C..., G]

@@ -311,6 +311,50 @@ class SavedStatsTest(unittest.TestCase):
             normlab.layer_norm_backward_saved(x, x, st, rng_array(rng, (15,)))
 
 
+class ChannelNormStatsTest(unittest.TestCase):
+    def test_backward_from_saved_stats_has_the_recomputing_bits(self):
+        rng = np.random.default_rng(33)
+        for shape, groups, lengths in (((4, 32, 16), 0, None), ((2, 7, 100), 0, None), ((3, 4, 9), 0, [5, 0, 9]),
+                                       ((3, 32, 16), 16, None), ((4, 32, 16), 4, None), ((30, 24), 6, None)):
+            x = rng_array(rng, shape, 2.0, 3.0)
+            w, b = rng_array(rng, (shape[1],), 0.5, 1.0), rng_array(rng, (shape[1],))
+            dy = rng_array(rng, shape)
+            if groups:
+                y, st = normlab.group_norm(x, groups, w, b, save_stats=True)
+                np.testing.assert_array_equal(y, normlab.group_norm(x, groups, w, b))
+                saved = normlab.group_norm_backward_saved(dy, x, st, w)
+                again = normlab.group_norm_backward(dy, x, groups, w)
+                self.assertTrue(st.group)
+                self.assertEqual(st.groups, groups)
+                self.assertEqual(st.mean.shape, (shape[0], groups))
+            else:
+                y, st = normlab.instance_norm(x, w, b, lengths=lengths, save_stats=True)
+                np.testing.assert_array_equal(y, normlab.instance_norm(x, w, b, lengths=lengths))
+                saved = normlab.instance_norm_backward_saved(dy, x, st, w)
+                again = normlab.instance_norm_backward(dy, x, w, lengths=lengths)
+                self.assertFalse(st.group)
+                self.assertEqual(st.mean.shape, shape[:2])
+            self.assertIsInstance(st, normlab.ChannelNormStats)
+            self.assertEqual(st.shape, list(shape))
+            self.assertEqual(st.eps, 1e-5)
+            self.assertEqual(st.mean.dtype, np.float64)
+            self.assertEqual(st.rstd.shape, st.mean.shape)
+            for a, r, what in zip(saved, again, ("dx", "dweight", "dbias")):
+                np.testing.assert_array_equal(a, r, f"{shape} {groups} {what}")
+
+    def test_mismatched_input_is_refused(self):
+        rng = np.random.default_rng(34)
+        x = rng_array(rng, (2, 8, 5))
+        _, ist = normlab.instance_norm(x, save_stats=True)
+        _, gst = normlab.group_norm(x, 2, save_stats=True)
+        with self.assertRaises(normlab.Error):  # another shape
+            normlab.instance_norm_backward_saved(rng_array(rng, (3, 8, 5)), rng_array(rng, (3, 8, 5)), ist)
+        with self.assertRaises(normlab.Error):  # GroupNorm statistics for an InstanceNorm backward
+            normlab.instance_norm_backward_saved(x, x, gst)
+        with self.assertRaises(normlab.Error):
+            normlab.group_norm_backward_saved(x, x, ist)
+
+
 def bf16_bits(f):
     """float32 -> bfloat16 bits, round to nearest even, written from the format (a NaN: its upper 16 bits
     made quiet): the reference for normlab.to_bfloat16 and the kernels' bfloat16 stores."""

@@ -33,8 +33,9 @@ inline constexpr Index kStatsPrefetchBytes = 4096;
 
 // First pass: Σx and (Dy) Σdy in double, blocks of 32 (element i to accumulator (i / 8) mod 4, lane
 // i mod 8), a tail shorter than 32 zero-padded; total hsum((a0 + a1) + (a2 + a3)).
-// Prefetches as pf says (channel_kernels.h, StatsPrefetch).
-template <bool Dy>
+// Prefetches as pf says (channel_kernels.h, StatsPrefetch). Sx false (with Dy): Σdy alone (sx = 0), x still
+// prefetched for the second pass.
+template <bool Dy, bool Sx = true>
 inline void first_pass(const float* x, const float* dy, Index n, const StatsPrefetch& pf, double& sx,
                        double& sdy) {
   constexpr Index kAhead = kStatsPrefetchBytes / Index{sizeof(float)};  // the same distance in floats
@@ -78,10 +79,12 @@ inline void first_pass(const float* x, const float* dy, Index n, const StatsPref
         }
       }
     }
-    a0 = add(a0, load_cvt(x + i));
-    a1 = add(a1, load_cvt(x + i + 8));
-    a2 = add(a2, load_cvt(x + i + 16));
-    a3 = add(a3, load_cvt(x + i + 24));
+    if constexpr (Sx) {
+      a0 = add(a0, load_cvt(x + i));
+      a1 = add(a1, load_cvt(x + i + 8));
+      a2 = add(a2, load_cvt(x + i + 16));
+      a3 = add(a3, load_cvt(x + i + 24));
+    }
     if constexpr (Dy) {
       b0 = add(b0, load_cvt(dy + i));
       b1 = add(b1, load_cvt(dy + i + 8));
@@ -91,12 +94,14 @@ inline void first_pass(const float* x, const float* dy, Index n, const StatsPref
   }
   if (i < n) {
     const int k = static_cast<int>(n - i);
-    const VF u = load_n(x + i, std::min(k, kF));
-    const VF v = k > kF ? load_n(x + i + kF, k - kF) : zerof();
-    a0 = add(a0, cvt_lo(u));
-    a1 = add(a1, cvt_hi(u));
-    a2 = add(a2, cvt_lo(v));
-    a3 = add(a3, cvt_hi(v));
+    if constexpr (Sx) {
+      const VF u = load_n(x + i, std::min(k, kF));
+      const VF v = k > kF ? load_n(x + i + kF, k - kF) : zerof();
+      a0 = add(a0, cvt_lo(u));
+      a1 = add(a1, cvt_hi(u));
+      a2 = add(a2, cvt_lo(v));
+      a3 = add(a3, cvt_hi(v));
+    }
     if constexpr (Dy) {
       const VF p = load_n(dy + i, std::min(k, kF));
       const VF q = k > kF ? load_n(dy + i + kF, k - kF) : zerof();
@@ -106,7 +111,7 @@ inline void first_pass(const float* x, const float* dy, Index n, const StatsPref
       b3 = add(b3, cvt_hi(q));
     }
   }
-  sx = hsum(add(add(a0, a1), add(a2, a3)));
+  sx = Sx ? hsum(add(add(a0, a1), add(a2, a3))) : 0.0;
   sdy = Dy ? hsum(add(add(b0, b1), add(b2, b3))) : 0.0;
 }
 
@@ -124,7 +129,8 @@ inline VF tree(const VF* v) {
 // in fp32 over blocks of 128 elements (eight vectors, tree<8>) while 128 remain, then one block of 64
 // (four vectors, tree<4>) if 64 remain, then the rest as a zero-padded block of 64 with e masked to 0;
 // each block sum's lanes 0..7 and 8..15 added to two double accumulators; total hsum(acc0 + acc1).
-template <bool Dy>
+// Sq false: Σdy·e alone (sq = 0), its operations unchanged.
+template <bool Dy, bool Sq = true>
 inline void second_pass(const float* x, const float* dy, Index n, VF mh, double& sq, double& sge) {
   VD q0 = zerod(), q1 = zerod(), p0 = zerod(), p1 = zerod();
   // One block of V vectors from i (k[u] valid lanes in vector u when tail).
@@ -137,10 +143,12 @@ inline void second_pass(const float* x, const float* dy, Index n, VF mh, double&
       if (tail) e[u] = keep_n(e[u], k[u]);
       if constexpr (Dy) g[u] = !tail ? load(dy + at) : k[u] ? load_n(dy + at, k[u]) : zerof();
     }
-    for (int u = 0; u < V; ++u) t[u] = mul(e[u], e[u]);
-    const VF q = tree<V>(t);
-    q0 = add(q0, cvt_lo(q));
-    q1 = add(q1, cvt_hi(q));
+    if constexpr (Sq) {
+      for (int u = 0; u < V; ++u) t[u] = mul(e[u], e[u]);
+      const VF q = tree<V>(t);
+      q0 = add(q0, cvt_lo(q));
+      q1 = add(q1, cvt_hi(q));
+    }
     if constexpr (Dy) {
       for (int u = 0; u < V; ++u) t[u] = mul(g[u], e[u]);
       const VF p = tree<V>(t);
@@ -164,16 +172,21 @@ inline void second_pass(const float* x, const float* dy, Index n, VF mh, double&
     for (int u = 0; u < 4; ++u) k[u] = static_cast<int>(std::clamp<Index>(n - i - u * kF, 0, kF));
     block(Four{}, i, k, true);
   }
-  sq = hsum(add(q0, q1));
+  sq = Sq ? hsum(add(q0, q1)) : 0.0;
   sge = Dy ? hsum(add(p0, p1)) : 0.0;
+}
+
+// A mean's fp32 pair: returns m_hi, m_lo into ml (as a double).
+inline float mean_split(double mean, double& ml) {
+  const float mh = static_cast<float>(mean);
+  ml = static_cast<double>(static_cast<float>(mean - static_cast<double>(mh)));
+  return mh;
 }
 
 // The first pass's Σx (s.sum) to mean = Σx/n and its fp32 pair: returns m_hi, m_lo into ml.
 inline float stats_mean(SegmentStats& s, Index n, double& ml) {
   s.mean = s.sum / static_cast<double>(n);
-  const float mh = static_cast<float>(s.mean);
-  ml = static_cast<double>(static_cast<float>(s.mean - static_cast<double>(mh)));
-  return mh;
+  return mean_split(s.mean, ml);
 }
 
 // The second pass's Σe² (sq) and Σdy·e (sge) to M2 = Σe² − n·m_lo² (floored at 0) and Σdy·(x − mean).
@@ -201,6 +214,28 @@ void segment_stats(SegmentStats* out, const float* x, const float* dy, Index n, 
     stats_impl<true>(out, x, dy, n, pf);
   else
     stats_impl<false>(out, x, nullptr, n, pf);
+}
+
+// stats_impl with dy for a segment whose mean is known (not ±0): Σdy by the first pass (its blocks, without
+// Σx), m_hi and m_lo from `mean`, Σdy·e by the second pass (without the squares), so the same operations on
+// the same values where mean is stats_impl's Σx/n; sum and m2 are left 0. A mean of ±0 takes stats_impl
+// itself: its Σx/n is −0 where Σx is −0, which a mean of +0 (a group's, (0 + Σx)/n) does not tell.
+inline void grad_stats_impl(SegmentStats* out, const float* x, const float* dy, Index n, double mean,
+                            const StatsPrefetch& pf) {
+  if (mean == 0) return stats_impl<true>(out, x, dy, n, pf);
+  SegmentStats s;
+  first_pass<true, false>(x, dy, n, pf, s.sum, s.sdy);
+  s.mean = mean;
+  double ml;
+  const float mh = mean_split(mean, ml);
+  double sq = 0, sge = 0;
+  second_pass<true, false>(x, dy, n, bcast(mh), sq, sge);
+  s.sdyd = sge - ml * s.sdy;  // stats_finish's
+  *out = s;
+}
+
+void segment_grad_stats(SegmentStats* out, const float* x, const float* dy, Index n, double mean) {
+  grad_stats_impl(out, x, dy, n, mean, StatsPrefetch{});
 }
 
 // stats_impl for a segment of one vector or less (1 ≤ n ≤ kF, no prefetch: the first pass has no block of
@@ -377,8 +412,12 @@ inline void first_terms(VD* t, const VF* v, int h, int n) {
 // doubles for segments 0..7 (h = 0) and 8..15 (h = 1); a horizontal sum becomes hsum_lanes over lane terms
 // (first_terms), which leave out the additions of +0 that never change a value. The same values
 // as segment_stats segment by segment: the same bits (tests/norm/channel_kernels_test.cpp).
-template <bool Dy, int Max, bool Transpose>
-inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, const float* dy, Index n) {
+// Known (with Dy): the sixteen segments' means given (means[0..16), none ±0; grad_stats_impl): no Σx and no
+// squares; mean, sdy and sdyd stored, as grad_stats_impl forms them segment by segment.
+template <bool Dy, int Max, bool Transpose, bool Known = false>
+inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, const float* dy, Index n,
+                        const double* means = nullptr) {
+  static_assert(Dy || !Known);
   const int k = static_cast<int>(std::min<Index>(n, Max));  // (n ≤ Max: the bound, for the compiler)
   const int nb = std::min(k, kF);  // the lanes of one vector; the second pass's block sums
   const VF zf = zerof();
@@ -389,13 +428,18 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   VD t[kD], sum[2], sdy[2], mean[2], ml[2];
   for (int h = 0; h < 2; ++h) {
     // Scalar math: per segment, sum = Σx (the first pass: first_terms), mean = sum / n (likewise Σdy)
-    first_terms<Max>(t, xs, h, k);
-    sum[h] = hsum_lanes(t, k);
+    if constexpr (!Known) {
+      first_terms<Max>(t, xs, h, k);
+      sum[h] = hsum_lanes(t, k);
+    }
     if constexpr (Dy) {
       first_terms<Max>(t, gs, h, k);
       sdy[h] = hsum_lanes(t, k);
     }
-    mean[h] = div(sum[h], nd);
+    if constexpr (Known)
+      mean[h] = loadd(means + h * kD);
+    else
+      mean[h] = div(sum[h], nd);
   }
   // Scalar math: m_hi = float(mean), m_lo = double(float(mean − double(m_hi)))
   const VF mh = narrow_pd(mean[0], mean[1]);
@@ -411,16 +455,16 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   VF q[kF], pr[kF];
   for (int j = 0; j < nb; ++j) {
     const VF e = sub(xs[j], mh);
-    q[j] = mul(e, e);
+    if constexpr (!Known) q[j] = mul(e, e);
     if constexpr (Dy) pr[j] = mul(gs[j], e);
     if (Max > kF && j + kF < k) {
       const VF e1 = sub(xs[j + kF], mh);
-      q[j] = add(q[j], mul(e1, e1));
+      if constexpr (!Known) q[j] = add(q[j], mul(e1, e1));
       if constexpr (Dy) pr[j] = add(pr[j], mul(gs[j + kF], e1));
     }
     if (Max > 2 * kF && j + 2 * kF < k) {
       const VF e2 = sub(xs[j + 2 * kF], mh);
-      q[j] = add(q[j], mul(e2, e2));
+      if constexpr (!Known) q[j] = add(q[j], mul(e2, e2));
       if constexpr (Dy) pr[j] = add(pr[j], mul(gs[j + 2 * kF], e2));
     }
     if constexpr (Dy) pr[j] = add(pr[j], zf);
@@ -428,10 +472,12 @@ inline void stats_lanes(const SegmentColumns& out, Index at, const float* x, con
   for (int h = 0; h < 2; ++h) {
     const Index o = at + h * kD;
     // Scalar math: M2 = Σe² − n·m_lo·m_lo floored at 0; Σdy·(x − mean) = Σdy·e − m_lo·Σdy
-    pair_terms(t, q, h, nb, false);
-    stored(out.sum + o, sum[h]);
+    if constexpr (!Known) {
+      pair_terms(t, q, h, nb, false);
+      stored(out.sum + o, sum[h]);
+      stored(out.m2 + o, floor0(sub(hsum_lanes(t, nb), mul(mul(nd, ml[h]), ml[h]))));
+    }
     stored(out.mean + o, mean[h]);
-    stored(out.m2 + o, floor0(sub(hsum_lanes(t, nb), mul(mul(nd, ml[h]), ml[h]))));
     if constexpr (Dy) {
       pair_terms(t, pr, h, nb, false);
       stored(out.sdy + o, sdy[h]);
@@ -492,6 +538,57 @@ void segments_stats(const SegmentColumns& out, const float* x, const float* dy, 
       stats_impl<false>(&s, x + i * n, nullptr, n, pf);
     }
     put(out, i, s, dy);
+  }
+}
+
+// stats_sixteens with dy and the segments' means known (means[i] for segment i): each sixteen whose means
+// are none ±0 without Σx and the squares (stats_lanes' Known), the others as stats_sixteens forms them.
+template <bool Transpose>
+Index grad_stats_sixteens(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count,
+                          const double* means) {
+  Index i = 0;
+  for (; i + kF <= count; i += kF) {
+    bool known = true;
+    for (int l = 0; l < kF; ++l) known = known && means[i + l] != 0;
+    const float* xi = x + i * n;
+    const float* dyi = dy + i * n;
+    if (n <= kF) {
+      if (known)
+        stats_lanes<true, kF, Transpose, true>(out, i, xi, dyi, n, means + i);
+      else
+        stats_lanes<true, kF, Transpose>(out, i, xi, dyi, n);
+    } else if (n <= 2 * kF) {
+      if (known)
+        stats_lanes<true, 2 * kF, Transpose, true>(out, i, xi, dyi, n, means + i);
+      else
+        stats_lanes<true, 2 * kF, Transpose>(out, i, xi, dyi, n);
+    } else if (known) {
+      stats_lanes<true, kLanesMax, Transpose, true>(out, i, xi, dyi, n, means + i);
+    } else {
+      stats_lanes<true, kLanesMax, Transpose>(out, i, xi, dyi, n);
+    }
+  }
+  return i;
+}
+
+void segments_grad_stats(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count,
+                         const double* means, LaneLoads loads) {
+  const StatsPrefetch pf;  // segments_stats'
+  // Scalar math: segment_grad_stats(x + i·n, dy + i·n, n, means[i]) into the columns' entry i
+  Index i = 0;
+  if (n <= kLanesUpTo) {
+#if NL_VEC_AVX512
+    i = loads == LaneLoads::kTranspose ? grad_stats_sixteens<true>(out, x, dy, n, count, means)
+                                       : grad_stats_sixteens<false>(out, x, dy, n, count, means);
+#else
+    (void)loads;
+    i = grad_stats_sixteens<false>(out, x, dy, n, count, means);
+#endif
+  }
+  SegmentStats s;
+  for (; i < count; ++i) {
+    grad_stats_impl(&s, x + i * n, dy + i * n, n, means[i], pf);
+    put(out, i, s);
   }
 }
 
@@ -1184,6 +1281,8 @@ void run_grads(double* mg, double* mgx, double* sdyxh, const SegmentColumns& st,
 extern const ChannelKernels kChannelTable;
 const ChannelKernels kChannelTable = {vec::leave_clean<chan::segment_stats>,
                                       vec::leave_clean<chan::segments_stats>,
+                                      vec::leave_clean<chan::segment_grad_stats>,
+                                      vec::leave_clean<chan::segments_grad_stats>,
                                       vec::leave_clean<chan::normalize>,
                                       vec::leave_clean<chan::input_grad>,
                                       vec::leave_clean<chan::segments_normalize>,

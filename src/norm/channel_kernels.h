@@ -136,6 +136,15 @@ struct ChannelKernels {
   // `loads` says.
   void (*segments_stats)(const SegmentColumns& out, const float* x, const float* dy, Index n, Index count,
                          LaneLoads loads);
+  // segment_stats with dy of a segment whose mean is known (a backward given the forward's statistics):
+  // `mean` in place of Σx/n, without the Σx pass and the squares; out->mean = mean, sdy and sdyd by
+  // segment_stats' operations, sum = m2 = 0. The same mean, sdy and sdyd as segment_stats where mean is
+  // its Σx/n (InstanceNorm: a group's mean (0 + Σx)/n is, but for Σx = −0), so a mean of ±0 runs
+  // segment_stats itself. segments_grad_stats: likewise for segments_stats' segments, means[i] for
+  // segment i (the columns' sum and m2 entries are not written, but where a mean is ±0).
+  void (*segment_grad_stats)(SegmentStats* out, const float* x, const float* dy, Index n, double mean);
+  void (*segments_grad_stats)(const SegmentColumns& out, const float* x, const float* dy, Index n,
+                              Index count, const double* means, LaneLoads loads);
   // y may equal x. stream: non-temporal stores from the first 64-byte boundary of y on (ordinary
   // stores before it and at the tail; the values are the same). Call fence() before another thread
   // may read what was streamed.

@@ -1019,12 +1019,16 @@ void for_groups(const Plan& p, int buffers, bool need_scratch, F&& f, bool strea
 
 // The statistics of the group's segments (batch item b, channels c0 .. c0 + spg − 1) into st, dy null in
 // a forward; zeros for empty segments.
+// mean (a backward's, with dy): the one segment's mean, known (segment_grad_stats).
 void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand& xo, const Operand* dyo,
-                 Index b, Index c0, Index spg, const SegmentArrays& st, float* scratch) {
+                 Index b, Index c0, Index spg, const SegmentArrays& st, float* scratch,
+                 const double* mean = nullptr) {
   const Index n = p.valid(b);
   for (Index c = c0; c < c0 + spg; ++c) {
     kernels::SegmentStats t;
-    if (n)
+    if (n && mean)
+      k.segment_grad_stats(&t, seg_in(xo, p, b, c, scratch), seg_in(*dyo, p, b, c, scratch + p.S), n, *mean);
+    else if (n)
       k.segment_stats(&t, seg_in(xo, p, b, c, scratch), dyo ? seg_in(*dyo, p, b, c, scratch + p.S) : nullptr,
                       n, kernels::StatsPrefetch{});
     kernels::put(st, b * p.C + c, t);
@@ -1149,8 +1153,10 @@ struct SampleRowsBackward {
   RowsInputGrad kc;
   SampleRowBuffers buf;
   std::vector<double> t;  // mean, var, rstd, mg, mgx of the share's groups
+  const SavedGroups* saved;  // the groups' mean and rstd when given (per_sample_backward)
+  Index g0;                  // the share's first group in a row
   SampleRowsBackward(const Plan& p_, const Operand& dx, const Operand& dy, const Operand& x, double eps_,
-                     const float* w, Index g0, Index ng_)
+                     const float* w, Index g0_, Index ng_, const SavedGroups* saved_)
       : k(kernels::channel_kernels()),
         p(p_),
         dxo(dx),
@@ -1161,12 +1167,14 @@ struct SampleRowsBackward {
         stream(stream_output(p_)),
         spg(segments_per_group(p_)),
         ng(ng_),
-        c0(g0 * spg),
+        c0(g0_ * spg),
         nc(ng_ * spg),
         wc(w ? w + c0 : nullptr),
         kc(nc),
         buf(nc),
-        t(static_cast<std::size_t>(5 * ng)) {
+        t(static_cast<std::size_t>(5 * ng)),
+        saved(saved_),
+        g0(g0_) {
     kc.set_weight(wc);
   }
   // sdy, sdyxh: where the segments' terms go (null: buf.sdy, buf.sdyxh).
@@ -1175,7 +1183,13 @@ struct SampleRowsBackward {
     const std::size_t bs = static_cast<std::size_t>(bi);
     const float* xr = reinterpret_cast<const float*>(xo.base) + xo.b_off[bs] + c0;
     const float* dyr = reinterpret_cast<const float*>(dyo.base) + dyo.b_off[bs] + c0;
-    k.single_moments(mean, var, r, xr, spg, ng, count, eps);
+    if (saved) {  // single_moments' values, as the forward formed them
+      const Index gi = bi * (p.C / spg) + g0;
+      std::copy_n(saved->mean + gi, ng, mean);
+      std::copy_n(saved->rstd + gi, ng, r);
+    } else {
+      k.single_moments(mean, var, r, xr, spg, ng, count, eps);
+    }
     row_grads(k, xr, dyr, spg, ng, count, mean, r, wc, mg, mgx, buf, sdy, sdyxh);
     // Each group's input_grad_consts (but w, per channel) at its channels: set(c, input_grad_consts(...))'s
     // values for every channel c of the group.
@@ -1198,7 +1212,8 @@ constexpr Index kMinShareGroups = 4;
 // arrays and param_grad_sums adds them. Either way each group's and channel's operations are the same, in
 // the same order.
 void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
-                          double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb) {
+                          double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb,
+                          const SavedGroups* saved) {
   const Index per_row = p.C / segments_per_group(p);
   if (num_threads() == 1 || per_row >= kMinShareGroups * num_threads()) {
     sw.assign(static_cast<std::size_t>(p.C), 0.0);
@@ -1206,7 +1221,7 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
     const Index tasks = num_threads();
     parallel::parallel_for(tasks, [&](Index task) {
       const Index g0 = per_row * task / tasks;
-      SampleRowsBackward s(p, dxo, dyo, xo, eps, w, g0, per_row * (task + 1) / tasks - g0);
+      SampleRowsBackward s(p, dxo, dyo, xo, eps, w, g0, per_row * (task + 1) / tasks - g0, saved);
       double *tw = sw.data() + s.c0, *tb = sb.data() + s.c0;
       for (Index bi = 0; bi < p.B; ++bi) {
         s.row(bi);
@@ -1222,7 +1237,7 @@ void sample_rows_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
   // (the calling thread's arrays: a thread_local named inside the tasks would be the worker's own)
   double *const ds = sdy.data(), *const dsx = sdyxh.data();
   for_sample_rows(p, stream_output(p), [&](Index b0, Index b1) {
-    SampleRowsBackward s(p, dxo, dyo, xo, eps, w, 0, per_row);
+    SampleRowsBackward s(p, dxo, dyo, xo, eps, w, 0, per_row, saved);
     for (Index bi = b0; bi < b1; ++bi) s.row(bi, ds + bi * p.C, dsx + bi * p.C);
   });
   param_grad_sums(p, sdy, sdyxh, sw, sb);
@@ -1380,20 +1395,34 @@ void sample_runs_forward(const Plan& p, const Operand& yo, const Operand& xo, do
 
 // The backward of one run: dx, each segment's Σdy into sdy and Σdy·x̂ into sdyxh (entry j for the run's
 // segment j).
+// With saved statistics (per_sample_backward) the run's groups' mean and rstd are taken from them, and with
+// one segment per group the segments' statistics formed from those means (segments_grad_stats).
 void run_backward(const kernels::ChannelKernels& k, const Plan& p, const GroupRun& r,
                   RunBuffers<RowsInputGrad>& buf, const Operand& dxo, const Operand& dyo, const Operand& xo,
-                  double eps, const float* w, bool stream, double* sdy, double* sdyxh) {
+                  double eps, const float* w, bool stream, double* sdy, double* sdyxh,
+                  const SavedGroups* saved) {
   const Index spg = segments_per_group(p), ng = r.g1 - r.g0;
   const double count = group_count(p, 0);  // every group's (unmasked)
   const kernels::SegmentColumns st = buf.columns(sdy);
-  run_stats(k, p, r, xo, &dyo, st);
   double *mean = buf.t.data(), *var = mean + ng, *rs = var + ng, *mg = rs + ng, *mgx = mg + ng;
-  run_moments(k, p, r, st, count, eps, mean, var, rs);
-  run_grads(k, p, r, st, count, mean, rs, w, mg, mgx, sdyxh);
+  const double *gmean = mean, *grstd = rs;
+  if (saved) {
+    gmean = saved->mean + r.g0;
+    grstd = saved->rstd + r.g0;
+    if (spg == 1)
+      k.segments_grad_stats(st, run_at<const float>(xo, r), run_at<const float>(dyo, r), p.S, r.c1 - r.c0,
+                            gmean, lane_loads());
+    else
+      run_stats(k, p, r, xo, &dyo, st);
+  } else {
+    run_stats(k, p, r, xo, &dyo, st);
+    run_moments(k, p, r, st, count, eps, mean, var, rs);
+  }
+  run_grads(k, p, r, st, count, gmean, grstd, w, mg, mgx, sdyxh);
   const float* const wr = w ? w + r.c0 : nullptr;  // the run's channels' γ
   // Each group's input_grad_consts (but w, per channel) at its channels: set(c, input_grad_consts(...))'s
   // values for every channel c of the group.
-  k.single_input_grad_consts(buf.kc.out(), mean, rs, mg, mgx, spg, ng);
+  k.single_input_grad_consts(buf.kc.out(), gmean, grstd, mg, mgx, spg, ng);
   for (Index j = 0; j < r.c1 - r.c0; ++j) buf.kc.w[static_cast<std::size_t>(j)] = wr ? wr[j] : 1.0f;
   k.segments_input_grad(run_at(dxo, r), run_at<const float>(dyo, r), run_at<const float>(xo, r), p.S,
                         r.c1 - r.c0, buf.kc.at(0), stream);
@@ -1402,13 +1431,14 @@ void run_backward(const kernels::ChannelKernels& k, const Plan& p, const GroupRu
 // per_sample_backward on sample runs, its segment terms in B·C arrays (each segment's Σdy into sdy, Σdy·x̂
 // into sdyxh), for param_grad_sums.
 void sample_runs_backward(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
-                          double eps, const float* w, std::vector<double>& sdy, std::vector<double>& sdyxh) {
+                          double eps, const float* w, std::vector<double>& sdy, std::vector<double>& sdyxh,
+                          const SavedGroups* saved) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
   using Buffers = RunBuffers<RowsInputGrad>;
   for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
     const Index s0 = r.b * p.C + r.c0;  // the run's first segment
-    run_backward(k, p, r, buf, dxo, dyo, xo, eps, w, stream, sdy.data() + s0, sdyxh.data() + s0);
+    run_backward(k, p, r, buf, dxo, dyo, xo, eps, w, stream, sdy.data() + s0, sdyxh.data() + s0, saved);
   });
 }
 
@@ -1420,14 +1450,15 @@ void sample_runs_backward(const Plan& p, const Operand& dxo, const Operand& dyo,
 // thread (sample_rows_backward's way of keeping b order) took 1.2-1.3 times as long at 2 threads for
 // S = 2 .. 16, each thread's reads of x and dy broken at every row.
 void sample_runs_backward_1t(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
-                             double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb) {
+                             double eps, const float* w, std::vector<double>& sw, std::vector<double>& sb,
+                             const SavedGroups* saved) {
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
   sw.assign(static_cast<std::size_t>(p.C), 0.0);
   sb.assign(sw.size(), 0.0);
   using Buffers = RunBuffers<RowsInputGrad>;
   for_group_runs<Buffers>(p, stream, [&](const GroupRun& r, Buffers& buf) {
-    run_backward(k, p, r, buf, dxo, dyo, xo, eps, w, stream, buf.own_sdy(), buf.own_sdyxh());
+    run_backward(k, p, r, buf, dxo, dyo, xo, eps, w, stream, buf.own_sdy(), buf.own_sdyxh(), saved);
     add_row_terms(sw.data() + r.c0, sb.data() + r.c0, buf.own_sdyxh(), buf.own_sdy(), r.c1 - r.c0);
   });
 }
@@ -1435,8 +1466,9 @@ void sample_runs_backward_1t(const Plan& p, const Operand& dxo, const Operand& d
 // per_sample_backward's dx and per-segment Σdy, Σdy·x̂ (B·C entries each), on sample runs or group by group.
 void per_sample_segment_grads(const Plan& p, const Operand& dxo, const Operand& dyo, const Operand& xo,
                               double eps, const float* w, std::vector<double>& sdy,
-                              std::vector<double>& sdyxh) {
-  if (on_sample_runs(p, {&xo, &dyo, &dxo})) return sample_runs_backward(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
+                              std::vector<double>& sdyxh, const SavedGroups* saved) {
+  if (on_sample_runs(p, {&xo, &dyo, &dxo}))
+    return sample_runs_backward(p, dxo, dyo, xo, eps, w, sdy, sdyxh, saved);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool gather = needs_gather(xo, p) || needs_gather(dyo, p) || needs_gather(dxo, p);
   const bool stream = stream_output(p);
@@ -1445,9 +1477,18 @@ void per_sample_segment_grads(const Plan& p, const Operand& dxo, const Operand& 
   for_groups(
       p, 3, gather,
       [&](Index g, Index b, Index c0, Index spg, float* scratch) {
-        group_stats(k, p, xo, &dyo, b, c0, spg, st, scratch);
-        const GroupMoments gm = combine_group(p, g, st);
-        const double rstd = group_rstd(gm.count, gm.var, eps);
+        GroupMoments gm;
+        double rstd;
+        if (saved) {  // combine_group's mean and count, and the group's rstd, as the forward formed them
+          gm.count = group_count(p, g);
+          gm.mean = saved->mean[g];
+          rstd = saved->rstd[g];
+          group_stats(k, p, xo, &dyo, b, c0, spg, st, scratch, spg == 1 ? &gm.mean : nullptr);
+        } else {
+          group_stats(k, p, xo, &dyo, b, c0, spg, st, scratch);
+          gm = combine_group(p, g, st);
+          rstd = group_rstd(gm.count, gm.var, eps);
+        }
         const GroupGrads gg =
             group_grads(p, g, st, gm, rstd, w, [&](Index, Index, Index s, double v) { sdyxh[s] = v; });
         for (Index c = c0; c < c0 + spg; ++c)
@@ -1487,13 +1528,14 @@ void per_sample_forward(const Plan& p, View y, ConstView x, double eps, const fl
 }
 
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
-                         std::vector<double>& sw, std::vector<double>& sb) {
+                         std::vector<double>& sw, std::vector<double>& sb, const SavedGroups* saved) {
   if (group_rows_apply(p, {x, dy, dx}))
     return group_rows_backward(p, dx.data(), dy.data(), x.data(), eps, w, sw, sb);
   const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
-  if (on_sample_rows(p, {&xo, &dyo, &dxo})) return sample_rows_backward(p, dxo, dyo, xo, eps, w, sw, sb);
+  if (on_sample_rows(p, {&xo, &dyo, &dxo}))
+    return sample_rows_backward(p, dxo, dyo, xo, eps, w, sw, sb, saved);
   if (num_threads() == 1 && on_sample_runs(p, {&xo, &dyo, &dxo}))
-    return sample_runs_backward_1t(p, dxo, dyo, xo, eps, w, sw, sb);
+    return sample_runs_backward_1t(p, dxo, dyo, xo, eps, w, sw, sb, saved);
   // Each segment's Σdy and Σdy·x̂, then their sums per channel. Reused from call to call, as the segment
   // workspace: B·C doubles each, which a fresh pair of vectors would allocate, fault in and zero on every
   // call (GroupNorm of [4096, 1024] on the segment path: a fifth of the backward).
@@ -1501,7 +1543,7 @@ void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, doub
   const std::size_t nseg = static_cast<std::size_t>(p.segments());
   sdy.resize(nseg);  // every entry is written below
   sdyxh.resize(nseg);
-  per_sample_segment_grads(p, dxo, dyo, xo, eps, w, sdy, sdyxh);
+  per_sample_segment_grads(p, dxo, dyo, xo, eps, w, sdy, sdyxh, saved);
   param_grad_sums(p, sdy, sdyxh, sw, sb);
 }
 

@@ -199,8 +199,21 @@ void per_sample_forward(const Plan& p, View y, ConstView x, double eps, const fl
                         Moments& m, std::vector<double>& rstd);
 // sw, sb: the per-channel sums of dγ and dβ as param_grad_sums forms them from the per-segment Σdy·x̂ and
 // Σdy (C entries each).
+// saved (optional): every group's mean and rstd as per_sample_forward formed them off group rows (the
+// caller's check: group rows form them with the row kernels' arithmetic), which replace their
+// recomputation: the moments' combination is skipped, and with one segment per group (InstanceNorm;
+// GroupNorm with G = C) the segments' Σx and squares as well (the kernels' segment_grad_stats), each
+// segment's mean being its group's. The same bits as without them (a group's mean of ±0 recomputes its
+// segment's Σx: channel_kernels.h). Group rows (group_rows_apply) recompute them: the row kernels' backward
+// from saved statistics took 0.96-1.10 of the time there (rows of 64 and 128 floats in tiles of four; a
+// scratch program, docs/PERFORMANCE.md, "forty-ninth session").
+struct SavedGroups {
+  const double* mean = nullptr;
+  const double* rstd = nullptr;
+};
 void per_sample_backward(const Plan& p, View dx, ConstView dy, ConstView x, double eps, const float* w,
-                         std::vector<double>& sw, std::vector<double>& sb);
+                         std::vector<double>& sw, std::vector<double>& sb,
+                         const SavedGroups* saved = nullptr);
 
 // GroupNorm of short segments through the LayerNorm row kernels (group_rows.cpp): where group_rows_apply
 // says so (GroupNorm, unmasked, at least kGroupRowsMinCpg channels per group, 2 ≤ S ≤ kGroupRowsMaxS, rows of

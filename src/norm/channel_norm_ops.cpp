@@ -236,8 +236,9 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
 namespace {
 
 // Shared forward of the per-sample groupings. y like x; save_* of stats_shape(p).
+// stats (optional): the groups' double mean and rstd (the caller fills the rest).
 void grouped_forward(const Plan& p, View y, View save_mean, View save_rstd, ConstView x, ConstView weight,
-                     ConstView bias, double eps) {
+                     ConstView bias, double eps, ChannelNormStats* stats = nullptr) {
   const char* op = p.op;
   chnorm::check_eps(eps, op);
   chnorm::check_full_output(y, x, {}, "y", op);
@@ -252,10 +253,19 @@ void grouped_forward(const Plan& p, View y, View save_mean, View save_rstd, Cons
   chnorm::per_sample_forward(p, y, x, eps, ptr_or_null(w), ptr_or_null(b), m, rstd);
   chnorm::write_stats(save_mean, m.mean);
   chnorm::write_stats(save_rstd, rstd);
+  if (stats) {
+    stats->x_shape = x.shape();
+    stats->eps = eps;
+    stats->layer_norm_rows = chnorm::group_rows_apply(p, {x, y});
+    stats->mean = m.mean;
+    stats->rstd = rstd;
+  }
 }
 
+// stats (optional): a forward's (checked against p and x by the caller), used where the backward runs on
+// the forward's kernels (per_sample_backward's saved statistics), else recomputed.
 void grouped_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
-                      ConstView weight, double eps, GradMode mode) {
+                      ConstView weight, double eps, GradMode mode, const ChannelNormStats* stats = nullptr) {
   const char* op = p.op;
   chnorm::check_eps(eps, op);
   NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
@@ -266,8 +276,28 @@ void grouped_backward(const Plan& p, View dx, View dweight, View dbias, ConstVie
   chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
   chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
   std::vector<double> sw, sb;
-  chnorm::per_sample_backward(p, dx, dy, x, eps, ptr_or_null(w), sw, sb);
+  chnorm::SavedGroups saved;
+  if (stats) {
+    NL_CHECK(stats->mean.size() == static_cast<std::size_t>(p.groups) &&
+                 stats->rstd.size() == static_cast<std::size_t>(p.groups),
+             "{}: stats hold {} mean and {} rstd values for {} groups", op, stats->mean.size(),
+             stats->rstd.size(), p.groups);
+    saved = {stats->mean.data(), stats->rstd.data()};
+  }
+  // (group rows recompute; statistics from group rows are of the row kernels' arithmetic:
+  // per_sample_backward)
+  const bool use = stats && !stats->layer_norm_rows && !chnorm::group_rows_apply(p, {x, dy, dx});
+  chnorm::per_sample_backward(p, dx, dy, x, eps, ptr_or_null(w), sw, sb, use ? &saved : nullptr);
   chnorm::write_channel_grads(dweight, dbias, sw, sb, mode);
+}
+
+// The checks of a backward given a forward's statistics: the op, x's shape.
+void check_stats_source(const ChannelNormStats& stats, bool group, ConstView x, const char* op) {
+  NL_CHECK(stats.group == group, "{}: stats come from a {} forward", op,
+           stats.group ? "GroupNorm" : "InstanceNorm");
+  NL_CHECK(x.defined(), "{}: x and dy are required", op);
+  NL_CHECK(stats.x_shape == x.shape(), "{}: x has shape {}, the stats' forward had {}", op, x.shape().str(),
+           stats.x_shape.str());
 }
 
 }  // namespace
@@ -288,6 +318,30 @@ void instance_norm_backward(View dx, View dweight, View dbias, ConstView dy, Con
   grouped_backward(p, dx, dweight, dbias, dy, x, weight, opt.eps, mode);
 }
 
+void instance_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight,
+                           ConstView bias, std::span<const Index> lengths, const InstanceNormOptions& opt,
+                           ChannelNormStats* stats) {
+  NL_CHECK(stats, "{}: stats is null", kInFwd);
+  NL_CHECK(x.defined(), "{}: x is required", kInFwd);
+  const Plan p =
+      chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kInstance, 1, lengths, opt.time_axis, kInFwd);
+  grouped_forward(p, y, save_mean, save_rstd, x, weight, bias, opt.eps, stats);
+  stats->group = false;
+  stats->channel_axis = opt.channel_axis;
+  stats->groups = 1;
+  stats->time_axis = opt.time_axis;
+  stats->lengths.assign(lengths.begin(), lengths.end());
+}
+
+void instance_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView x,
+                                  ConstView weight, const ChannelNormStats& stats, GradMode mode) {
+  check_stats_source(stats, false, x, kInBwd);
+  NL_CHECK(dy.defined(), "{}: x and dy are required", kInBwd);
+  const Plan p = chnorm::make_plan(x.shape(), stats.channel_axis, Grouping::kInstance, 1, stats.lengths,
+                                   stats.time_axis, kInBwd);
+  grouped_backward(p, dx, dweight, dbias, dy, x, weight, stats.eps, mode, &stats);
+}
+
 void group_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight, ConstView bias,
                         int groups, const GroupNormOptions& opt) {
   NL_CHECK(x.defined(), "{}: x is required", kGnFwd);
@@ -300,6 +354,28 @@ void group_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
   NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", kGnBwd);
   const Plan p = chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kGroup, groups, {}, -1, kGnBwd);
   grouped_backward(p, dx, dweight, dbias, dy, x, weight, opt.eps, mode);
+}
+
+void group_norm_forward(View y, View save_mean, View save_rstd, ConstView x, ConstView weight, ConstView bias,
+                        int groups, const GroupNormOptions& opt, ChannelNormStats* stats) {
+  NL_CHECK(stats, "{}: stats is null", kGnFwd);
+  NL_CHECK(x.defined(), "{}: x is required", kGnFwd);
+  const Plan p = chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kGroup, groups, {}, -1, kGnFwd);
+  grouped_forward(p, y, save_mean, save_rstd, x, weight, bias, opt.eps, stats);
+  stats->group = true;
+  stats->channel_axis = opt.channel_axis;
+  stats->groups = groups;
+  stats->time_axis = -1;
+  stats->lengths.clear();
+}
+
+void group_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                               const ChannelNormStats& stats, GradMode mode) {
+  check_stats_source(stats, true, x, kGnBwd);
+  NL_CHECK(dy.defined(), "{}: x and dy are required", kGnBwd);
+  const Plan p =
+      chnorm::make_plan(x.shape(), stats.channel_axis, Grouping::kGroup, stats.groups, {}, -1, kGnBwd);
+  grouped_backward(p, dx, dweight, dbias, dy, x, weight, stats.eps, mode, &stats);
 }
 
 Dims instance_stats_shape(const Dims& x_shape, int channel_axis) {

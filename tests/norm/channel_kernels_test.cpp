@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -33,6 +34,8 @@ auto bits(T v) {
 // at a time, one per lane, and the rest one by one) and counts around multiples of 16, with and without dy,
 // with both lane loads (gathered and transposed), on every target. The segments hold −0.0, all −0.0 (also
 // with every dy·e −0), a constant, huge and tiny values, an offset of 1e4, a NaN and ±Inf (x and dy).
+// With dy, the kernels given each segment's mean (segments_grad_stats, segment_grad_stats) against
+// segment_stats likewise: mean, sdy and sdyd (an all −0.0 segment's mean, +0 given, takes segment_stats).
 TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
   std::mt19937_64 rng(91);
   std::normal_distribution<float> nd;
@@ -79,9 +82,23 @@ TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
           for (auto& v : c) v.assign(static_cast<std::size_t>(count), -7.0);  // sdy, sdyd stay without dy
           k.segments_stats({c[0].data(), c[1].data(), c[2].data(), c[3].data(), c[4].data()}, x.data(), d, n,
                            count, loads);
+          // With dy, also segments_grad_stats and segment_grad_stats given each segment's mean as
+          // InstanceNorm's group mean, (0 + Σx)/n (segment_stats' Σx/n but for Σx = −0): their mean, sdy,
+          // sdyd.
+          std::vector<kernels::SegmentStats> rs(static_cast<std::size_t>(count));
+          std::vector<double> means(rs.size()), g[5];
           for (Index s = 0; s < count; ++s) {
-            kernels::SegmentStats r;
+            kernels::SegmentStats& r = rs[static_cast<std::size_t>(s)];
             k.segment_stats(&r, x.data() + s * n, d ? d + s * n : nullptr, n, kernels::StatsPrefetch{});
+            means[static_cast<std::size_t>(s)] = (0.0 + r.sum) / static_cast<double>(n);
+          }
+          if (with_dy) {
+            for (auto& v : g) v.assign(static_cast<std::size_t>(count), -7.0);
+            k.segments_grad_stats({g[0].data(), g[1].data(), g[2].data(), g[3].data(), g[4].data()}, x.data(),
+                                  d, n, count, means.data(), loads);
+          }
+          for (Index s = 0; s < count; ++s) {
+            const kernels::SegmentStats& r = rs[static_cast<std::size_t>(s)];
             const std::size_t i = static_cast<std::size_t>(s);
             const std::string what = std::string(isa_name(isa)) + " n " + std::to_string(n) + " count " +
                                      std::to_string(count) + " segment " + std::to_string(s) +
@@ -92,6 +109,16 @@ TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
             EXPECT_EQ(bits(c[2][i]), bits(r.m2)) << what << " m2 " << c[2][i] << " vs " << r.m2;
             EXPECT_EQ(bits(c[3][i]), bits(with_dy ? r.sdy : -7.0)) << what << " sdy";
             EXPECT_EQ(bits(c[4][i]), bits(with_dy ? r.sdyd : -7.0)) << what << " sdyd";
+            if (!with_dy) continue;
+            kernels::SegmentStats q;
+            k.segment_grad_stats(&q, x.data() + s * n, d + s * n, n, means[i]);
+            for (const auto& [m, sd, sdd, src] :
+                 {std::tuple{g[1][i], g[3][i], g[4][i], " segments_grad_stats"},
+                  std::tuple{q.mean, q.sdy, q.sdyd, " segment_grad_stats"}}) {
+              EXPECT_EQ(bits(m), bits(r.mean)) << what << src << " mean " << m << " vs " << r.mean;
+              EXPECT_EQ(bits(sd), bits(r.sdy)) << what << src << " sdy";
+              EXPECT_EQ(bits(sdd), bits(r.sdyd)) << what << src << " sdyd " << sdd << " vs " << r.sdyd;
+            }
           }
         }
       }

@@ -916,6 +916,26 @@ inline void each_half(const float* x, Index n, F&& f) {
   }
 }
 
+// gatherd, scatterd and gather_cvt of the entries of eight groups stride apart (the sample rows' and runs'
+// kernels below), as plain vector loads and stores where they are consecutive (stride 1: one segment per
+// group, InstanceNorm): the same values. On the Zen 5 (docs/PERFORMANCE.md, "forty-ninth session") run_grads
+// with gathers and a scatter of eight doubles took 12 % of InstanceNorm's backward from saved statistics at
+// [1024, 256, 16] (perf), 8 % with the loads; InstanceNorm of [N, 256, S] took 0.80-0.91 of the time at 2
+// threads (forward, backward, from saved statistics) with S = 8 and 16, 0.95-0.97 with S = 64 (processes
+// alternating; 1 thread too noisy to tell: medians 0.70-0.82 and 1.0).
+inline VD column_load(const double* p, Index stride) {
+  return stride == 1 ? loadd(p) : gatherd(p, stride);
+}
+inline void column_store(double* p, Index stride, VD a) {
+  if (stride == 1)
+    stored(p, a);
+  else
+    scatterd(p, stride, a);
+}
+inline VD column_cvt(const float* p, Index stride) {
+  return stride == 1 ? load_cvt(p) : gather_cvt(p, stride);
+}
+
 // f(j, xd) for j = 0 .. spg − 1 in order, xd lane l = double(xg[l·spg + j]): the channels of eight groups
 // of spg floats at xg, eight channels at a time from columns of 8x8 blocks (load_cols8_cvt), the last
 // spg mod 8 by gathers.
@@ -927,7 +947,7 @@ NL_FORCE_INLINE inline void each_channel8(const float* xg, Index spg, F&& f) {
     load_cols8_cvt(t, xg + j, spg);
     for (int k = 0; k < 8; ++k) f(j + k, t[k]);
   }
-  for (; j < spg; ++j) f(j, gather_cvt(xg + j, spg));
+  for (; j < spg; ++j) f(j, column_cvt(xg + j, spg));
 }
 
 // The moments of a sample row's groups (channel_kernels.h): eight groups at a time, group g + l in lane l
@@ -1157,7 +1177,7 @@ void group_means(double* acc, const double* t, Index spg, Index groups, double c
   // Scalar math: acc[g] = (0 + t[g·spg] + t[g·spg + 1] + ...) / count
   for (; g + kD <= groups; g += kD) {
     VD a = zerod();
-    for (Index j = 0; j < spg; ++j) a = add(a, gatherd(t + g * spg + j, spg));
+    for (Index j = 0; j < spg; ++j) a = add(a, column_load(t + g * spg + j, spg));
     stored(acc + g, count > 0 ? div(a, vcount) : zerod());
   }
   for (; g < groups; ++g) {
@@ -1196,7 +1216,7 @@ void single_grad_terms(const SingleGradTerms& o, const float* x, const float* dy
 
 // ---- Sample runs: the run's groups combined ------------------------------------------------------------
 // (channel_kernels.h, run_moments / run_grads.) Lane l of a block of eight holds group g0 + l; its entries
-// for segment j are spg apart in the columns (gatherd). The groups past the last full block go one at a
+// for segment j are spg apart in the columns (column_load). The groups past the last full block go one at a
 // time through the same expressions in scalar double (this file is compiled without FMA contraction).
 
 void run_moments(double* mean, double* var, double* rstd, const SegmentColumns& st, Index spg, Index groups,
@@ -1208,12 +1228,12 @@ void run_moments(double* mean, double* var, double* rstd, const SegmentColumns& 
   for (; g + kD <= groups; g += kD) {
     const Index s0 = g * spg;
     VD m = zerod();
-    for (Index j = 0; j < spg; ++j) m = add(m, gatherd(st.sum + s0 + j, spg));
+    for (Index j = 0; j < spg; ++j) m = add(m, column_load(st.sum + s0 + j, spg));
     m = count > 0 ? div(m, vcount) : zerod();
     VD v = zerod();
     for (Index j = 0; j < spg; ++j) {
-      const VD d = sub(gatherd(st.mean + s0 + j, spg), m);
-      v = add(v, add(gatherd(st.m2 + s0 + j, spg), mul(mul(vns, d), d)));
+      const VD d = sub(column_load(st.mean + s0 + j, spg), m);
+      v = add(v, add(column_load(st.m2 + s0 + j, spg), mul(mul(vns, d), d)));
     }
     v = count > 0 ? div(v, vcount) : zerod();
     stored(mean + g, m);
@@ -1249,12 +1269,13 @@ void run_grads(double* mg, double* mgx, double* sdyxh, const SegmentColumns& st,
     VD a = zerod(), b = zerod();
     for (Index j = 0; j < spg; ++j) {
       const Index s = s0 + j;
-      const VD sdy = gatherd(st.sdy + s, spg);
-      const VD v = mul(r, add(gatherd(st.sdyd + s, spg), mul(sub(gatherd(st.mean + s, spg), m), sdy)));
-      const VD wc = w ? gather_cvt(w + s, spg) : one;
+      const VD sdy = column_load(st.sdy + s, spg);
+      const VD v =
+          mul(r, add(column_load(st.sdyd + s, spg), mul(sub(column_load(st.mean + s, spg), m), sdy)));
+      const VD wc = w ? column_cvt(w + s, spg) : one;
       a = add(a, mul(wc, sdy));
       b = add(b, mul(wc, v));
-      scatterd(sdyxh + s, spg, v);
+      column_store(sdyxh + s, spg, v);
     }
     stored(mg + g, count > 0 ? div(a, vcount) : zerod());
     stored(mgx + g, count > 0 ? div(b, vcount) : zerod());

@@ -330,7 +330,7 @@ void instance_norm_forward(View y, View save_mean, View save_rstd, ConstView x, 
   stats->channel_axis = opt.channel_axis;
   stats->groups = 1;
   stats->time_axis = opt.time_axis;
-  stats->lengths.assign(lengths.begin(), lengths.end());
+  stats->lengths = std::vector<Index>(lengths.begin(), lengths.end());  // (lengths may be stats->lengths)
 }
 
 void instance_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView x,

@@ -242,9 +242,10 @@ void group_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
 // segments (four or more channels per group, 2 ≤ S ≤ 32) on contiguous operands, which runs each group as a
 // LayerNorm row, recomputes them (no faster with them: docs/PERFORMANCE.md, "forty-ninth session").
 //   Filled by instance_norm_forward / group_norm_forward when passed (every field is overwritten). The
-//   backward checks that x has the forward's shape, the op, options (channel axis, eps, groups; InstanceNorm
-//   the time axis and lengths) and that the stats hold one value per group; like PyTorch's saved mean and
-//   rstd, it cannot check that x holds the forward's values. Where the forward ran GroupNorm as LayerNorm
+//   backward takes the options from them (channel axis, eps, groups; InstanceNorm's time axis and lengths,
+//   checked against x as the forward checks them) and checks that they come from the op, that x has the
+//   forward's shape and that they hold one value per group; like PyTorch's saved mean and rstd, it cannot
+//   check that x holds the forward's values. Where the forward ran GroupNorm as LayerNorm
 //   rows (their arithmetic) and the backward's operands do not (a non-contiguous dx, say), the statistics
 //   are recomputed from x too, so the result is the same either way.
 struct ChannelNormStats {

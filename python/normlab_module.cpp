@@ -189,25 +189,6 @@ auto by_storage(const py::array& x, const Storage& storage, F&& f) {
   return f(std::type_identity<bfloat16>{});
 }
 
-// The fused residual add + norm: float32 (x of any other dtype converted, as before storage existed) or
-// bfloat16 by name; the library has no float16 fused kernels.
-template <class F>
-auto by_fused_storage(const Storage& storage, F&& f) {
-  if (storage && *storage == "bfloat16") return f(std::type_identity<bfloat16>{});
-  NL_CHECK(!storage || *storage == "float32",
-           "storage must be \"float32\" or \"bfloat16\" for the fused add + norm (no float16 kernels), got "
-           "\"{}\"",
-           storage.value_or(""));
-  return f(std::type_identity<float>{});
-}
-template <bool Fused, class F>
-auto dispatch_storage(const py::array& x, const Storage& storage, F&& f) {
-  if constexpr (Fused)
-    return by_fused_storage(storage, std::forward<F>(f));
-  else
-    return by_storage(x, storage, std::forward<F>(f));
-}
-
 // An input of a storage-typed operation: float16 as is (dy must be float16 when x is); bfloat16: the bits in
 // a uint16 or int16 array, as is; else float32.
 template <class T>
@@ -280,7 +261,7 @@ py::tuple norm_backward(const py::array& dy_in, const py::array& x_in, const Opt
   std::optional<py::array_t<float>> db;
   if (with_db) db = new_array<float>(normalized_shape(xs, axes));
   const char* const x_name = Fused ? "s" : "x";
-  const py::array dx = dispatch_storage<Fused>(x_in, storage, [&](auto tag) -> py::array {
+  const py::array dx = by_storage(x_in, storage, [&](auto tag) -> py::array {
     using T = typename decltype(tag)::type;
     const py::array xa = storage_input<T>(x_in, x_name), dya = storage_input<T>(dy_in, "dy");
     const std::optional<py::array> dsa =
@@ -417,7 +398,7 @@ py::tuple py_add_norm(const py::array& x_in, const py::array& r_in, const OptArr
   std::optional<NormStats> saved;
   if (save_stats) saved.emplace();
   py::list out;
-  by_fused_storage(storage, [&](auto tag) {
+  by_storage(x_in, storage, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const py::array xa = storage_input<T>(x_in, "x"), ra = storage_input<T>(r_in, "residual");
     auto s = new_array<T>(xs), y = new_array<T>(xs);
@@ -899,9 +880,10 @@ PYBIND11_MODULE(normlab, m) {
       py::arg("return_stats") = false, py::arg("save_stats") = false, py::arg("storage") = py::none(),
       "Fused residual add + LayerNorm (a pre-norm Transformer block's): s = x + residual, y = layer_norm(s), "
       "in one pass over memory; the same bits as the two calls. Returns (y, s); return_stats=True appends "
-      "mean, rstd; save_stats=True a NormStats for add_layer_norm_backward_saved. storage: \"float32\" "
-      "(default; other dtypes converted) or \"bfloat16\" (the bits in uint16/int16 arrays, as layer_norm; s "
-      "is x + residual rounded once to bfloat16 and y the norm of that s).");
+      "mean, rstd; save_stats=True a NormStats for add_layer_norm_backward_saved. storage: as layer_norm "
+      "(float16 when x is float16, else \"float32\" with other dtypes converted; \"bfloat16\" the bits in "
+      "uint16/int16 arrays); for float16 and bfloat16, s is x + residual in float32 rounded once to the "
+      "storage type and y the norm of that s.");
   m.def(
       "add_rms_norm",
       [](const py::array& x, const py::array& residual, const OptArray& weight, const std::vector<int>& axes,
@@ -915,13 +897,14 @@ PYBIND11_MODULE(normlab, m) {
       "Fused residual add + RMSNorm: s = x + residual, y = rms_norm(s). Returns (y, s) (+ rstd, + "
       "NormStats), "
       "as add_layer_norm.");
-  m.def("add_layer_norm_backward", &py_add_norm_backward<true>, py::arg("dy"), py::arg("s"),
-        py::arg("weight") = py::none(), py::arg("ds") = py::none(), py::arg("axes") = std::vector<int>{-1},
-        py::arg("eps") = 1e-5, py::arg("storage") = py::none(),
-        "Gradients of add_layer_norm from its s: (dx, dweight, dbias), dx = layer_norm_backward(dy, s) + ds "
-        "being "
-        "the gradient of x and of residual alike; ds (optional) is the gradient reaching s through the skip "
-        "path. float32: the same bits as the two calls; bfloat16: the sum in float32, rounded once.");
+  m.def(
+      "add_layer_norm_backward", &py_add_norm_backward<true>, py::arg("dy"), py::arg("s"),
+      py::arg("weight") = py::none(), py::arg("ds") = py::none(), py::arg("axes") = std::vector<int>{-1},
+      py::arg("eps") = 1e-5, py::arg("storage") = py::none(),
+      "Gradients of add_layer_norm from its s: (dx, dweight, dbias), dx = layer_norm_backward(dy, s) + ds "
+      "being "
+      "the gradient of x and of residual alike; ds (optional) is the gradient reaching s through the skip "
+      "path. float32: the same bits as the two calls; float16 / bfloat16: the sum in float32, rounded once.");
   m.def("add_layer_norm_backward_saved", &py_add_norm_backward_saved<true>, py::arg("dy"), py::arg("s"),
         py::arg("stats"), py::arg("weight") = py::none(), py::arg("ds") = py::none(),
         py::arg("storage") = py::none(),

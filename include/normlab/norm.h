@@ -357,46 +357,66 @@ void add_layer_norm_forward(View s, View y, View mean, View rstd, ConstView x, C
 void add_layer_norm_forward(BF16View s, BF16View y, View mean, View rstd, ConstBF16View x,
                             ConstBF16View residual, ConstView weight, ConstView bias, const Axes& axes,
                             double eps = 1e-5);
+void add_layer_norm_forward(F16View s, F16View y, View mean, View rstd, ConstF16View x, ConstF16View residual,
+                            ConstView weight, ConstView bias, const Axes& axes, double eps = 1e-5);
 void add_layer_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView ds, ConstView s,
                              ConstView weight, const Axes& axes, double eps = 1e-5,
                              GradMode mode = GradMode::kOverwrite);
 void add_layer_norm_backward(BF16View dx, View dweight, View dbias, ConstBF16View dy, ConstBF16View ds,
                              ConstBF16View s, ConstView weight, const Axes& axes, double eps = 1e-5,
                              GradMode mode = GradMode::kOverwrite);
+void add_layer_norm_backward(F16View dx, View dweight, View dbias, ConstF16View dy, ConstF16View ds,
+                             ConstF16View s, ConstView weight, const Axes& axes, double eps = 1e-5,
+                             GradMode mode = GradMode::kOverwrite);
 void add_rms_norm_forward(View s, View y, View rstd, ConstView x, ConstView residual, ConstView weight,
                           const Axes& axes, double eps = kRmsNormEps);
 void add_rms_norm_forward(BF16View s, BF16View y, View rstd, ConstBF16View x, ConstBF16View residual,
+                          ConstView weight, const Axes& axes, double eps = kRmsNormEps);
+void add_rms_norm_forward(F16View s, F16View y, View rstd, ConstF16View x, ConstF16View residual,
                           ConstView weight, const Axes& axes, double eps = kRmsNormEps);
 void add_rms_norm_backward(View dx, View dweight, ConstView dy, ConstView ds, ConstView s, ConstView weight,
                            const Axes& axes, double eps = kRmsNormEps, GradMode mode = GradMode::kOverwrite);
 void add_rms_norm_backward(BF16View dx, View dweight, ConstBF16View dy, ConstBF16View ds, ConstBF16View s,
                            ConstView weight, const Axes& axes, double eps = kRmsNormEps,
                            GradMode mode = GradMode::kOverwrite);
+void add_rms_norm_backward(F16View dx, View dweight, ConstF16View dy, ConstF16View ds, ConstF16View s,
+                           ConstView weight, const Axes& axes, double eps = kRmsNormEps,
+                           GradMode mode = GradMode::kOverwrite);
 // With the statistics of the forward (NormStats above), as layer_norm_backward_saved: the forward fills
-// `stats` (not null) with the statistics of the norm of s (bf16: of the fp32 forward on the widened stored
-// s); the backward takes axes and eps from them instead of recomputing the statistics from s, and returns
-// bitwise what add_layer_norm_backward / add_rms_norm_backward return (dx with or without ds, dγ, dβ).
-// The stats also serve layer_norm_backward_saved / rms_norm_backward_saved on s.
+// `stats` (not null) with the statistics of the norm of s (bf16/fp16: of the fp32 forward on the widened
+// stored s); the backward takes axes and eps from them instead of recomputing the statistics from s, and
+// returns bitwise what add_layer_norm_backward / add_rms_norm_backward return (dx with or without ds, dγ,
+// dβ). The stats also serve layer_norm_backward_saved / rms_norm_backward_saved on s.
 void add_layer_norm_forward(View s, View y, View mean, View rstd, ConstView x, ConstView residual,
                             ConstView weight, ConstView bias, const Axes& axes, double eps, NormStats* stats);
 void add_layer_norm_forward(BF16View s, BF16View y, View mean, View rstd, ConstBF16View x,
                             ConstBF16View residual, ConstView weight, ConstView bias, const Axes& axes,
                             double eps, NormStats* stats);
+void add_layer_norm_forward(F16View s, F16View y, View mean, View rstd, ConstF16View x, ConstF16View residual,
+                            ConstView weight, ConstView bias, const Axes& axes, double eps, NormStats* stats);
 void add_layer_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView ds, ConstView s,
                                    ConstView weight, const NormStats& stats,
                                    GradMode mode = GradMode::kOverwrite);
 void add_layer_norm_backward_saved(BF16View dx, View dweight, View dbias, ConstBF16View dy, ConstBF16View ds,
                                    ConstBF16View s, ConstView weight, const NormStats& stats,
                                    GradMode mode = GradMode::kOverwrite);
+void add_layer_norm_backward_saved(F16View dx, View dweight, View dbias, ConstF16View dy, ConstF16View ds,
+                                   ConstF16View s, ConstView weight, const NormStats& stats,
+                                   GradMode mode = GradMode::kOverwrite);
 void add_rms_norm_forward(View s, View y, View rstd, ConstView x, ConstView residual, ConstView weight,
                           const Axes& axes, double eps, NormStats* stats);
 void add_rms_norm_forward(BF16View s, BF16View y, View rstd, ConstBF16View x, ConstBF16View residual,
+                          ConstView weight, const Axes& axes, double eps, NormStats* stats);
+void add_rms_norm_forward(F16View s, F16View y, View rstd, ConstF16View x, ConstF16View residual,
                           ConstView weight, const Axes& axes, double eps, NormStats* stats);
 void add_rms_norm_backward_saved(View dx, View dweight, ConstView dy, ConstView ds, ConstView s,
                                  ConstView weight, const NormStats& stats,
                                  GradMode mode = GradMode::kOverwrite);
 void add_rms_norm_backward_saved(BF16View dx, View dweight, ConstBF16View dy, ConstBF16View ds,
                                  ConstBF16View s, ConstView weight, const NormStats& stats,
+                                 GradMode mode = GradMode::kOverwrite);
+void add_rms_norm_backward_saved(F16View dx, View dweight, ConstF16View dy, ConstF16View ds, ConstF16View s,
+                                 ConstView weight, const NormStats& stats,
                                  GradMode mode = GradMode::kOverwrite);
 
 // ---- Memory-efficient backward (recompute x̂ from the output) -------------------------------------

@@ -539,6 +539,36 @@ class FusedAndFromOutputTest(unittest.TestCase):
             np.testing.assert_array_equal(dx, bf16_bits(d32[0] + wide(ds)))
             np.testing.assert_array_equal(dw, d32[1])
 
+    def test_add_norm_float16_rounds_the_sum_once(self):
+        # float16 storage (x of dtype float16): as bfloat16, with NumPy's float16 rounding (to nearest even)
+        # as the reference; the backward from saved statistics has the same bits.
+        rng = np.random.default_rng(53)
+        for shape, axes in self.SHAPES:
+            nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
+            x, r, dy, ds = (rng_array(rng, shape, 1.5, 0.5).astype(np.float16) for _ in range(4))
+            w, b = rng_array(rng, nshape, 0.5, 1.0), rng_array(rng, nshape)
+            y, s, mean, rstd, st = normlab.add_layer_norm(x, r, w, b, axes, return_stats=True, save_stats=True)
+            self.assertEqual((y.dtype, s.dtype), (np.float16, np.float16))
+            np.testing.assert_array_equal(s, (x.astype(np.float32) + r.astype(np.float32)).astype(np.float16))
+            for a, ref in zip((y, mean, rstd), normlab.layer_norm(s, w, b, axes, return_stats=True)):
+                np.testing.assert_array_equal(a, ref)
+            dx, dw, db = normlab.add_layer_norm_backward(dy, s, w, ds, axes)
+            self.assertEqual(dx.dtype, np.float16)
+            d32 = normlab.layer_norm_backward(dy.astype(np.float32), s.astype(np.float32), w, axes)
+            np.testing.assert_array_equal(dx, (d32[0] + ds.astype(np.float32)).astype(np.float16))
+            np.testing.assert_array_equal(dw, d32[1])
+            np.testing.assert_array_equal(db, d32[2])
+            for a, ref in zip(normlab.add_layer_norm_backward_saved(dy, s, st, w, ds), (dx, dw, db)):
+                np.testing.assert_array_equal(a, ref)
+            y, s, st = normlab.add_rms_norm(x, r, w, axes, save_stats=True)
+            np.testing.assert_array_equal(y, normlab.rms_norm(s, w, axes))
+            dx, dw = normlab.add_rms_norm_backward(dy, s, w, ds, axes)
+            d32 = normlab.rms_norm_backward(dy.astype(np.float32), s.astype(np.float32), w, axes)
+            np.testing.assert_array_equal(dx, (d32[0] + ds.astype(np.float32)).astype(np.float16))
+            np.testing.assert_array_equal(dw, d32[1])
+            for a, ref in zip(normlab.add_rms_norm_backward_saved(dy, s, st, w, ds), (dx, dw)):
+                np.testing.assert_array_equal(a, ref)
+
     def test_backward_from_output(self):
         # Against the backward that reads x, within the accuracy norm.h states: x_hat = (y - bias) / weight
         # carries about ulp(y) / |weight| more error (here |weight| >= 0.5, |bias| <= 0.3).
@@ -573,8 +603,10 @@ class FusedAndFromOutputTest(unittest.TestCase):
 
     def test_errors(self):
         x = np.ones((2, 4), np.float32)
-        with self.assertRaisesRegex(normlab.Error, "no float16 kernels"):
+        with self.assertRaisesRegex(normlab.Error, "x must be float16"):
             normlab.add_layer_norm(x, x, storage="float16")
+        with self.assertRaisesRegex(normlab.Error, "residual must be float16"):
+            normlab.add_rms_norm(x.astype(np.float16), x)
         with self.assertRaisesRegex(normlab.Error, "ds: storage=\"bfloat16\""):
             bits = normlab.to_bfloat16(x)
             normlab.add_rms_norm_backward(bits, bits, ds=x, storage="bfloat16")

@@ -45,6 +45,10 @@ void add_layer_norm_forward(BF16View s, BF16View y, View mean, View rstd, ConstB
                             ConstView weight, ConstView bias, const Axes& axes, double eps) {
   add_ln_forward<bfloat16>(s, mean, y, rstd, x, residual, weight, bias, axes, eps, kAddLnFwd);
 }
+void add_layer_norm_forward(F16View s, F16View y, View mean, View rstd, ConstF16View x, ConstF16View residual,
+                            ConstView weight, ConstView bias, const Axes& axes, double eps) {
+  add_ln_forward<float16>(s, mean, y, rstd, x, residual, weight, bias, axes, eps, kAddLnFwd);
+}
 void add_layer_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView ds, ConstView s,
                              ConstView weight, const Axes& axes, double eps, GradMode mode) {
   add_ln_backward<float>(dx, dweight, dbias, dy, ds, s, weight, axes, eps, mode, kAddLnBwd);
@@ -53,6 +57,11 @@ void add_layer_norm_backward(BF16View dx, View dweight, View dbias, ConstBF16Vie
                              ConstBF16View s, ConstView weight, const Axes& axes, double eps, GradMode mode) {
   add_ln_backward<bfloat16>(dx, dweight, dbias, dy, ds, s, weight, axes, eps, mode, kAddLnBwd);
 }
+void add_layer_norm_backward(F16View dx, View dweight, View dbias, ConstF16View dy, ConstF16View ds,
+                             ConstF16View s, ConstView weight, const Axes& axes, double eps, GradMode mode) {
+  add_ln_backward<float16>(dx, dweight, dbias, dy, ds, s, weight, axes, eps, mode, kAddLnBwd);
+}
+
 void add_rms_norm_forward(View s, View y, View rstd, ConstView x, ConstView residual, ConstView weight,
                           const Axes& axes, double eps) {
   add_ln_forward<float>(s, {}, y, rstd, x, residual, weight, {}, axes, eps, kAddRmsFwd);
@@ -61,6 +70,11 @@ void add_rms_norm_forward(BF16View s, BF16View y, View rstd, ConstBF16View x, Co
                           ConstView weight, const Axes& axes, double eps) {
   add_ln_forward<bfloat16>(s, {}, y, rstd, x, residual, weight, {}, axes, eps, kAddRmsFwd);
 }
+void add_rms_norm_forward(F16View s, F16View y, View rstd, ConstF16View x, ConstF16View residual,
+                          ConstView weight, const Axes& axes, double eps) {
+  add_ln_forward<float16>(s, {}, y, rstd, x, residual, weight, {}, axes, eps, kAddRmsFwd);
+}
+
 void add_rms_norm_backward(View dx, View dweight, ConstView dy, ConstView ds, ConstView s, ConstView weight,
                            const Axes& axes, double eps, GradMode mode) {
   add_ln_backward<float>(dx, dweight, {}, dy, ds, s, weight, axes, eps, mode, kAddRmsBwd);
@@ -68,6 +82,10 @@ void add_rms_norm_backward(View dx, View dweight, ConstView dy, ConstView ds, Co
 void add_rms_norm_backward(BF16View dx, View dweight, ConstBF16View dy, ConstBF16View ds, ConstBF16View s,
                            ConstView weight, const Axes& axes, double eps, GradMode mode) {
   add_ln_backward<bfloat16>(dx, dweight, {}, dy, ds, s, weight, axes, eps, mode, kAddRmsBwd);
+}
+void add_rms_norm_backward(F16View dx, View dweight, ConstF16View dy, ConstF16View ds, ConstF16View s,
+                           ConstView weight, const Axes& axes, double eps, GradMode mode) {
+  add_ln_backward<float16>(dx, dweight, {}, dy, ds, s, weight, axes, eps, mode, kAddRmsBwd);
 }
 
 void add_layer_norm_forward(View s, View y, View mean, View rstd, ConstView x, ConstView residual,
@@ -80,6 +98,12 @@ void add_layer_norm_forward(BF16View s, BF16View y, View mean, View rstd, ConstB
                             double eps, NormStats* stats) {
   add_ln_forward<bfloat16>(s, mean, y, rstd, x, residual, weight, bias, axes, eps, kAddLnFwd, true, stats);
 }
+void add_layer_norm_forward(F16View s, F16View y, View mean, View rstd, ConstF16View x, ConstF16View residual,
+                            ConstView weight, ConstView bias, const Axes& axes, double eps,
+                            NormStats* stats) {
+  add_ln_forward<float16>(s, mean, y, rstd, x, residual, weight, bias, axes, eps, kAddLnFwd, true, stats);
+}
+
 void add_layer_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView ds, ConstView s,
                                    ConstView weight, const NormStats& stats, GradMode mode) {
   add_ln_backward_saved<float>(dx, dweight, dbias, dy, ds, s, weight, stats, mode, kAddLnBwd);
@@ -88,6 +112,11 @@ void add_layer_norm_backward_saved(BF16View dx, View dweight, View dbias, ConstB
                                    ConstBF16View s, ConstView weight, const NormStats& stats, GradMode mode) {
   add_ln_backward_saved<bfloat16>(dx, dweight, dbias, dy, ds, s, weight, stats, mode, kAddLnBwd);
 }
+void add_layer_norm_backward_saved(F16View dx, View dweight, View dbias, ConstF16View dy, ConstF16View ds,
+                                   ConstF16View s, ConstView weight, const NormStats& stats, GradMode mode) {
+  add_ln_backward_saved<float16>(dx, dweight, dbias, dy, ds, s, weight, stats, mode, kAddLnBwd);
+}
+
 void add_rms_norm_forward(View s, View y, View rstd, ConstView x, ConstView residual, ConstView weight,
                           const Axes& axes, double eps, NormStats* stats) {
   add_ln_forward<float>(s, {}, y, rstd, x, residual, weight, {}, axes, eps, kAddRmsFwd, true, stats);
@@ -96,6 +125,11 @@ void add_rms_norm_forward(BF16View s, BF16View y, View rstd, ConstBF16View x, Co
                           ConstView weight, const Axes& axes, double eps, NormStats* stats) {
   add_ln_forward<bfloat16>(s, {}, y, rstd, x, residual, weight, {}, axes, eps, kAddRmsFwd, true, stats);
 }
+void add_rms_norm_forward(F16View s, F16View y, View rstd, ConstF16View x, ConstF16View residual,
+                          ConstView weight, const Axes& axes, double eps, NormStats* stats) {
+  add_ln_forward<float16>(s, {}, y, rstd, x, residual, weight, {}, axes, eps, kAddRmsFwd, true, stats);
+}
+
 void add_rms_norm_backward_saved(View dx, View dweight, ConstView dy, ConstView ds, ConstView s,
                                  ConstView weight, const NormStats& stats, GradMode mode) {
   add_ln_backward_saved<float>(dx, dweight, {}, dy, ds, s, weight, stats, mode, kAddRmsBwd);
@@ -103,6 +137,10 @@ void add_rms_norm_backward_saved(View dx, View dweight, ConstView dy, ConstView 
 void add_rms_norm_backward_saved(BF16View dx, View dweight, ConstBF16View dy, ConstBF16View ds,
                                  ConstBF16View s, ConstView weight, const NormStats& stats, GradMode mode) {
   add_ln_backward_saved<bfloat16>(dx, dweight, {}, dy, ds, s, weight, stats, mode, kAddRmsBwd);
+}
+void add_rms_norm_backward_saved(F16View dx, View dweight, ConstF16View dy, ConstF16View ds, ConstF16View s,
+                                 ConstView weight, const NormStats& stats, GradMode mode) {
+  add_ln_backward_saved<float16>(dx, dweight, {}, dy, ds, s, weight, stats, mode, kAddRmsBwd);
 }
 
 void layer_norm_backward_from_output(View dx, View dweight, View dbias, ConstView dy, ConstView y, ConstView rstd,

@@ -1,7 +1,7 @@
 // Fused residual add + LayerNorm/RMSNorm against the unfused composition (bitwise in fp32, where the
-// arithmetic is the same), bf16 storage, float64 finite differences of the fused backward, aliasing; and
-// the memory-efficient backward (x̂ recovered from y) against the standard backward within a bound
-// derived from the extra rounding, with its γ = 0 failure mode.
+// arithmetic is the same), bf16 and fp16 storage, float64 finite differences of the fused backward, aliasing;
+// and the memory-efficient backward (x̂ recovered from y) against the standard backward within a bound derived
+// from the extra rounding, with its γ = 0 failure mode.
 #include <normlab/norm.h>
 #include <normlab/parallel.h>
 #include <normlab/reference.h>
@@ -237,23 +237,29 @@ TEST(FusedAddNorm, BackwardMatchesFiniteDifferences) {
   }
 }
 
-TEST(FusedAddNorm, Bf16RoundsTheSumOnceAndNormalizesTheStoredSum) {
-  std::mt19937_64 rng(24);
+// 16-bit storage T (bf16, fp16): s = round(float(x) + float(residual)), y = the T norm of the stored s, dx
+// one rounding of the fp32 dnorm + ds, dγ the fp32 backward's on the widened dy and s.
+template <typename T>
+void check_rounds_the_sum_once(std::mt19937_64& rng) {
+  // [64, 256] (32 KiB of 16-bit s, y) with streaming stores, the smaller shapes without.
+  const kernels::ScopedStreamMinBytes lowered(Index{16} << 10);
   for (const Dims& shape : {Dims{7, 33}, Dims{3, 1025}, Dims{64, 256}}) {
     for (bool center : {true, false}) {
       SCOPED_TRACE(fmt::format("shape {} centre={}", shape.str(), center));
       const Index d = shape[1];
-      const BF16Tensor x = testing::convert_copy<bfloat16>(testing::random_tensor(shape, rng, 1.0, 0.5).cview());
-      const BF16Tensor r = testing::convert_copy<bfloat16>(testing::random_tensor(shape, rng, 3.0, 0.0).cview());
-      const BF16Tensor dy = testing::convert_copy<bfloat16>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
-      const BF16Tensor ds = testing::convert_copy<bfloat16>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
+      const BasicTensor<T> x = testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.5).cview());
+      const BasicTensor<T> r = testing::convert_copy<T>(testing::random_tensor(shape, rng, 3.0, 0.0).cview());
+      const BasicTensor<T> dy =
+          testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
+      const BasicTensor<T> ds =
+          testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
       const Tensor w = testing::random_tensor(Dims{d}, rng, 0.5, 1.0), b = testing::random_tensor(Dims{d}, rng, 0.5, 0.0);
       const ConstView bv = center ? b.cview() : ConstView{};
-      BF16Tensor s(shape), y(shape), dx(shape), y_ref(shape);
+      BasicTensor<T> s(shape), y(shape), dx(shape), y_ref(shape);
       Tensor dw(Dims{d}), dw32(Dims{d}), dn32(shape);
-      // s = round(float(x) + float(residual)), as PyTorch's bf16 add
+      // s = round(float(x) + float(residual)), as PyTorch's bf16 and fp16 add
       const Tensor s32 = add(Tensor::copy_of(x.cview()).cview(), Tensor::copy_of(r.cview()).cview());
-      const BF16Tensor s_ref = testing::convert_copy<bfloat16>(s32.cview());
+      const BasicTensor<T> s_ref = testing::convert_copy<T>(s32.cview());
       if (center) {
         add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r.cview(), w.cview(), bv, {1});
         layer_norm_forward(y_ref.view(), {}, {}, s_ref.cview(), w.cview(), bv, {1});
@@ -267,17 +273,28 @@ TEST(FusedAddNorm, Bf16RoundsTheSumOnceAndNormalizesTheStoredSum) {
         rms_norm_backward(dn32.view(), dw32.view(), Tensor::copy_of(dy.cview()).cview(),
                           Tensor::copy_of(s.cview()).cview(), w.cview(), {1});
       }
-      EXPECT_TRUE(testing::within_ulps<bfloat16>(s.cview(), s_ref.cview(), 0, "s"));
-      EXPECT_TRUE(testing::within_ulps<bfloat16>(y.cview(), y_ref.cview(), 0, "y = the bf16 norm of the stored s"));
-      // dx = round(dnorm_fp32 + ds): one rounding (the unfused bf16 composition would round twice).
+      EXPECT_TRUE(testing::within_ulps<T>(s.cview(), s_ref.cview(), 0, "s"));
+      EXPECT_TRUE(
+          testing::within_ulps<T>(y.cview(), y_ref.cview(), 0, "y = the 16-bit norm of the stored s"));
+      // dx = round(dnorm_fp32 + ds): one rounding (the unfused 16-bit composition would round twice).
       const Tensor dx32 = add(dn32.cview(), Tensor::copy_of(ds.cview()).cview());
       Index exact = 0;
-      EXPECT_TRUE(testing::within_ulps<bfloat16>(dx.cview(), testing::convert_copy<bfloat16>(dx32.cview()).cview(), 1,
-                                                 "dx vs round(fp32 dnorm + ds)", &exact));
+      EXPECT_TRUE(testing::within_ulps<T>(dx.cview(), testing::convert_copy<T>(dx32.cview()).cview(), 1,
+                                          "dx vs round(fp32 dnorm + ds)", &exact));
       EXPECT_EQ(exact, dx.numel());
       EXPECT_TRUE(bitwise_equal(dw.cview(), dw32.cview(), "dγ = the fp32 backward's on the widened dy, s"));
     }
   }
+}
+
+TEST(FusedAddNorm, Bf16RoundsTheSumOnceAndNormalizesTheStoredSum) {
+  std::mt19937_64 rng(24);
+  check_rounds_the_sum_once<bfloat16>(rng);
+}
+
+TEST(FusedAddNorm, Fp16RoundsTheSumOnceAndNormalizesTheStoredSum) {
+  std::mt19937_64 rng(25);
+  check_rounds_the_sum_once<float16>(rng);
 }
 
 // ---- memory-efficient backward --------------------------------------------------------------------------

@@ -288,11 +288,11 @@ TEST(NormStats, SixteenBitStorage) {
   EXPECT_FALSE(same_bits<bfloat16>(dx0.cview(), dx1.cview(), "bf16 rows"));
 }
 
-// The fused residual add + norm (fp32 and bf16): the forward with stats writes the s, y, mean and rstd of
-// the forward without, and keeps the stats of the fp32 forward on the (widened) stored s; the saved backward
-// has the bits of the recomputing one, with and without ds, on the direct route (flat rows: short rows in
-// blocks of eight, long rows, a partial block) and the widening route (transposed views), every target,
-// 1 and 3 threads.
+// The fused residual add + norm (fp32, bf16 and fp16): the forward with stats writes the s, y, mean and rstd
+// of the forward without, and keeps the stats of the fp32 forward on the (widened) stored s; the saved
+// backward has the bits of the recomputing one, with and without ds, on the direct route (flat rows: short
+// rows in blocks of eight, long rows, a partial block) and the widening route (transposed views), every
+// target, 1 and 3 threads.
 template <typename T>
 void check_fused(bool center, const Dims& shape, bool transpose, std::mt19937_64& rng) {
   auto make = [&](double scale, double offset) {
@@ -375,9 +375,11 @@ TEST(NormStats, FusedAddNormKeepsAndTakesTheStats) {
          {Dims{1, 1}, Dims{33, 7}, Dims{29, 64}, Dims{70, 80}, Dims{5, 1025}, Dims{3, 4096}}) {
       check_fused<float>(center, shape, false, rng);
       check_fused<bfloat16>(center, shape, false, rng);
+      check_fused<float16>(center, shape, false, rng);
     }
     check_fused<float>(center, Dims{24, 40}, true, rng);
     check_fused<bfloat16>(center, Dims{24, 40}, true, rng);
+    check_fused<float16>(center, Dims{24, 40}, true, rng);
   }
   set_isa(saved_isa);
   set_num_threads(saved_threads);

@@ -461,6 +461,20 @@ TEST(FusedAddNorm, BadInputGetsClearErrors) {
   EXPECT_NL_ERROR(add_layer_norm_backward(dx.view(), {}, {}, dy.cview(), r_bad.cview(), s.cview(), {}, {1}), "ds");
   Tensor e(Dims{0, 8}), e2(Dims{0, 8}), es(Dims{0, 8}), ey(Dims{0, 8});
   EXPECT_NL_ERROR(add_layer_norm_forward(es.view(), ey.view(), {}, {}, e.cview(), e2.cview(), {}, {}, {1}), "empty");
+  // fp16 storage: the same checks.
+  F16Tensor hx(Dims{4, 8}), hr(Dims{4, 8}), hr_bad(Dims{4, 7}), hs(Dims{4, 8}), hy(Dims{4, 8}),
+      hdx(Dims{4, 8});
+  EXPECT_NL_ERROR(
+      add_layer_norm_forward(hs.view(), hy.view(), {}, {}, hx.cview(), hr_bad.cview(), {}, {}, {1}),
+      "residual");
+  EXPECT_NL_ERROR(add_rms_norm_forward(hs.view(), hy.view(), {}, hx.cview(), hr.cview(), {}, {1}, -1.0),
+                  "eps");
+  EXPECT_NL_ERROR(add_rms_norm_forward(hs.view(), hs.view(), {}, hx.cview(), hr.cview(), {}, {1}), "overlap");
+  EXPECT_NL_ERROR(
+      add_layer_norm_backward(hdx.view(), {}, {}, hy.cview(), hr_bad.cview(), hs.cview(), {}, {1}), "ds");
+  EXPECT_NL_ERROR(add_layer_norm_forward(hs.view(), hy.view(), {}, {}, hx.cview(), hr.cview(), {}, {}, {1},
+                                         1e-5, nullptr),
+                  "stats");
 }
 
 }  // namespace

@@ -512,62 +512,50 @@ class FusedAndFromOutputTest(unittest.TestCase):
             for a, ref in zip(normlab.add_rms_norm_backward_saved(dy, s, st, w, ds), (dx, dw)):
                 np.testing.assert_array_equal(a, ref)
 
-    def test_add_norm_bfloat16_rounds_the_sum_once(self):
+    def check_add_norm_16bit(self, rng, narrow, wide, dtype, storage):
         # s is x + residual rounded once, y the norm of that s rounded once; dx is the float32 norm gradient
-        # plus ds, rounded once (two roundings in the unfused composition).
-        rng = np.random.default_rng(51)
-        wide = normlab.from_bfloat16
+        # plus ds, rounded once (two roundings in the unfused composition); the backward from saved statistics
+        # has the same bits. narrow: float32 -> the storage's array, rounded to nearest even (the reference,
+        # not normlab's conversion); wide: back to float32, exactly. storage: None (float16 x picks float16).
         for shape, axes in self.SHAPES:
             nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
-            x, r, dy, ds = (normlab.to_bfloat16(rng_array(rng, shape, 1.5, 0.5)) for _ in range(4))
+            x, r, dy, ds = (narrow(rng_array(rng, shape, 1.5, 0.5)) for _ in range(4))
             w, b = rng_array(rng, nshape, 0.5, 1.0), rng_array(rng, nshape)
-            y, s, mean, rstd = normlab.add_layer_norm(x, r, w, b, axes, return_stats=True, storage="bfloat16")
-            self.assertEqual((y.dtype, s.dtype), (np.uint16, np.uint16))
-            np.testing.assert_array_equal(s, bf16_bits(wide(x) + wide(r)))
+            y, s, mean, rstd, st = normlab.add_layer_norm(x, r, w, b, axes, return_stats=True, save_stats=True,
+                                                          storage=storage)
+            self.assertEqual((y.dtype, s.dtype), (dtype, dtype))
+            np.testing.assert_array_equal(s, narrow(wide(x) + wide(r)))
             for a, ref in zip((y, mean, rstd),
-                              normlab.layer_norm(s, w, b, axes, return_stats=True, storage="bfloat16")):
+                              normlab.layer_norm(s, w, b, axes, return_stats=True, storage=storage)):
                 np.testing.assert_array_equal(a, ref)
-            dx, dw, db = normlab.add_layer_norm_backward(dy, s, w, ds, axes, storage="bfloat16")
+            dx, dw, db = normlab.add_layer_norm_backward(dy, s, w, ds, axes, storage=storage)
+            self.assertEqual(dx.dtype, dtype)
             d32 = normlab.layer_norm_backward(wide(dy), wide(s), w, axes)
-            np.testing.assert_array_equal(dx, bf16_bits(d32[0] + wide(ds)))
+            np.testing.assert_array_equal(dx, narrow(d32[0] + wide(ds)))
             np.testing.assert_array_equal(dw, d32[1])
             np.testing.assert_array_equal(db, d32[2])
-            y, s = normlab.add_rms_norm(x, r, w, axes, storage="bfloat16")
-            np.testing.assert_array_equal(y, normlab.rms_norm(s, w, axes, storage="bfloat16"))
-            dx, dw = normlab.add_rms_norm_backward(dy, s, w, ds, axes, storage="bfloat16")
+            for a, ref in zip(normlab.add_layer_norm_backward_saved(dy, s, st, w, ds, storage=storage),
+                              (dx, dw, db)):
+                np.testing.assert_array_equal(a, ref)
+            y, s, st = normlab.add_rms_norm(x, r, w, axes, save_stats=True, storage=storage)
+            np.testing.assert_array_equal(y, normlab.rms_norm(s, w, axes, storage=storage))
+            dx, dw = normlab.add_rms_norm_backward(dy, s, w, ds, axes, storage=storage)
             d32 = normlab.rms_norm_backward(wide(dy), wide(s), w, axes)
-            np.testing.assert_array_equal(dx, bf16_bits(d32[0] + wide(ds)))
+            np.testing.assert_array_equal(dx, narrow(d32[0] + wide(ds)))
             np.testing.assert_array_equal(dw, d32[1])
+            for a, ref in zip(normlab.add_rms_norm_backward_saved(dy, s, st, w, ds, storage=storage), (dx, dw)):
+                np.testing.assert_array_equal(a, ref)
+
+    def test_add_norm_bfloat16_rounds_the_sum_once(self):
+        self.check_add_norm_16bit(np.random.default_rng(51), bf16_bits, normlab.from_bfloat16, np.uint16,
+                                  "bfloat16")
 
     def test_add_norm_float16_rounds_the_sum_once(self):
-        # float16 storage (x of dtype float16): as bfloat16, with NumPy's float16 rounding (to nearest even)
-        # as the reference; the backward from saved statistics has the same bits.
-        rng = np.random.default_rng(53)
-        for shape, axes in self.SHAPES:
-            nshape = [shape[a % len(shape)] for a in sorted(a % len(shape) for a in axes)]
-            x, r, dy, ds = (rng_array(rng, shape, 1.5, 0.5).astype(np.float16) for _ in range(4))
-            w, b = rng_array(rng, nshape, 0.5, 1.0), rng_array(rng, nshape)
-            y, s, mean, rstd, st = normlab.add_layer_norm(x, r, w, b, axes, return_stats=True, save_stats=True)
-            self.assertEqual((y.dtype, s.dtype), (np.float16, np.float16))
-            np.testing.assert_array_equal(s, (x.astype(np.float32) + r.astype(np.float32)).astype(np.float16))
-            for a, ref in zip((y, mean, rstd), normlab.layer_norm(s, w, b, axes, return_stats=True)):
-                np.testing.assert_array_equal(a, ref)
-            dx, dw, db = normlab.add_layer_norm_backward(dy, s, w, ds, axes)
-            self.assertEqual(dx.dtype, np.float16)
-            d32 = normlab.layer_norm_backward(dy.astype(np.float32), s.astype(np.float32), w, axes)
-            np.testing.assert_array_equal(dx, (d32[0] + ds.astype(np.float32)).astype(np.float16))
-            np.testing.assert_array_equal(dw, d32[1])
-            np.testing.assert_array_equal(db, d32[2])
-            for a, ref in zip(normlab.add_layer_norm_backward_saved(dy, s, st, w, ds), (dx, dw, db)):
-                np.testing.assert_array_equal(a, ref)
-            y, s, st = normlab.add_rms_norm(x, r, w, axes, save_stats=True)
-            np.testing.assert_array_equal(y, normlab.rms_norm(s, w, axes))
-            dx, dw = normlab.add_rms_norm_backward(dy, s, w, ds, axes)
-            d32 = normlab.rms_norm_backward(dy.astype(np.float32), s.astype(np.float32), w, axes)
-            np.testing.assert_array_equal(dx, (d32[0] + ds.astype(np.float32)).astype(np.float16))
-            np.testing.assert_array_equal(dw, d32[1])
-            for a, ref in zip(normlab.add_rms_norm_backward_saved(dy, s, st, w, ds), (dx, dw)):
-                np.testing.assert_array_equal(a, ref)
+        # NumPy's float16 conversion rounds to nearest even.
+        def narrow(a):
+            return np.asarray(a, np.float32).astype(np.float16)
+        self.check_add_norm_16bit(np.random.default_rng(53), narrow, lambda a: a.astype(np.float32), np.float16,
+                                  None)
 
     def test_backward_from_output(self):
         # Against the backward that reads x, within the accuracy norm.h states: x_hat = (y - bias) / weight

@@ -21,18 +21,27 @@
 //                                                   add_layer_norm_forward; ATen: at::add + native_layer_norm
 //   BM_AddLayerNormFwdUnfused/normlab/RxD           normlab's own add loop, then layer_norm_forward
 //   BM_AddLayerNormBwd/{normlab,aten}/RxD           fp32 dx = dnorm + ds, dγ, dβ from dy, ds, s: normlab's
-//   fused
-//                                                   add_layer_norm_backward; ATen: native_layer_norm_backward
-//                                                   (the forward's mean/rstd) + at::add, as autograd runs it
+//                                                   fused add_layer_norm_backward; ATen:
+//                                                   native_layer_norm_backward (the forward's mean/rstd) +
+//                                                   at::add, as autograd runs it
 //   BM_AddLayerNormBwdSaved/normlab/RxD             add_layer_norm_backward_saved: the same from the double
 //                                                   statistics (NormStats) the forward kept, as ATen reads
 //                                                   the forward's mean/rstd
 //   BM_AddLayerNormBwdUnfused/normlab/RxD           layer_norm_backward, then normlab's own loop dx += ds
 //   BM_LayerNormBwdFromOutput/normlab/RxD           fp32 memory-efficient backward (reads y, dy, rstd)
+//   BM_AddLayerNormFwdBF16/{normlab,aten}/RxD       the fused forward with bf16 x, residual, s, y (fp32 γ/β,
+//                                                   mean, rstd); ATen: at::add + native_layer_norm on bf16
+//                                                   tensors (bf16 γ/β), which rounds s to bf16 as normlab
+//                                                   does
+//   BM_AddLayerNormFwdFP16/normlab/RxD              the same with fp16 storage (no peer, as LayerNormFwdFP16)
+//   BM_AddLayerNormBwdBF16/{normlab,aten}/RxD       the fused backward with bf16 dy, ds, s, dx (fp32 dγ, dβ;
+//                                                   ATen bf16): native_layer_norm_backward + at::add, as
+//                                                   AddLayerNormBwd's ATen
+//   BM_AddLayerNormBwdFP16/normlab/RxD              the same with fp16 storage
 // Bytes (bytes_per_second), as bench_norm.cpp: what the ideal kernel moves, in the storage type:
 //   Fwd BF16/FP16 (LayerNorm, RmsNorm): 2·2·N; Bwd BF16: 3·2·N; AddLayerNormFwd(+Unfused): 4·4·N (read x,
 //   residual; write s, y); AddLayerNormBwd(+Saved, +Unfused): 4·4·N (read dy, ds, s; write dx);
-//   LayerNormBwdFromOutput: 3·4·N.
+//   LayerNormBwdFromOutput: 3·4·N; AddLayerNormFwdBF16/FP16, AddLayerNormBwdBF16/FP16: 4·2·N.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
@@ -48,6 +57,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench_onednn.h"
@@ -62,13 +72,27 @@ constexpr Index kOutOfCacheElems = (Index{128} << 20) / 4;
 constexpr Index kDims[] = {64, 80, 256, 768, 4096};
 constexpr Index kMaxD = 4096;
 
-// One size class of buffers: bf16 and fp16 x, y, dy, dx; fp32 x, residual, s, y (fused) and dx.
+// One size class of buffers: bf16 x, y, dy, dx, residual, s; fp16 the same; fp32 x, residual, s, y
+// (fused) and dx.
 struct LowpPool {
   Index elems = 0;
-  BufferOf<bfloat16> bx, by, bdy, bdx;
-  BufferOf<float16> hx, hy;
+  BufferOf<bfloat16> bx, by, bdy, bdx, br, bs;
+  BufferOf<float16> hx, hy, hdy, hdx, hr, hs;
   Buffer fx, fr, fs, fy, fdy, fdx;
 };
+
+// The 16-bit buffers of one storage type, for the benchmarks written once for bf16 and fp16.
+template <typename T>
+struct Buffers16 {
+  T *x, *y, *dy, *dx, *r, *s;
+};
+template <typename T>
+Buffers16<T> Of(LowpPool& p) {
+  if constexpr (std::is_same_v<T, bfloat16>)
+    return {p.bx.get(), p.by.get(), p.bdy.get(), p.bdx.get(), p.br.get(), p.bs.get()};
+  else
+    return {p.hx.get(), p.hy.get(), p.hdy.get(), p.hdx.get(), p.hr.get(), p.hs.get()};
+}
 
 LowpPool& GetLowpPool(Index elems) {
   static std::map<Index, std::unique_ptr<LowpPool>> pools;
@@ -76,12 +100,8 @@ LowpPool& GetLowpPool(Index elems) {
   if (!slot) {
     auto p = std::make_unique<LowpPool>();
     p->elems = elems;
-    p->bx = Allocate<bfloat16>(elems);
-    p->by = Allocate<bfloat16>(elems);
-    p->bdy = Allocate<bfloat16>(elems);
-    p->bdx = Allocate<bfloat16>(elems);
-    p->hx = Allocate<float16>(elems);
-    p->hy = Allocate<float16>(elems);
+    for (auto* b : {&p->bx, &p->by, &p->bdy, &p->bdx, &p->br, &p->bs}) *b = Allocate<bfloat16>(elems);
+    for (auto* b : {&p->hx, &p->hy, &p->hdy, &p->hdx, &p->hr, &p->hs}) *b = Allocate<float16>(elems);
     for (Buffer* b : {&p->fx, &p->fr, &p->fs, &p->fy, &p->fdy, &p->fdx}) *b = AllocateFloats(elems);
     FillUniform(p->fx.get(), elems, 1, -1.5f, 2.5f);
     FillUniform(p->fr.get(), elems, 5, -2.0f, 2.0f);
@@ -89,9 +109,12 @@ LowpPool& GetLowpPool(Index elems) {
     for (Index i = 0; i < elems; ++i) {
       p->bx.get()[i] = bfloat16(p->fx.get()[i]);
       p->hx.get()[i] = float16(p->fx.get()[i]);
+      p->br.get()[i] = bfloat16(p->fr.get()[i]);
+      p->hr.get()[i] = float16(p->fr.get()[i]);
       p->bdy.get()[i] = bfloat16(p->fdy.get()[i]);
-      p->by.get()[i] = p->bdx.get()[i] = bfloat16{};
-      p->hy.get()[i] = float16{};
+      p->hdy.get()[i] = float16(p->fdy.get()[i]);
+      p->by.get()[i] = p->bdx.get()[i] = p->bs.get()[i] = bfloat16{};
+      p->hy.get()[i] = p->hdx.get()[i] = p->hs.get()[i] = float16{};
     }
     std::fill_n(p->fs.get(), elems, 0.0f);  // first touch outside any timed loop
     std::fill_n(p->fy.get(), elems, 0.0f);
@@ -349,6 +372,69 @@ Impl MakeAddBwd(const std::string& impl, bool fused, const Shape& s, LowpPool& p
           [h] { return FromTensor(h->keep); }};
 }
 
+// The fused add + LayerNorm with 16-bit storage (T = bfloat16 or float16; ATen for bf16 only).
+template <typename T>
+Impl MakeAddFwd16(const std::string& impl, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
+  const Index n = s.numel();
+  const Buffers16<T> b = Of<T>(p);
+  auto result = [n, b] { return Widen(b.y, n); };
+  if (impl == "normlab") {
+    h->a.resize(static_cast<std::size_t>(2 * s.rows));
+    const TensorView<T> sv(b.s, Dims{s.rows, s.d}), y(b.y, Dims{s.rows, s.d});
+    const View mean(h->a.data(), Dims{s.rows}), rstd(h->a.data() + s.rows, Dims{s.rows});
+    const TensorView<const T> x(b.x, Dims{s.rows, s.d}), r(b.r, Dims{s.rows, s.d});
+    const ConstView w(Param(0), Dims{s.d}), bias(Param(1), Dims{s.d});
+    return {[=] { add_layer_norm_forward(sv, y, mean, rstd, x, r, w, bias, {1}, kEps); }, result};
+  }
+  // aten (bf16): s = x + residual, rounded to bf16; y = layer_norm(s)
+  h->t0 = WrapBf16(p.bx.get(), {s.rows, s.d});
+  h->t1 = WrapBf16(p.br.get(), {s.rows, s.d});
+  h->t2 = WrapBf16(ParamBf16(0), {s.d});
+  h->t3 = WrapBf16(ParamBf16(1), {s.d});
+  const Index d = s.d;
+  return {[h, d] {
+            at::Tensor sum = at::add(h->t0, h->t1);
+            h->keep = std::get<0>(at::native_layer_norm(sum, {d}, h->t2, h->t3, kEps));
+            benchmark::DoNotOptimize(h->keep.data_ptr());
+          },
+          [h] { return FromTensor(h->keep); }};
+}
+
+// Its backward: dx = dnorm + ds, dγ, dβ from dy, ds, s (s made once by the fused forward, outside the loop).
+template <typename T>
+Impl MakeAddBwd16(const std::string& impl, const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
+  const Index n = s.numel();
+  const Buffers16<T> b = Of<T>(p);
+  const TensorView<T> sv(b.s, Dims{s.rows, s.d}), y(b.y, Dims{s.rows, s.d});
+  const TensorView<const T> x(b.x, Dims{s.rows, s.d}), r(b.r, Dims{s.rows, s.d});
+  const ConstView w(Param(0), Dims{s.d}), bias(Param(1), Dims{s.d});
+  add_layer_norm_forward(sv, y, {}, {}, x, r, w, bias, {1}, kEps);
+  if (impl == "normlab") {
+    h->b.resize(static_cast<std::size_t>(2 * s.d));
+    const TensorView<T> dx(b.dx, Dims{s.rows, s.d});
+    const View dw(h->b.data(), Dims{s.d}), db(h->b.data() + s.d, Dims{s.d});
+    const TensorView<const T> dy(b.dy, Dims{s.rows, s.d}), ds(b.r, Dims{s.rows, s.d});
+    return {[=] { add_layer_norm_backward(dx, dw, db, dy, ds, TensorView<const T>(sv), w, {1}, kEps); },
+            [n, b] { return Widen(b.dx, n); }};
+  }
+  // aten (bf16): native_layer_norm_backward with the forward's mean/rstd, then dx + ds
+  h->t0 = WrapBf16(p.bs.get(), {s.rows, s.d});
+  h->t1 = WrapBf16(p.bdy.get(), {s.rows, s.d});
+  h->t2 = WrapBf16(ParamBf16(0), {s.d});
+  h->t3 = WrapBf16(ParamBf16(1), {s.d});
+  const Index d = s.d;
+  auto fwd = at::native_layer_norm(h->t0, {d}, h->t2, h->t3, kEps);
+  auto mean = std::get<1>(fwd), rstd = std::get<2>(fwd);
+  const at::Tensor dst = WrapBf16(p.br.get(), {s.rows, s.d});
+  return {[h, d, mean, rstd, dst] {
+            auto g = at::native_layer_norm_backward(h->t1, h->t0, {d}, mean, rstd, h->t2, h->t3,
+                                                    {true, true, true});
+            h->keep = at::add(std::get<0>(g), dst);
+            benchmark::DoNotOptimize(h->keep.data_ptr());
+          },
+          [h] { return FromTensor(h->keep); }};
+}
+
 Impl MakeBwdFromOutput(const Shape& s, LowpPool& p, std::shared_ptr<Holder> h) {
   h->a.resize(static_cast<std::size_t>(2 * s.rows));
   h->b.resize(static_cast<std::size_t>(2 * s.d));
@@ -457,6 +543,30 @@ std::vector<Op> Ops(bool onednn_bf16) {
          return [](auto& s, auto& p, auto h) { return MakeBwdFromOutput(s, p, h); };
        },
        12},
+      {"AddLayerNormFwdBF16",
+       {"normlab", "aten"},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeAddFwd16<bfloat16>(i, s, p, h); };
+       },
+       8},
+      {"AddLayerNormFwdFP16",
+       {"normlab"},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeAddFwd16<float16>(i, s, p, h); };
+       },
+       8},
+      {"AddLayerNormBwdBF16",
+       {"normlab", "aten"},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeAddBwd16<bfloat16>(i, s, p, h); };
+       },
+       8},
+      {"AddLayerNormBwdFP16",
+       {"normlab"},
+       [](const std::string& i) -> Maker {
+         return [i](auto& s, auto& p, auto h) { return MakeAddBwd16<float16>(i, s, p, h); };
+       },
+       8},
   };
 }
 

@@ -33,6 +33,9 @@ RUN = run_of([
     bench("BM_LayerNormFwd/onednn/8192x64", 40, 52.5),
     bench("BM_LayerNormFwd/normlab/524288x64", 200, 18), bench("BM_LayerNormFwd/aten/524288x64", 150, 24),
     bench("BM_LayerNormFwdBF16/normlab/524288x64", 100, 18),
+    bench("BM_AddLayerNormFwd/normlab/524288x64", 400, 20),
+    bench("BM_AddLayerNormFwdBF16/normlab/524288x64", 250, 16),
+    bench("BM_AddLayerNormBwdBF16/normlab/524288x64", 250, 16),
     bench("BM_LayerNormFwd/normlab/32000x80", 1000, 20),
     bench("BM_LayerNormFwdBFT/normlab/32x80x1000", 1.25, 16, unit="ms"),
     bench("BM_LayerNormFwdBFT/aten/32x80x1000", 12.5, 1.6, unit="ms"),
@@ -97,6 +100,11 @@ class TargetsTest(unittest.TestCase):
         self.assertAlmostEqual(bn["64x256x400"], 3.0)
         self.assertAlmostEqual(
             t["bf16 LayerNorm forward against our fp32, out of cache (≥ 1.7)"][0]["524288x64"], 2.0)
+        self.assertAlmostEqual(
+            t["bf16 fused residual add + LayerNorm forward against our fp32, out of cache (≥ 1.7)"][0]
+            ["524288x64"], 1.6)
+        # (no fp32 fused backward in the run: the bf16 one has nothing to be compared with)
+        self.assertNotIn("bf16 fused residual add + LayerNorm backward against our fp32, out of cache (≥ 1.7)", t)
 
     def test_targets_without_benchmarks_are_left_out(self):
         t = targets(RUN)

@@ -272,6 +272,10 @@ def target_rows(gbs, us):
          lowp("RmsNormFwdBF16", "RmsNormFwd", ooc), "≥", 1.7),
         ("bf16 LayerNorm backward against our fp32, out of cache (≥ 1.7)",
          lowp("LayerNormBwdBF16", "LayerNormBwd", ooc), "≥", 1.7),
+        ("bf16 fused residual add + LayerNorm forward against our fp32, out of cache (≥ 1.7)",
+         lowp("AddLayerNormFwdBF16", "AddLayerNormFwd", ooc), "≥", 1.7),
+        ("bf16 fused residual add + LayerNorm backward against our fp32, out of cache (≥ 1.7)",
+         lowp("AddLayerNormBwdBF16", "AddLayerNormBwd", ooc), "≥", 1.7),
     ]
 
 

@@ -13,13 +13,14 @@
 // of a round see the same machine), and a hash of each version's outputs (whether the bits are the same).
 // KERNELS and SHAPES are comma-separated lists (ROWSxD); every kernel runs at every shape. A KERNEL is
 // ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β; one call over all rows) | rms-fwd | rms-fwd-bf16
-// (RMSNorm: y, rstd from x, γ) | ln-bwd-saved |
-// ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and saved double statistics) | ln-bwd (the same, the
-// statistics recomputed from x) | rms-bwd-saved (dx, dγ). A
-// backward makes one kernel call per 1024 rows, each assigning its own dγ/dβ partial rows, as the
-// library's chunks do. The column kernels: col-fwd (y, mean, rstd) | col-bwd (dx, dγ, dβ, the statistics
-// recomputed), LayerNorm of x [B, F, T] over F (the strided path, no transpose), at shapes BxFxT: one call
-// per tile of up to 64 columns of T, each told the next tile (for its prefetches), as column_norm.cpp does.
+// (RMSNorm: y, rstd from x, γ) | add-ln-fwd | add-rms-fwd | add-ln-fwd-bf16 (the fused residual add:
+// s = x + r stored too, r the dy buffer; with streaming stores, the scratch `work` the library gives) |
+// ln-bwd-saved | ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and saved double statistics) | ln-bwd (the
+// same, the statistics recomputed from x) | rms-bwd-saved (dx, dγ). A backward makes one kernel call per
+// 1024 rows, each assigning its own dγ/dβ partial rows, as the library's chunks do. The column kernels:
+// col-fwd (y, mean, rstd) | col-bwd (dx, dγ, dβ, the statistics recomputed), LayerNorm of x [B, F, T] over
+// F (the strided path, no transpose), at shapes BxFxT: one call per tile of up to 64 columns of T, each
+// told the next tile (for its prefetches), as column_norm.cpp does.
 // x, dy ~ N(1, 2), γ = 1 + 0.01·i, β = 0.1 (those of normlab_bench_loop).
 // Where the row kernels' x, dy and output (y or dx) lie relative to each other modulo 4 KiB changes their
 // speed (docs/PERFORMANCE.md, "seventeenth session"): each shape prints the three page offsets it ran
@@ -171,6 +172,8 @@ struct Run {
   T* out;
   bool backward;
   bool saved;
+  T* s = nullptr;  // the fused add (add-…): s, and the scratch (work) with streaming stores
+  T* work = nullptr;
 
   double operator()(int v) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -190,6 +193,12 @@ struct Run {
       a.rstd = p.rstd.data();
       a.ld_stats = 1;
       a.stream = p.stream;
+      if (s) {  // r = the dy buffer
+        a.r = dy;
+        a.ldr = a.lds = p.n;
+        a.s = s;
+        a.work = p.stream ? work : nullptr;
+      }
       if (v == 0)
         k::ab_a::rows_forward_of<T>(a);
       else
@@ -260,7 +269,8 @@ void paired(
 template <typename T>
 void run(const std::string& kernel, Index rows, Index n, int calls) {
   const bool backward = kernel.find("bwd") != std::string::npos;
-  const bool rms = kernel.rfind("rms-", 0) == 0;
+  const bool fused = kernel.rfind("add-", 0) == 0;
+  const bool rms = kernel.rfind(fused ? "add-rms-" : "rms-", 0) == 0;
   Problem p;
   p.rows = rows;
   p.n = n;
@@ -299,6 +309,11 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   p.db.resize(parts);
 
   Run<T> r{p, x.p, dy.p, out.p, backward, kernel.find("saved") != std::string::npos};
+  Buf<T> s(fused ? size : 0), work(fused ? static_cast<std::size_t>(k::add_chunk_rows(n) * n) : 0);
+  if (fused) {
+    r.s = s.data();
+    r.work = work.data();
+  }
   char label[128];
   std::snprintf(
       label, sizeof label, "%lldx%lld (page offsets: x %d, dy %d, out %d; huge pages: %s)",
@@ -307,6 +322,7 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
       normlab::detail::huge_page_storage(static_cast<std::size_t>(size) * sizeof(T)) ? "advised" : "no");
   paired(kernel, label, calls, r, [&] {
     std::uint64_t h = hash_bits(out.p, size);
+    if (fused) h = hash_bits(s.data(), size, h);
     if (backward) h = hash_bits(p.dw.data(), p.dw.size(), hash_bits(p.db.data(), p.db.size(), h));
     return h;
   });
@@ -439,10 +455,11 @@ int main(int argc, char** argv) {
         if (columns)
           run_columns(kernel, dims[0], dims[1], dims[2], calls);
         else if (kernel == "ln-fwd" || kernel == "ln-bwd" || kernel == "ln-bwd-saved" ||
-                 kernel == "rms-fwd" || kernel == "rms-bwd-saved")
+                 kernel == "rms-fwd" || kernel == "rms-bwd-saved" || kernel == "add-ln-fwd" ||
+                 kernel == "add-rms-fwd")
           run<float>(kernel, dims[0], dims[1], calls);
         else if (kernel == "ln-fwd-bf16" || kernel == "rms-fwd-bf16" || kernel == "ln-bwd-bf16" ||
-                 kernel == "ln-bwd-saved-bf16")
+                 kernel == "ln-bwd-saved-bf16" || kernel == "add-ln-fwd-bf16")
           run<bfloat16>(kernel, dims[0], dims[1], calls);
         else
           throw std::invalid_argument("unknown kernel '" + kernel + "'");

@@ -54,7 +54,9 @@ Strided strided(const Dims& shape, std::mt19937_64& rng, double scale, double of
 TEST(FusedAddNorm, Fp32IsTheUnfusedCompositionBitwise) {
   std::mt19937_64 rng(21);
   int cases = 0;
-  for (const Dims& shape : {Dims{5, 33}, Dims{4, 7, 3}, Dims{3, 1025}, Dims{1, 1}, Dims{8, 64}})
+  // ([5, 256] and [2, 512]: rows the pipelined kernel forms one by one; the others in chunks.)
+  for (const Dims& shape :
+       {Dims{5, 33}, Dims{4, 7, 3}, Dims{3, 1025}, Dims{1, 1}, Dims{8, 64}, Dims{5, 256}, Dims{2, 512}})
     for (const Axes& axes : {Axes{-1}, Axes{0}, Axes{1}})
       for (bool center : {true, false})
         for (int layout = 0; layout < 3; ++layout) {
@@ -132,14 +134,15 @@ TEST(FusedAddNorm, ResidualStreamUpdatedInPlace) {
 
 // Outputs at or above the streaming-store threshold (norm/streaming.h; 16 MiB, here lowered to 64 KiB so
 // that the sanitizer build runs it in seconds) take the streaming route (s written with non-temporal
-// stores, the chunk normalized from a copy in cache): rows of 1025 floats (one in 16 aligned for streaming
-// stores, the others stored normally; the per-row kernel) and rows of 64 (all aligned; the eight-row
-// kernel), several units of work each. Every target gives the unfused composition's bits at 1 and 3
-// threads, and dγ, dβ are bitwise those of the fp32 backward on s.
+// stores, normalized from a copy in cache): rows of 1025 floats (one in 16 aligned for streaming stores,
+// the others stored normally; the per-row kernel on chunks), rows of 64 (all aligned; the eight-row kernel
+// on chunks) and rows of 768 (the pipelined kernel, row by row through its ring of three rows), several
+// units of work each. Every target gives the unfused composition's bits at 1 and 3 threads (LayerNorm and
+// RMSNorm), and dγ, dβ are bitwise those of the fp32 backward on s.
 TEST(FusedAddNorm, LargeOutputsEveryTargetAndThreadCountBitwise) {
   std::mt19937_64 rng(25);
   const kernels::ScopedStreamMinBytes lowered(Index{64} << 10);
-  for (const Dims& shape : {Dims{100, 1025}, Dims{2000, 64}}) {
+  for (const Dims& shape : {Dims{100, 1025}, Dims{2000, 64}, Dims{70, 768}}) {
     const Index d = shape[1];
     const Tensor x = testing::random_tensor(shape, rng, 1.0, 0.5), r = testing::random_tensor(shape, rng, 2.0, -1.0);
     const Tensor dy = testing::random_tensor(shape, rng, 1.0, 0.0), ds = testing::random_tensor(shape, rng, 1.0, 0.0);
@@ -150,6 +153,8 @@ TEST(FusedAddNorm, LargeOutputsEveryTargetAndThreadCountBitwise) {
     layer_norm_forward(y_ref.view(), mean_ref.view(), rstd_ref.view(), s_ref.cview(), w.cview(), b.cview(), {1});
     layer_norm_backward(dn.view(), dw_ref.view(), db_ref.view(), dy.cview(), s_ref.cview(), w.cview(), {1});
     const Tensor dx_ref = add(dn.cview(), ds.cview());
+    Tensor yr_ref(shape), rr_ref(ks);  // RMSNorm
+    rms_norm_forward(yr_ref.view(), rr_ref.view(), s_ref.cview(), w.cview(), {1});
     const Isa saved_isa = active_isa();
     const int saved_threads = num_threads();
     for (Isa isa : supported_isas())
@@ -168,6 +173,13 @@ TEST(FusedAddNorm, LargeOutputsEveryTargetAndThreadCountBitwise) {
         EXPECT_TRUE(bitwise_equal(dx.cview(), dx_ref.cview(), "dx"));
         EXPECT_TRUE(bitwise_equal(dw.cview(), dw_ref.cview(), "dγ"));
         EXPECT_TRUE(bitwise_equal(db.cview(), db_ref.cview(), "dβ"));
+        {
+          Tensor sr(shape), yr(shape), rr(ks);
+          add_rms_norm_forward(sr.view(), yr.view(), rr.view(), x.cview(), r.cview(), w.cview(), {1});
+          EXPECT_TRUE(bitwise_equal(sr.cview(), s_ref.cview(), "s, RMSNorm"));
+          EXPECT_TRUE(bitwise_equal(yr.cview(), yr_ref.cview(), "y, RMSNorm"));
+          EXPECT_TRUE(bitwise_equal(rr.cview(), rr_ref.cview(), "rstd, RMSNorm"));
+        }
         {
           // With NormStats (streaming stores on, saved statistics in the row kernels): the same bits.
           NormStats st;
@@ -241,11 +253,15 @@ TEST(FusedAddNorm, BackwardMatchesFiniteDifferences) {
 // one rounding of the fp32 dnorm + ds, dγ the fp32 backward's on the widened dy and s.
 template <typename T>
 void check_rounds_the_sum_once(std::mt19937_64& rng) {
-  // [64, 256] (32 KiB of 16-bit s, y) with streaming stores, the smaller shapes without.
+  // [64, 256] (32 KiB of 16-bit s, y) with streaming stores (the pipelined kernel's ring), the smaller
+  // shapes without; every SIMD target.
   const kernels::ScopedStreamMinBytes lowered(Index{16} << 10);
-  for (const Dims& shape : {Dims{7, 33}, Dims{3, 1025}, Dims{64, 256}}) {
+  const Isa saved_isa = active_isa();
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (const Dims& shape : {Dims{7, 33}, Dims{3, 1025}, Dims{64, 256}}) {
     for (bool center : {true, false}) {
-      SCOPED_TRACE(fmt::format("shape {} centre={}", shape.str(), center));
+      SCOPED_TRACE(fmt::format("{} shape {} centre={}", isa_name(isa), shape.str(), center));
       const Index d = shape[1];
       const BasicTensor<T> x = testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.5).cview());
       const BasicTensor<T> r = testing::convert_copy<T>(testing::random_tensor(shape, rng, 3.0, 0.0).cview());
@@ -284,7 +300,9 @@ void check_rounds_the_sum_once(std::mt19937_64& rng) {
       EXPECT_EQ(exact, dx.numel());
       EXPECT_TRUE(bitwise_equal(dw.cview(), dw32.cview(), "dγ = the fp32 backward's on the widened dy, s"));
     }
+    }
   }
+  set_isa(saved_isa);
 }
 
 TEST(FusedAddNorm, Bf16RoundsTheSumOnceAndNormalizesTheStoredSum) {

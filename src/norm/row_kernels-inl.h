@@ -611,6 +611,14 @@ void rows_forward_impl(const RowsForwardOf<T>& a) {
 // columns. The output pass is bound by memory traffic and the two statistics passes by arithmetic;
 // interleaving them lets the two overlap. Every pass keeps its own accumulators and order, so the
 // results are those of rows_forward_impl bit for bit.
+// Add: the fused residual add (a.r). The pass that reads a row first (Σx; RMSNorm's Σx²) forms it, 64
+// elements at a time, as add_rows does: s = x + r stored to a.s (streaming stores where a.stream and the row
+// allows) and, with a.work (out of cache), to a ring of three rows there, from which the passes read it
+// (else from a.s). So the passes read the stored s from cache, and the loads of x and r from memory overlap
+// the other rows' arithmetic. Against the chunks it replaced (s of 64 KiB formed, then normalized) on a Zen
+// 5 at 1 thread (docs/PERFORMANCE.md, "fifty-first session"; normlab_bench, old and new binaries
+// alternating): out of cache fp32 0.76-0.96 of the time, bf16 and fp16 0.85-0.93; in L3 fp32 0.80-0.99,
+// bf16 and fp16 0.97-1.04.
 // (Both block helpers always inlined: GCC left mean_block64<true, float16> out of line in the avx2 unit, a
 // call per 64 elements of the fp16 pipelined forward with its accumulators in memory.)
 template <bool Center, typename T>
@@ -650,7 +658,7 @@ NL_FORCE_INLINE inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
   q1 = add(q1, cvt_hi(q));
 }
 
-template <bool Center, bool W, bool B, bool Save, typename T>
+template <bool Center, bool W, bool B, bool Save, bool Add, typename T>
 void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const Index n = a.n, rows = a.rows;
   // Locals: the vector stores to y could alias the argument block, which the loop would then reload.
@@ -658,6 +666,7 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const float* const bp = a.b;
   RowStats st[3];  // by row index mod 3
   const bool ahead = a.stream && !a.x_cached && n >= a.tuning.prefetch_min_n;
+  T* const ring = Add && a.stream ? a.work : nullptr;
   for (Index s = 0; s < rows + 2; ++s) {
     const bool do_mean = Center && s < rows;
     const bool do_second = s >= 1 && s - 1 < rows;
@@ -665,6 +674,12 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
     const T* xa = a.x + s * a.ldx;
     const T* xb = a.x + (s - 1) * a.ldx;
     const T* xc = a.x + (s - 2) * a.ldx;
+    if constexpr (Add) {  // the rows of s (k ≥ −2)
+      auto row = [&](Index k) -> const T* { return ring ? ring + (k + 3) % 3 * n : a.s + k * a.lds; };
+      xa = row(s);
+      xb = row(s - 1);
+      xc = row(s - 2);
+    }
     T* yc = a.y + (s - 2) * a.ldy;
     RowStats& sb = st[(s + 2) % 3];  // row s − 1
     RowStats& sc = st[(s + 1) % 3];  // row s − 2
@@ -676,6 +691,14 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
     // (the row read first from memory: row s for Σx, row s − 1 for RMSNorm's Σx²)
     const T* const first = Center ? xa : xb;
     const bool pf = ahead && (Center ? do_mean : do_second);
+    // Add: that row's x and r, its s, the ring's copy (first), and whether s goes out with streaming stores.
+    const bool add_f = Add && (Center ? do_mean : do_second);
+    const Index f = Center ? s : s - 1;
+    const T* const xf = add_f ? a.x + f * a.ldx : nullptr;
+    const T* const rf = add_f ? a.r + f * a.ldr : nullptr;
+    T* const sf = add_f ? a.s + f * a.lds : nullptr;
+    T* const cf = add_f && ring ? ring + f % 3 * n : nullptr;
+    const bool st_f = cf && stream_ok(sf);
     // With `late` (output_late), each block's outputs are stored after the next block's loads (pend).
     const bool late = do_out && output_late(yc, xc);
     VF pend[4] = {zerof(), zerof(), zerof(), zerof()};
@@ -690,7 +713,26 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
     auto columns = [&](auto late_c) NL_FORCE_INLINE {
       constexpr bool Late = decltype(late_c)::value;
       for (Index i = 0; i < n; i += 64) {
-        if (pf) prefetch_ahead64(first + i);
+        if constexpr (Add) {
+          if (add_f) {
+            if (pf) {
+              prefetch_ahead64(xf + i);
+              prefetch_ahead64(rf + i);
+            }
+            // Scalar math: s[i] = round_T(float(x[i]) + float(r[i]))   (the ring's copy likewise)
+            for (int u = 0; u < 4; ++u) {
+              const Index k = i + u * kF;
+              const VF v = add(load(xf + k), load(rf + k));
+              if (cf) store(cf + k, v);
+              if (st_f)
+                stream(sf + k, v);
+              else
+                store(sf + k, v);
+            }
+          }
+        } else if (pf) {
+          prefetch_ahead64(first + i);
+        }
         if (do_mean) mean_block64<Center>(a0, a1, a2, a3, xa + i);
         if (do_second) second_block64<Center>(q0, q1, xb + i, mhb);
         if (do_out) {
@@ -903,8 +945,10 @@ void rows_forward_plain(const RowsForwardOf<T>& a) {
       }
       if (batched)
         rows_forward_batched_n<C, W, B, S>(a);
+      else if (pipelined && a.r)
+        rows_forward_pipelined<C, W, B, S, true>(a);
       else if (pipelined)
-        rows_forward_pipelined<C, W, B, S>(a);
+        rows_forward_pipelined<C, W, B, S, false>(a);
       else
         rows_forward_impl<C, W, B, S>(a);
     };
@@ -945,8 +989,8 @@ void add_rows(T* s, Index lds, T* copy, const T* x, Index ldx, const T* r, Index
   }
 }
 
-// The fused residual add + norm forward (RowsForwardOf::r): per chunk of rows, s, then the plain kernel
-// on the stored s (or on its copy in work).
+// The fused residual add + norm forward (RowsForwardOf::r) for rows that do not take the pipelined kernel:
+// per chunk of rows, s, then the plain kernel on the stored s (or on its copy in work).
 template <typename T>
 void rows_add_forward(const RowsForwardOf<T>& a) {
   const Index chunk = add_chunk_rows(a.n);
@@ -972,9 +1016,10 @@ void rows_add_forward(const RowsForwardOf<T>& a) {
   if (nt) stream_fence();
 }
 
+// The fused add: in the pipelined kernel where the rows take it (row by row), else by chunks.
 template <typename T>
 void rows_forward_of(const RowsForwardOf<T>& a) {
-  if (a.r) return rows_add_forward(a);
+  if (a.r && !forward_pipelined(a)) return rows_add_forward(a);
   rows_forward_plain(a);
 }
 

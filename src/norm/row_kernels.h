@@ -121,11 +121,12 @@ struct RowsForwardOf {
   double* srstd = nullptr;
   // Fused residual add (r not null): the rows normalized are s = x + r (the float sum of the widened
   // values, rounded once to T), which is also written to s (row r at s + r·lds; s may equal x or r,
-  // never y). The call takes the rows in chunks of add_chunk_rows(n) rows: a chunk's s is formed
-  // and stored, then normalized by the plain kernel while it is still in cache, so y, mean and rstd are
-  // bitwise those of the plain kernel on the stored s. With stream, s goes out with non-temporal stores
-  // and the chunk is normalized from a copy in `work` (add_chunk_rows(n)·n elements of T, one per caller
-  // thread), so s is never read back from memory.
+  // never y); y, mean and rstd are bitwise those of the plain kernel on the stored s. Rows that take the
+  // pipelined kernel (forward_pipelined) are formed there one by one, by the pass that reads them first; the
+  // others in chunks of add_chunk_rows(n) rows: a chunk's s is formed and stored, then normalized by the
+  // plain kernel while it is still in cache. With stream, s goes out with non-temporal stores and is read
+  // from a copy in `work` (add_chunk_rows(n)·n elements of T, one per caller thread: the chunk, or the
+  // pipelined kernel's last three rows), so s is never read back from memory.
   const T* r = nullptr;
   Index ldr = 0;
   T* s = nullptr;

@@ -260,46 +260,50 @@ void check_rounds_the_sum_once(std::mt19937_64& rng) {
   for (Isa isa : supported_isas()) {
     set_isa(isa);
     for (const Dims& shape : {Dims{7, 33}, Dims{3, 1025}, Dims{64, 256}}) {
-    for (bool center : {true, false}) {
-      SCOPED_TRACE(fmt::format("{} shape {} centre={}", isa_name(isa), shape.str(), center));
-      const Index d = shape[1];
-      const BasicTensor<T> x = testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.5).cview());
-      const BasicTensor<T> r = testing::convert_copy<T>(testing::random_tensor(shape, rng, 3.0, 0.0).cview());
-      const BasicTensor<T> dy =
-          testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
-      const BasicTensor<T> ds =
-          testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
-      const Tensor w = testing::random_tensor(Dims{d}, rng, 0.5, 1.0), b = testing::random_tensor(Dims{d}, rng, 0.5, 0.0);
-      const ConstView bv = center ? b.cview() : ConstView{};
-      BasicTensor<T> s(shape), y(shape), dx(shape), y_ref(shape);
-      Tensor dw(Dims{d}), dw32(Dims{d}), dn32(shape);
-      // s = round(float(x) + float(residual)), as PyTorch's bf16 and fp16 add
-      const Tensor s32 = add(Tensor::copy_of(x.cview()).cview(), Tensor::copy_of(r.cview()).cview());
-      const BasicTensor<T> s_ref = testing::convert_copy<T>(s32.cview());
-      if (center) {
-        add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r.cview(), w.cview(), bv, {1});
-        layer_norm_forward(y_ref.view(), {}, {}, s_ref.cview(), w.cview(), bv, {1});
-        add_layer_norm_backward(dx.view(), dw.view(), {}, dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
-        layer_norm_backward(dn32.view(), dw32.view(), {}, Tensor::copy_of(dy.cview()).cview(),
+      for (bool center : {true, false}) {
+        SCOPED_TRACE(fmt::format("{} shape {} centre={}", isa_name(isa), shape.str(), center));
+        const Index d = shape[1];
+        const BasicTensor<T> x =
+            testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.5).cview());
+        const BasicTensor<T> r =
+            testing::convert_copy<T>(testing::random_tensor(shape, rng, 3.0, 0.0).cview());
+        const BasicTensor<T> dy =
+            testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
+        const BasicTensor<T> ds =
+            testing::convert_copy<T>(testing::random_tensor(shape, rng, 1.0, 0.0).cview());
+        const Tensor w = testing::random_tensor(Dims{d}, rng, 0.5, 1.0),
+                     b = testing::random_tensor(Dims{d}, rng, 0.5, 0.0);
+        const ConstView bv = center ? b.cview() : ConstView{};
+        BasicTensor<T> s(shape), y(shape), dx(shape), y_ref(shape);
+        Tensor dw(Dims{d}), dw32(Dims{d}), dn32(shape);
+        // s = round(float(x) + float(residual)), as PyTorch's bf16 and fp16 add
+        const Tensor s32 = add(Tensor::copy_of(x.cview()).cview(), Tensor::copy_of(r.cview()).cview());
+        const BasicTensor<T> s_ref = testing::convert_copy<T>(s32.cview());
+        if (center) {
+          add_layer_norm_forward(s.view(), y.view(), {}, {}, x.cview(), r.cview(), w.cview(), bv, {1});
+          layer_norm_forward(y_ref.view(), {}, {}, s_ref.cview(), w.cview(), bv, {1});
+          add_layer_norm_backward(dx.view(), dw.view(), {}, dy.cview(), ds.cview(), s.cview(), w.cview(),
+                                  {1});
+          layer_norm_backward(dn32.view(), dw32.view(), {}, Tensor::copy_of(dy.cview()).cview(),
+                              Tensor::copy_of(s.cview()).cview(), w.cview(), {1});
+        } else {
+          add_rms_norm_forward(s.view(), y.view(), {}, x.cview(), r.cview(), w.cview(), {1});
+          rms_norm_forward(y_ref.view(), {}, s_ref.cview(), w.cview(), {1});
+          add_rms_norm_backward(dx.view(), dw.view(), dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
+          rms_norm_backward(dn32.view(), dw32.view(), Tensor::copy_of(dy.cview()).cview(),
                             Tensor::copy_of(s.cview()).cview(), w.cview(), {1});
-      } else {
-        add_rms_norm_forward(s.view(), y.view(), {}, x.cview(), r.cview(), w.cview(), {1});
-        rms_norm_forward(y_ref.view(), {}, s_ref.cview(), w.cview(), {1});
-        add_rms_norm_backward(dx.view(), dw.view(), dy.cview(), ds.cview(), s.cview(), w.cview(), {1});
-        rms_norm_backward(dn32.view(), dw32.view(), Tensor::copy_of(dy.cview()).cview(),
-                          Tensor::copy_of(s.cview()).cview(), w.cview(), {1});
+        }
+        EXPECT_TRUE(testing::within_ulps<T>(s.cview(), s_ref.cview(), 0, "s"));
+        EXPECT_TRUE(
+            testing::within_ulps<T>(y.cview(), y_ref.cview(), 0, "y = the 16-bit norm of the stored s"));
+        // dx = round(dnorm_fp32 + ds): one rounding (the unfused 16-bit composition would round twice).
+        const Tensor dx32 = add(dn32.cview(), Tensor::copy_of(ds.cview()).cview());
+        Index exact = 0;
+        EXPECT_TRUE(testing::within_ulps<T>(dx.cview(), testing::convert_copy<T>(dx32.cview()).cview(), 1,
+                                            "dx vs round(fp32 dnorm + ds)", &exact));
+        EXPECT_EQ(exact, dx.numel());
+        EXPECT_TRUE(bitwise_equal(dw.cview(), dw32.cview(), "dγ = the fp32 backward's on the widened dy, s"));
       }
-      EXPECT_TRUE(testing::within_ulps<T>(s.cview(), s_ref.cview(), 0, "s"));
-      EXPECT_TRUE(
-          testing::within_ulps<T>(y.cview(), y_ref.cview(), 0, "y = the 16-bit norm of the stored s"));
-      // dx = round(dnorm_fp32 + ds): one rounding (the unfused 16-bit composition would round twice).
-      const Tensor dx32 = add(dn32.cview(), Tensor::copy_of(ds.cview()).cview());
-      Index exact = 0;
-      EXPECT_TRUE(testing::within_ulps<T>(dx.cview(), testing::convert_copy<T>(dx32.cview()).cview(), 1,
-                                          "dx vs round(fp32 dnorm + ds)", &exact));
-      EXPECT_EQ(exact, dx.numel());
-      EXPECT_TRUE(bitwise_equal(dw.cview(), dw32.cview(), "dγ = the fp32 backward's on the widened dy, s"));
-    }
     }
   }
   set_isa(saved_isa);

@@ -797,7 +797,13 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
 // takes 1.2-1.55 times theirs, so only out of cache. Not taken: RMSNorm (no Σx stage in its eight-row blocks;
 // 0.99-1.07), D = 96, 160, 256 (gains of 0-40 % at one thread count and none at the other), 384 (24 vectors,
 // a loss), any length at run time (the row on the stack: 0.34-1.04).
-template <bool W, bool B, int NC, bool Save>
+// With Add (the fused residual add, RowsForwardOf::r), the row loaded is s = x + r, formed vector by vector
+// and stored to a.s with ordinary stores before the passes run on it; so y, mean and rstd are those of the
+// plain kernel on the stored s. Against the chunks of rows_add_forward (s formed for 64 KiB of rows, stored
+// with streaming stores and copied into the scratch, then the eight-row blocks on the copy) 0.64, 0.69, 0.74
+// and 0.74 of the time at D = 64, 80, 128 and 192 (scripts/ab-rows, 1 thread, 64 MiB per operand;
+// docs/PERFORMANCE.md, "fifty-second session").
+template <bool W, bool B, int NC, bool Save, bool Add>
 void rows_forward_registers(const RowsForwardOf<float>& a) {
   static_assert(NC % kF == 0 && NC >= 2 * kF);
   constexpr int kV = NC / kF;
@@ -807,7 +813,17 @@ void rows_forward_registers(const RowsForwardOf<float>& a) {
   for (Index r = 0; r < a.rows; ++r) {
     const float* const x = a.x + r * a.ldx;
     VF v[kV];
-    for (int j = 0; j < kV; ++j) v[j] = load(x + j * kF);
+    if constexpr (Add) {
+      const float* const xr = a.r + r * a.ldr;
+      float* const s = a.s + r * a.lds;
+      // Scalar math: s[i] = x[i] + r[i] (float)
+      for (int j = 0; j < kV; ++j) {
+        v[j] = add(load(x + j * kF), load(xr + j * kF));
+        store(s + j * kF, v[j]);
+      }
+    } else {
+      for (int j = 0; j < kV; ++j) v[j] = load(x + j * kF);
+    }
     // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i]); mean = hsum((acc0 + acc1) + (acc2 + acc3)) / n
     VD a0 = cvt_lo(v[0]), a1 = cvt_hi(v[0]), a2 = cvt_lo(v[1]), a3 = cvt_hi(v[1]);
     for (int j = 2; j + 1 < kV; j += 2) {
@@ -857,17 +873,17 @@ void rows_forward_registers(const RowsForwardOf<float>& a) {
   }
 }
 
-template <bool W, bool B, bool Save>
+template <bool W, bool B, bool Save, bool Add>
 void rows_forward_registers_n(const RowsForwardOf<float>& a) {
   switch (a.n) {
     case 64:
-      return rows_forward_registers<W, B, 64, Save>(a);
+      return rows_forward_registers<W, B, 64, Save, Add>(a);
     case 80:
-      return rows_forward_registers<W, B, 80, Save>(a);
+      return rows_forward_registers<W, B, 80, Save, Add>(a);
     case 128:
-      return rows_forward_registers<W, B, 128, Save>(a);
+      return rows_forward_registers<W, B, 128, Save, Add>(a);
     default:  // 192 (forward_in_registers)
-      return rows_forward_registers<W, B, 192, Save>(a);
+      return rows_forward_registers<W, B, 192, Save, Add>(a);
   }
 }
 
@@ -941,7 +957,10 @@ void rows_forward_plain(const RowsForwardOf<T>& a) {
     auto run = [&](auto sv) {
       constexpr bool S = decltype(sv)::value;
       if constexpr (std::is_same_v<T, float> && C) {
-        if (forward_in_registers(a)) return rows_forward_registers_n<W, B, S>(a);
+        if (forward_in_registers(a)) {
+          if (a.r) return rows_forward_registers_n<W, B, S, true>(a);
+          return rows_forward_registers_n<W, B, S, false>(a);
+        }
       }
       if (batched)
         rows_forward_batched_n<C, W, B, S>(a);
@@ -1016,10 +1035,11 @@ void rows_add_forward(const RowsForwardOf<T>& a) {
   if (nt) stream_fence();
 }
 
-// The fused add: in the pipelined kernel where the rows take it (row by row), else by chunks.
+// The fused add: in the pipelined kernel or from registers where the rows take them (row by row), else by
+// chunks.
 template <typename T>
 void rows_forward_of(const RowsForwardOf<T>& a) {
-  if (a.r && !forward_pipelined(a)) return rows_add_forward(a);
+  if (a.r && !forward_fuses_add(a)) return rows_add_forward(a);
   rows_forward_plain(a);
 }
 

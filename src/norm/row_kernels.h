@@ -122,8 +122,9 @@ struct RowsForwardOf {
   // Fused residual add (r not null): the rows normalized are s = x + r (the float sum of the widened
   // values, rounded once to T), which is also written to s (row r at s + r·lds; s may equal x or r,
   // never y); y, mean and rstd are bitwise those of the plain kernel on the stored s. Rows that take the
-  // pipelined kernel (forward_pipelined) are formed there one by one, by the pass that reads them first; the
-  // others in chunks of add_chunk_rows(n) rows: a chunk's s is formed and stored, then normalized by the
+  // pipelined kernel (forward_pipelined) are formed there one by one, by the pass that reads them first, and
+  // rows from registers (forward_in_registers) as they are loaded, s stored with ordinary stores as their y;
+  // the others in chunks of add_chunk_rows(n) rows: a chunk's s is formed and stored, then normalized by the
   // plain kernel while it is still in cache. With stream, s goes out with non-temporal stores and is read
   // from a copy in `work` (add_chunk_rows(n)·n elements of T, one per caller thread: the chunk, or the
   // pipelined kernel's last three rows), so s is never read back from memory.
@@ -268,6 +269,13 @@ template <typename T>
 inline bool forward_in_registers(const RowsForwardOf<T>& a) {
   return std::is_same_v<T, float> && a.center && a.stream && !a.x_cached && a.tuning.rows_in_registers &&
          (a.n == 64 || a.n == 80 || a.n == 128 || a.n == 192);
+}
+
+// Whether the fused residual add (RowsForwardOf::r) forms s inside the kernel, row by row (the pipelined
+// kernel, or rows from registers), rather than by chunks (rows_add_forward in row_kernels-inl.h).
+template <typename T>
+inline bool forward_fuses_add(const RowsForwardOf<T>& a) {
+  return forward_pipelined(a) || forward_in_registers(a);
 }
 
 // Whether the backward runs the eight-row blocks (rows_backward_batched, software-pipelined over three

@@ -925,6 +925,87 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
   set_isa(saved);
 }
 
+// The fused residual add (RowsForward::r) on the rows from registers (kernels::forward_fuses_add): s, y,
+// mean, rstd and the saved double statistics bitwise those of the chunks (rows_in_registers off: s formed,
+// streamed and copied into the scratch, then the eight-row blocks on the copy), with and without γ and β,
+// rows apart in memory, s over x and over r, on every SIMD target.
+TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
+  std::mt19937_64 rng(48);
+  const Isa saved = active_isa();
+  kernels::RowsForward p;
+  p.n = 64;
+  p.rows = 3;
+  p.stream = true;
+  p.tuning.rows_in_registers = true;
+  EXPECT_TRUE(kernels::forward_fuses_add(p));
+  p.tuning.rows_in_registers = false;
+  EXPECT_FALSE(kernels::forward_fuses_add(p));
+  p.n = 256;
+  EXPECT_TRUE(kernels::forward_fuses_add(p));  // the pipelined kernel
+  for (const Index d : {Index{64}, Index{80}, Index{128}, Index{192}}) {
+    constexpr Index kRows = 21, kPad = 16;  // rows kPad floats apart beyond their length
+    const Index ld = d + kPad;
+    const Tensor x = testing::random_tensor({kRows, ld}, rng, 2.0, 3.0),
+                 r = testing::random_tensor({kRows, ld}, rng, 1.0, -1.0),
+                 w = testing::random_tensor({d}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({d}, rng, 0.5, 0.0);
+    std::vector<float> work(static_cast<std::size_t>(kernels::add_chunk_rows(d) * d));
+    for (const Isa isa : supported_isas()) {
+      set_isa(isa);
+      for (const int affine : {0, 1, 2, 3}) {
+        const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
+        // v = 0: the chunks; 1: in registers; 2: in registers, s over x; 3: in registers, s over r
+        std::vector<float> y[4], sv[4], xv[4], rv[4], stats[4];
+        double smean[4][kRows], srstd[4][kRows];
+        for (int v = 0; v < 4; ++v) {
+          y[v].assign(static_cast<std::size_t>(kRows * ld), -7.0f);
+          sv[v] = y[v];
+          xv[v].assign(x.data(), x.data() + kRows * ld);
+          rv[v].assign(r.data(), r.data() + kRows * ld);
+          stats[v].assign(static_cast<std::size_t>(4 * kRows), -7.0f);
+          kernels::RowsForward a = contiguous_rows(xv[v].data(), kRows, d, affine & 1 ? w.data() : nullptr,
+                                                   affine & 2 ? b.data() : nullptr);
+          a.ldx = a.ldy = a.ldr = a.lds = ld;
+          a.r = rv[v].data();
+          a.s = v == 2 ? xv[v].data() : v == 3 ? rv[v].data() : sv[v].data();
+          a.work = work.data();
+          a.stream = true;
+          a.tuning.rows_in_registers = v > 0;
+          EXPECT_EQ(kernels::forward_fuses_add(a), v > 0) << what;
+          a.y = y[v].data();
+          a.mean = stats[v].data();
+          a.rstd = stats[v].data() + 1;
+          a.ld_stats = 4;
+          a.smean = smean[v];
+          a.srstd = srstd[v];
+          kernels::row_kernels().rows_forward(a);
+          if (v == 2) sv[v] = xv[v];
+          if (v == 3) sv[v] = rv[v];
+        }
+        for (int v = 1; v < 4; ++v) {
+          for (Index i = 0; i < kRows; ++i) {  // the rows; the padding between them is the callers'
+            EXPECT_EQ(std::memcmp(y[0].data() + i * ld, y[v].data() + i * ld, d * sizeof(float)), 0)
+                << what << " y row " << i << " v " << v;
+            EXPECT_EQ(std::memcmp(sv[0].data() + i * ld, sv[v].data() + i * ld, d * sizeof(float)), 0)
+                << what << " s row " << i << " v " << v;
+          }
+          EXPECT_EQ(std::memcmp(stats[0].data(), stats[v].data(), stats[0].size() * sizeof(float)), 0)
+              << what;
+          EXPECT_EQ(std::memcmp(smean[0], smean[v], sizeof smean[0]), 0) << what;
+          EXPECT_EQ(std::memcmp(srstd[0], srstd[v], sizeof srstd[0]), 0) << what;
+        }
+        // s is x + r in float.
+        for (Index i = 0; i < kRows; ++i)
+          for (Index j = 0; j < d; ++j)
+            ASSERT_EQ(sv[1][static_cast<std::size_t>(i * ld + j)],
+                      x.data()[i * ld + j] + r.data()[i * ld + j])
+                << what;
+      }
+    }
+  }
+  set_isa(saved);
+}
+
 // Out of cache (streaming stores) the backward of rows from kBatchStreamMaxN to kBatchMaxN takes the groups
 // of four rows instead of the eight-row blocks (kernels::backward_batched): the same dx and dγ/dβ partials
 // bit for bit, from saved statistics and recomputing them, LayerNorm and RMSNorm, on every SIMD target.

@@ -27,7 +27,11 @@
 // with, and NORMLAB_AB_PAGE_OFFSETS=X,DY,OUT (bytes, multiples of 64 below 4096) places them there.
 // Without it they are wherever the allocator put them.
 // Only the kernel sources differ between A and B: both use the working tree's row_kernels.h and
-// column_kernels.h, so a revision whose argument structs differ from them cannot be compared this way.
+// column_kernels.h, so a revision whose argument structs differ from them cannot be compared this way, and
+// the dispatch predicates there (forward_pipelined, forward_in_registers ...) are the working tree's on both
+// sides: where a change alters one that REV's kernels also call, REV's side runs a mix (the fifty-second
+// session's first comparison of the fused RMSNorm printed "same bits: no" for this reason); take a REV whose
+// kernels do not call the changed predicate.
 // A and B read the same x (and dy): where the last-level cache holds a good part of it (the Intel Xeon's
 // 480 MiB L3, docs/PERFORMANCE.md, "thirty-sixth session"), the second call of a round finds some of it
 // there, so "out of cache" shapes are not quite that; a prefetch change measured here wants confirming

@@ -262,9 +262,9 @@ inline bool forward_batched(const RowsForwardOf<T>& a) {
 }
 
 // Whether the forward runs one row at a time from registers (rows_forward_registers in row_kernels-inl.h):
-// fp32 LayerNorm rows of 64, 80, 128 or 192 elements that come from memory (not the fused add's s) out of
-// cache, where tuning.rows_in_registers says so. Before forward_batched, which such rows would otherwise
-// take.
+// fp32 LayerNorm rows of 64, 80, 128 or 192 elements that come from memory (not a chunk of the fused add's s
+// in cache, x_cached; the fused add on such rows forms s in that kernel) out of cache, where
+// tuning.rows_in_registers says so. Before forward_batched, which such rows would otherwise take.
 template <typename T>
 inline bool forward_in_registers(const RowsForwardOf<T>& a) {
   return std::is_same_v<T, float> && a.center && a.stream && !a.x_cached && a.tuning.rows_in_registers &&

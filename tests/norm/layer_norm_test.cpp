@@ -848,10 +848,46 @@ TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
   set_isa(saved);
 }
 
+// One out-of-cache forward call of the register-kernel tests below and its outputs: y (kRows rows ld floats
+// apart, filled with -7 beyond what the call writes), mean and rstd at a stride of 4, the saved double
+// statistics. run() calls the active target's kernel on `a` with rows_in_registers as given, after checking
+// that `takes` (forward_in_registers, forward_fuses_add) says the same.
+struct RegisterRowsOutputs {
+  static constexpr Index kRows = 21, kPad = 16;  // rows kPad floats apart beyond their length
+  Index ld;
+  std::vector<float> y, stats;
+  double smean[kRows] = {}, srstd[kRows] = {};
+  explicit RegisterRowsOutputs(Index d)
+      : ld(d + kPad), y(static_cast<std::size_t>(kRows * ld), -7.0f), stats(4 * kRows, -7.0f) {}
+  void run(kernels::RowsForward a, bool in_registers, bool (*takes)(const kernels::RowsForward&),
+           const std::string& what) {
+    a.stream = true;
+    a.tuning.rows_in_registers = in_registers;
+    EXPECT_EQ(takes(a), in_registers) << what;
+    a.y = y.data();
+    a.mean = stats.data();
+    a.rstd = stats.data() + 1;
+    a.ld_stats = 4;
+    a.smean = smean;
+    a.srstd = srstd;
+    kernels::row_kernels().rows_forward(a);
+  }
+  // y's rows (not the padding between them, which is the callers') and every statistic bitwise those of o.
+  void expect_same(const RegisterRowsOutputs& o, Index d, const std::string& what) const {
+    for (Index i = 0; i < kRows; ++i)
+      EXPECT_EQ(std::memcmp(o.y.data() + i * ld, y.data() + i * ld, d * sizeof(float)), 0)
+          << what << " y row " << i;
+    EXPECT_EQ(std::memcmp(o.stats.data(), stats.data(), stats.size() * sizeof(float)), 0) << what;
+    EXPECT_EQ(std::memcmp(o.smean, smean, sizeof smean), 0) << what;
+    EXPECT_EQ(std::memcmp(o.srstd, srstd, sizeof srstd), 0) << what;
+  }
+};
+
 // Out of cache, where tuning.rows_in_registers says so (a Zen 5), fp32 LayerNorm rows of 64, 80, 128 and 192
 // elements run one row at a time from registers (kernels::forward_in_registers): the y, mean, rstd and saved
 // double statistics of the eight-row blocks bit for bit, with and without γ and β, rows apart in memory,
-// statistics at a stride, in place (y = x), on every SIMD target. Nothing else takes that kernel.
+// statistics at a stride, in place (y = x), on every SIMD target. (The fused residual add on such rows:
+// FusedAddInRegistersHasTheChunksBits below.)
 TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
   std::mt19937_64 rng(47);
   const Isa saved = active_isa();
@@ -879,9 +915,8 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
   EXPECT_FALSE(kernels::forward_in_registers(p16));
 
   for (const Index d : {Index{64}, Index{80}, Index{128}, Index{192}}) {
-    constexpr Index kRows = 21, kPad = 16;  // rows kPad floats apart beyond their length
-    const Index ld = d + kPad;
-    const Tensor x = testing::random_tensor({kRows, ld}, rng, 2.0, 3.0),
+    const Index rows = RegisterRowsOutputs::kRows, ld = d + RegisterRowsOutputs::kPad;
+    const Tensor x = testing::random_tensor({rows, ld}, rng, 2.0, 3.0),
                  w = testing::random_tensor({d}, rng, 1.0, 1.0),
                  b = testing::random_tensor({d}, rng, 0.5, 0.0);
     for (const Isa isa : supported_isas()) {
@@ -889,36 +924,16 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
       for (const int affine : {0, 1, 2, 3}) {
         const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
         // v = 0: the eight-row blocks; 1: in registers; 2: in registers, in place
-        std::vector<float> y[3], stats[3];
-        double smean[3][kRows], srstd[3][kRows];
+        std::vector<RegisterRowsOutputs> out(3, RegisterRowsOutputs(d));
         for (int v = 0; v < 3; ++v) {
-          y[v].assign(static_cast<std::size_t>(kRows * ld), -7.0f);
-          stats[v].assign(static_cast<std::size_t>(4 * kRows), -7.0f);
-          if (v == 2) std::copy(x.data(), x.data() + kRows * ld, y[v].begin());
+          if (v == 2) std::copy(x.data(), x.data() + rows * ld, out[v].y.begin());
           kernels::RowsForward a =
-              contiguous_rows(v == 2 ? y[v].data() : x.data(), kRows, d, affine & 1 ? w.data() : nullptr,
+              contiguous_rows(v == 2 ? out[v].y.data() : x.data(), rows, d, affine & 1 ? w.data() : nullptr,
                               affine & 2 ? b.data() : nullptr);
           a.ldx = a.ldy = ld;
-          a.stream = true;
-          a.tuning.rows_in_registers = v > 0;
-          EXPECT_EQ(kernels::forward_in_registers(a), v > 0) << what;
-          a.y = y[v].data();
-          a.mean = stats[v].data();
-          a.rstd = stats[v].data() + 1;
-          a.ld_stats = 4;
-          a.smean = smean[v];
-          a.srstd = srstd[v];
-          kernels::row_kernels().rows_forward(a);
+          out[v].run(a, v > 0, &kernels::forward_in_registers<float>, what);
         }
-        for (int v = 1; v < 3; ++v) {
-          for (Index r = 0; r < kRows; ++r)  // the rows; the padding between them is the callers'
-            EXPECT_EQ(std::memcmp(y[0].data() + r * ld, y[v].data() + r * ld, d * sizeof(float)), 0)
-                << what << " y row " << r << " v " << v;
-          EXPECT_EQ(std::memcmp(stats[0].data(), stats[v].data(), stats[0].size() * sizeof(float)), 0)
-              << what;
-          EXPECT_EQ(std::memcmp(smean[0], smean[v], sizeof smean[0]), 0) << what;
-          EXPECT_EQ(std::memcmp(srstd[0], srstd[v], sizeof srstd[0]), 0) << what;
-        }
+        for (int v = 1; v < 3; ++v) out[v].expect_same(out[0], d, fmt::format("{} v {}", what, v));
       }
     }
   }
@@ -943,10 +958,9 @@ TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
   p.n = 256;
   EXPECT_TRUE(kernels::forward_fuses_add(p));  // the pipelined kernel
   for (const Index d : {Index{64}, Index{80}, Index{128}, Index{192}}) {
-    constexpr Index kRows = 21, kPad = 16;  // rows kPad floats apart beyond their length
-    const Index ld = d + kPad;
-    const Tensor x = testing::random_tensor({kRows, ld}, rng, 2.0, 3.0),
-                 r = testing::random_tensor({kRows, ld}, rng, 1.0, -1.0),
+    const Index rows = RegisterRowsOutputs::kRows, ld = d + RegisterRowsOutputs::kPad;
+    const Tensor x = testing::random_tensor({rows, ld}, rng, 2.0, 3.0),
+                 r = testing::random_tensor({rows, ld}, rng, 1.0, -1.0),
                  w = testing::random_tensor({d}, rng, 1.0, 1.0),
                  b = testing::random_tensor({d}, rng, 0.5, 0.0);
     std::vector<float> work(static_cast<std::size_t>(kernels::add_chunk_rows(d) * d));
@@ -955,47 +969,29 @@ TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
       for (const int affine : {0, 1, 2, 3}) {
         const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
         // v = 0: the chunks; 1: in registers; 2: in registers, s over x; 3: in registers, s over r
-        std::vector<float> y[4], sv[4], xv[4], rv[4], stats[4];
-        double smean[4][kRows], srstd[4][kRows];
+        std::vector<RegisterRowsOutputs> out(4, RegisterRowsOutputs(d));
+        std::vector<float> sv[4];
         for (int v = 0; v < 4; ++v) {
-          y[v].assign(static_cast<std::size_t>(kRows * ld), -7.0f);
-          sv[v] = y[v];
-          xv[v].assign(x.data(), x.data() + kRows * ld);
-          rv[v].assign(r.data(), r.data() + kRows * ld);
-          stats[v].assign(static_cast<std::size_t>(4 * kRows), -7.0f);
-          kernels::RowsForward a = contiguous_rows(xv[v].data(), kRows, d, affine & 1 ? w.data() : nullptr,
+          std::vector<float> xv(x.data(), x.data() + rows * ld), rv(r.data(), r.data() + rows * ld);
+          sv[v].assign(xv.size(), -7.0f);
+          kernels::RowsForward a = contiguous_rows(xv.data(), rows, d, affine & 1 ? w.data() : nullptr,
                                                    affine & 2 ? b.data() : nullptr);
           a.ldx = a.ldy = a.ldr = a.lds = ld;
-          a.r = rv[v].data();
-          a.s = v == 2 ? xv[v].data() : v == 3 ? rv[v].data() : sv[v].data();
+          a.r = rv.data();
+          a.s = v == 2 ? xv.data() : v == 3 ? rv.data() : sv[v].data();
           a.work = work.data();
-          a.stream = true;
-          a.tuning.rows_in_registers = v > 0;
-          EXPECT_EQ(kernels::forward_fuses_add(a), v > 0) << what;
-          a.y = y[v].data();
-          a.mean = stats[v].data();
-          a.rstd = stats[v].data() + 1;
-          a.ld_stats = 4;
-          a.smean = smean[v];
-          a.srstd = srstd[v];
-          kernels::row_kernels().rows_forward(a);
-          if (v == 2) sv[v] = xv[v];
-          if (v == 3) sv[v] = rv[v];
+          out[v].run(a, v > 0, &kernels::forward_fuses_add<float>, what);
+          if (v == 2) sv[v] = xv;
+          if (v == 3) sv[v] = rv;
         }
         for (int v = 1; v < 4; ++v) {
-          for (Index i = 0; i < kRows; ++i) {  // the rows; the padding between them is the callers'
-            EXPECT_EQ(std::memcmp(y[0].data() + i * ld, y[v].data() + i * ld, d * sizeof(float)), 0)
-                << what << " y row " << i << " v " << v;
+          out[v].expect_same(out[0], d, fmt::format("{} v {}", what, v));
+          for (Index i = 0; i < rows; ++i)
             EXPECT_EQ(std::memcmp(sv[0].data() + i * ld, sv[v].data() + i * ld, d * sizeof(float)), 0)
                 << what << " s row " << i << " v " << v;
-          }
-          EXPECT_EQ(std::memcmp(stats[0].data(), stats[v].data(), stats[0].size() * sizeof(float)), 0)
-              << what;
-          EXPECT_EQ(std::memcmp(smean[0], smean[v], sizeof smean[0]), 0) << what;
-          EXPECT_EQ(std::memcmp(srstd[0], srstd[v], sizeof srstd[0]), 0) << what;
         }
         // s is x + r in float.
-        for (Index i = 0; i < kRows; ++i)
+        for (Index i = 0; i < rows; ++i)
           for (Index j = 0; j < d; ++j)
             ASSERT_EQ(sv[1][static_cast<std::size_t>(i * ld + j)],
                       x.data()[i * ld + j] + r.data()[i * ld + j])

@@ -658,6 +658,24 @@ NL_FORCE_INLINE inline void second_block64(VD& q0, VD& q1, const T* x, VF mh) {
   q1 = add(q1, cvt_hi(q));
 }
 
+// One vector of the fused residual add's s = x + r (the float sum of the widened values), elements k to
+// k + kF − 1: stored to s, with a streaming store where nt, and to copy where given (ordinary store);
+// returned for the passes that follow. The pipelined kernel, add_rows and the register kernel form s with it.
+// (The offset apart from the pointers keeps `copy` a test the compiler hoists out of the caller's loop.)
+template <typename T>
+NL_FORCE_INLINE inline VF add_vec(T* s, bool nt, std::type_identity_t<T*> copy,
+                                  std::type_identity_t<const T*> x, std::type_identity_t<const T*> r,
+                                  Index k) {
+  // Scalar math: s[i] = round_T(float(x[i]) + float(r[i]))   (copy[i] likewise)
+  const VF v = add(load(x + k), load(r + k));
+  if (copy) store(copy + k, v);
+  if (nt)
+    stream(s + k, v);
+  else
+    store(s + k, v);
+  return v;
+}
+
 template <bool Center, bool W, bool B, bool Save, bool Add, typename T>
 void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   const Index n = a.n, rows = a.rows;
@@ -698,7 +716,7 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
     const T* const rf = add_f ? a.r + f * a.ldr : nullptr;
     T* const sf = add_f ? a.s + f * a.lds : nullptr;
     T* const cf = add_f && ring ? ring + f % 3 * n : nullptr;
-    const bool st_f = cf && stream_ok(sf);
+    [[maybe_unused]] const bool st_f = cf && stream_ok(sf);  // (used only where Add)
     // With `late` (output_late), each block's outputs are stored after the next block's loads (pend).
     const bool late = do_out && output_late(yc, xc);
     VF pend[4] = {zerof(), zerof(), zerof(), zerof()};
@@ -719,16 +737,7 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
               prefetch_ahead64(xf + i);
               prefetch_ahead64(rf + i);
             }
-            // Scalar math: s[i] = round_T(float(x[i]) + float(r[i]))   (the ring's copy likewise)
-            for (int u = 0; u < 4; ++u) {
-              const Index k = i + u * kF;
-              const VF v = add(load(xf + k), load(rf + k));
-              if (cf) store(cf + k, v);
-              if (st_f)
-                stream(sf + k, v);
-              else
-                store(sf + k, v);
-            }
+            for (int u = 0; u < 4; ++u) add_vec(sf, st_f, cf, xf, rf, i + u * kF);
           }
         } else if (pf) {
           prefetch_ahead64(first + i);
@@ -816,11 +825,7 @@ void rows_forward_registers(const RowsForwardOf<float>& a) {
     if constexpr (Add) {
       const float* const xr = a.r + r * a.ldr;
       float* const s = a.s + r * a.lds;
-      // Scalar math: s[i] = x[i] + r[i] (float)
-      for (int j = 0; j < kV; ++j) {
-        v[j] = add(load(x + j * kF), load(xr + j * kF));
-        store(s + j * kF, v[j]);
-      }
+      for (int j = 0; j < kV; ++j) v[j] = add_vec(s, false, nullptr, x, xr, j * kF);
     } else {
       for (int j = 0; j < kV; ++j) v[j] = load(x + j * kF);
     }
@@ -990,16 +995,9 @@ void add_rows(T* s, Index lds, T* copy, const T* x, Index ldx, const T* r, Index
     T* cj = copy ? copy + j * n : nullptr;
     const bool nt = cj && stream_ok(sj);
     Index i = 0;
-    // Scalar math: s[i] = round_T(float(x[i]) + float(r[i]))   (copy[i] likewise)
-    for (; i + kF <= n; i += kF) {
-      const VF v = add(load(xj + i), load(rj + i));
-      if (cj) store(cj + i, v);
-      if (nt)
-        stream(sj + i, v);
-      else
-        store(sj + i, v);
-    }
+    for (; i + kF <= n; i += kF) add_vec(sj, nt, cj, xj, rj, i);
     if (i < n) {
+      // Scalar math: as add_vec, the last k < kF elements (ordinary stores)
       const int k = static_cast<int>(n - i);
       const VF v = add(load_n(xj + i, k), load_n(rj + i, k));
       if (cj) store_n(cj + i, v, k);

@@ -793,6 +793,22 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
+// mh = float(mean), ml = float(mean − mh) for rows whose statistics GCC's SLP vectorizer can pair (the
+// register kernel's two rows). GCC 12.2 (Debian 12), pairing two of them (-O2 and up, any x86 target), takes
+// double(float(mean)) for mean and computes ml as mean − mean = 0:
+// `for (q = 0; q < 2; ++q) { mh[q] = (float)m[q]; ml[q] = (float)(m[q] - (double)mh[q]); }` compiles to
+// vcvtpd2ps and vsubpd x, x. The empty asm hides double(mh)'s origin from the compiler; the arithmetic is the
+// same. (Where nothing pairs, the plain conversions: the asm also kept GCC from scheduling the one-row kernel
+// as well, 1.13-1.17 of the time of the fused add at D = 128, 192.)
+NL_FORCE_INLINE inline void split_mean_paired(double mean, float& mh, float& ml) {
+  mh = static_cast<float>(mean);
+  double m = static_cast<double>(mh);
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+x"(m));
+#endif
+  ml = static_cast<float>(mean - m);
+}
+
 // Out of cache on a Zen 5 (forward_in_registers, row_kernels.h): fp32 LayerNorm rows of NC = 64, 80, 128 or
 // 192 elements one at a time, each loaded once into NC/kF vectors on which its three passes run, y written
 // with ordinary stores (no streaming stores, no software prefetch). Each row's arithmetic is that of
@@ -812,70 +828,105 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
 // with streaming stores and copied into the scratch, then the eight-row blocks on the copy) 0.64, 0.69, 0.74
 // and 0.74 of the time at D = 64, 80, 128 and 192 (scripts/ab-rows, 1 thread, 64 MiB per operand;
 // docs/PERFORMANCE.md, "fifty-second session").
-template <bool W, bool B, int NC, bool Save, bool Add>
-void rows_forward_registers(const RowsForwardOf<float>& a) {
-  static_assert(NC % kF == 0 && NC >= 2 * kF);
+// Rows of 64 without the fused add go two at a time (register_rows with Q = 2), their stages interleaved:
+// both rows' Σx, then both second passes, then both outputs. One row's steps form one chain (Σx, its
+// horizontal sum, the division, the second pass and its sum, the square root, the output), and one at a time
+// the kernel was bound by it more than by memory: a row of 64 took 20.6 ns in L2 and 21.9 out of cache (the
+// streaming copy of its bytes about 11). Two rows at a time took 0.83-0.88 of the time at D = 64
+// (scripts/ab-rows, 1 thread, 64 MiB per operand, four placements of x, r and y in their pages;
+// docs/PERFORMANCE.md, "fifty-third session"), but 1.19-1.24 at 80 and with the fused add 1.02-1.04 at 64
+// and 1.23-1.26 at 80, 1.16-1.19 at 128 and 192; three or four rows at a time 1.1-1.6 at 64.
+template <bool W, bool B, int NC, int Q, bool Save, bool Add>
+NL_FORCE_INLINE inline void register_rows(const RowsForwardOf<float>& a, Index r0) {
   constexpr int kV = NC / kF;
   constexpr double nd = NC;
+  // Locals: the vector stores to y could alias the argument block, which the loop would then reload.
   const float* const wp = a.w;
   const float* const bp = a.b;
-  for (Index r = 0; r < a.rows; ++r) {
+  float* const y0 = a.y;
+  const Index ldy = a.ldy;
+  VF v[Q][kV];
+  for (int q = 0; q < Q; ++q) {
+    const Index r = r0 + q;
     const float* const x = a.x + r * a.ldx;
-    VF v[kV];
     if constexpr (Add) {
       const float* const xr = a.r + r * a.ldr;
       float* const s = a.s + r * a.lds;
-      for (int j = 0; j < kV; ++j) v[j] = add_vec(s, false, nullptr, x, xr, j * kF);
+      for (int j = 0; j < kV; ++j) v[q][j] = add_vec(s, false, nullptr, x, xr, j * kF);
     } else {
-      for (int j = 0; j < kV; ++j) v[j] = load(x + j * kF);
+      for (int j = 0; j < kV; ++j) v[q][j] = load(x + j * kF);
     }
-    // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i]); mean = hsum((acc0 + acc1) + (acc2 + acc3)) / n
-    VD a0 = cvt_lo(v[0]), a1 = cvt_hi(v[0]), a2 = cvt_lo(v[1]), a3 = cvt_hi(v[1]);
+  }
+  double mean[Q];
+  float mh[Q], ml[Q];
+  // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i]); mean = hsum((acc0 + acc1) + (acc2 + acc3)) / n
+  for (int q = 0; q < Q; ++q) {
+    VD a0 = cvt_lo(v[q][0]), a1 = cvt_hi(v[q][0]), a2 = cvt_lo(v[q][1]), a3 = cvt_hi(v[q][1]);
     for (int j = 2; j + 1 < kV; j += 2) {
-      a0 = add(a0, cvt_lo(v[j]));
-      a1 = add(a1, cvt_hi(v[j]));
-      a2 = add(a2, cvt_lo(v[j + 1]));
-      a3 = add(a3, cvt_hi(v[j + 1]));
+      a0 = add(a0, cvt_lo(v[q][j]));
+      a1 = add(a1, cvt_hi(v[q][j]));
+      a2 = add(a2, cvt_lo(v[q][j + 1]));
+      a3 = add(a3, cvt_hi(v[q][j + 1]));
     }
     if constexpr (kV % 2 == 1) {
-      a0 = add(a0, cvt_lo(v[kV - 1]));
-      a1 = add(a1, cvt_hi(v[kV - 1]));
+      a0 = add(a0, cvt_lo(v[q][kV - 1]));
+      a1 = add(a1, cvt_hi(v[q][kV - 1]));
     }
-    const double mean = (hsum(add(add(a0, a1), add(a2, a3))) + 0.0) / nd;
-    const float mh = static_cast<float>(mean), ml = static_cast<float>(mean - static_cast<double>(mh));
-    // Scalar math: e = x[i] − m_hi; per block of four vectors q = (e0·e0 + e1·e1) + (e2·e2 + e3·e3) in float,
-    // its lanes 0..7 and 8..15 added to two double accumulators; Σe² = hsum(acc_lo + acc_hi)
-    const VF mhv = bcast(mh);
+    mean[q] = (hsum(add(add(a0, a1), add(a2, a3))) + 0.0) / nd;
+    if constexpr (Q == 1) {
+      mh[q] = static_cast<float>(mean[q]);
+      ml[q] = static_cast<float>(mean[q] - static_cast<double>(mh[q]));
+    } else {
+      split_mean_paired(mean[q], mh[q], ml[q]);
+    }
+  }
+  // Scalar math: e = x[i] − m_hi; per block of four vectors q = (e0·e0 + e1·e1) + (e2·e2 + e3·e3) in float,
+  // its lanes 0..7 and 8..15 added to two double accumulators; Σe² = hsum(acc_lo + acc_hi)
+  double rstd[Q];
+  for (int q = 0; q < Q; ++q) {
+    const VF mhv = bcast(mh[q]);
     VD q0 = zerod(), q1 = zerod();
     for (int k = 0; k < kV; k += 4) {
       const int live = std::min(4, kV - k);
       VF e[4];
-      for (int u = 0; u < live; ++u) e[u] = sub(v[k + u], mhv);
-      const VF q = block_tree(live, [&](int u) { return mul(e[u], e[u]); });
-      q0 = k == 0 ? cvt_lo(q) : add(q0, cvt_lo(q));
-      q1 = k == 0 ? cvt_hi(q) : add(q1, cvt_hi(q));
+      for (int u = 0; u < live; ++u) e[u] = sub(v[q][k + u], mhv);
+      const VF s2 = block_tree(live, [&](int u) { return mul(e[u], e[u]); });
+      q0 = k == 0 ? cvt_lo(s2) : add(q0, cvt_lo(s2));
+      q1 = k == 0 ? cvt_hi(s2) : add(q1, cvt_hi(s2));
     }
     const double sq = hsum(add(q0, q1));
-    const double mld = static_cast<double>(ml);
+    const double mld = static_cast<double>(ml[q]);
     const double var = std::max(sq / nd - mld * mld, 0.0);
-    const double rstd = 1.0 / std::sqrt(var + a.eps);
-    const float rs = static_cast<float>(rstd);
-    if (a.mean) a.mean[r * a.ld_stats] = mh;
+    rstd[q] = 1.0 / std::sqrt(var + a.eps);
+  }
+  // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float (as row_output)
+  for (int q = 0; q < Q; ++q) {
+    const Index r = r0 + q;
+    const float rs = static_cast<float>(rstd[q]);
+    if (a.mean) a.mean[r * a.ld_stats] = mh[q];
     if (a.rstd) a.rstd[r * a.ld_stats] = rs;
     if constexpr (Save) {
-      if (a.smean) a.smean[r] = mean;
-      if (a.srstd) a.srstd[r] = rstd;
+      if (a.smean) a.smean[r] = mean[q];
+      if (a.srstd) a.srstd[r] = rstd[q];
     }
-    // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float (as row_output)
-    const VF mlv = bcast(ml), rv = bcast(rs);
-    float* const y = a.y + r * a.ldy;
+    const VF mhv = bcast(mh[q]), mlv = bcast(ml[q]), rv = bcast(rs);
+    float* const y = y0 + r * ldy;
     for (int u = 0; u < kV; ++u) {
-      VF o = mul(dev<true>(v[u], mhv, mlv), rv);
+      VF o = mul(dev<true>(v[q][u], mhv, mlv), rv);
       if constexpr (W) o = mul(o, load(wp + u * kF));
       if constexpr (B) o = add(o, load(bp + u * kF));
       store(y + u * kF, o);
     }
   }
+}
+
+template <bool W, bool B, int NC, bool Save, bool Add>
+void rows_forward_registers(const RowsForwardOf<float>& a) {
+  static_assert(NC % kF == 0 && NC >= 2 * kF);
+  constexpr int kQ = NC == 64 && !Add ? 2 : 1;
+  Index r = 0;
+  for (; r + kQ <= a.rows; r += kQ) register_rows<W, B, NC, kQ, Save, Add>(a, r);
+  for (; r < a.rows; ++r) register_rows<W, B, NC, 1, Save, Add>(a, r);
 }
 
 template <bool W, bool B, bool Save, bool Add>

@@ -798,8 +798,8 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
 // double(float(mean)) for mean and computes ml as mean − mean = 0:
 // `for (q = 0; q < 2; ++q) { mh[q] = (float)m[q]; ml[q] = (float)(m[q] - (double)mh[q]); }` compiles to
 // vcvtpd2ps and vsubpd x, x. The empty asm hides double(mh)'s origin from the compiler; the arithmetic is the
-// same. (Where nothing pairs, the plain conversions: the asm also kept GCC from scheduling the one-row kernel
-// as well, 1.13-1.17 of the time of the fused add at D = 128, 192.)
+// same. (Where nothing pairs, the plain conversions: with the asm there too, the one-row kernel
+// took 1.14-1.29 of the time for the fused add at D = 128 and 192 in two runs.)
 NL_FORCE_INLINE inline void split_mean_paired(double mean, float& mh, float& ml) {
   mh = static_cast<float>(mean);
   double m = static_cast<double>(mh);
@@ -810,18 +810,18 @@ NL_FORCE_INLINE inline void split_mean_paired(double mean, float& mh, float& ml)
 }
 
 // Out of cache on a Zen 5 (forward_in_registers, row_kernels.h): fp32 LayerNorm rows of NC = 64, 80, 128 or
-// 192 elements one at a time, each loaded once into NC/kF vectors on which its three passes run, y written
-// with ordinary stores (no streaming stores, no software prefetch). Each row's arithmetic is that of
-// rows_forward_impl term by term: Σx as row_sum_vec (acc0..acc3 over consecutive eight-element pieces, the
-// pieces of one vector being its cvt_lo and cvt_hi), the second pass as row_second_pass_vec (blocks of four
-// vectors, a last block of fewer without the zero vectors), finish_rstd, row_output; so the same bits.
-// Why (docs/PERFORMANCE.md, "forty-fifth session"): out of cache the eight-row blocks with streaming stores
-// took about their in-L3 time plus a streaming copy of their bytes, or more, on this machine; this kernel, of
-// their time: at 1 thread 0.73-0.92 (scripts/ab-rows) at D = 64, 80, 128 and 0.75 at 192; with a copy of it
-// beside the library in one process 0.61-0.92 at 1 thread and 0.68-1.16 at 2 (0.52-0.93 at 192). In cache it
-// takes 1.2-1.55 times theirs, so only out of cache. Not taken: RMSNorm (no Σx stage in its eight-row blocks;
-// 0.99-1.07), D = 96, 160, 256 (gains of 0-40 % at one thread count and none at the other), 384 (24 vectors,
-// a loss), any length at run time (the row on the stack: 0.34-1.04).
+// 192 elements one at a time (rows of 64 two at a time, below), each loaded once into NC/kF vectors on which
+// its three passes run, y written with ordinary stores (no streaming stores, no software prefetch). Each
+// row's arithmetic is that of rows_forward_impl term by term: Σx as row_sum_vec (acc0..acc3 over consecutive
+// eight-element pieces, the pieces of one vector being its cvt_lo and cvt_hi), the second pass as
+// row_second_pass_vec (blocks of four vectors, a last block of fewer without the zero vectors), finish_rstd,
+// row_output; so the same bits. Why (docs/PERFORMANCE.md, "forty-fifth session"): out of cache the eight-row
+// blocks with streaming stores took about their in-L3 time plus a streaming copy of their bytes, or more, on
+// this machine; this kernel, of their time: at 1 thread 0.73-0.92 (scripts/ab-rows) at D = 64, 80, 128 and
+// 0.75 at 192; with a copy of it beside the library in one process 0.61-0.92 at 1 thread and 0.68-1.16 at 2
+// (0.52-0.93 at 192). In cache it takes 1.2-1.55 times theirs, so only out of cache. Not taken: RMSNorm (no
+// Σx stage in its eight-row blocks; 0.99-1.07), D = 96, 160, 256 (gains of 0-40 % at one thread count and
+// none at the other), 384 (24 vectors, a loss), any length at run time (the row on the stack: 0.34-1.04).
 // With Add (the fused residual add, RowsForwardOf::r), the row loaded is s = x + r, formed vector by vector
 // and stored to a.s with ordinary stores before the passes run on it; so y, mean and rstd are those of the
 // plain kernel on the stored s. Against the chunks of rows_add_forward (s formed for 64 KiB of rows, stored

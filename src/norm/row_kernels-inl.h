@@ -793,140 +793,212 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
-// mh = float(mean), ml = float(mean − mh) for rows whose statistics GCC's SLP vectorizer can pair (the
-// register kernel's two rows). GCC 12.2 (Debian 12), pairing two of them (-O2 and up, any x86 target), takes
-// double(float(mean)) for mean and computes ml as mean − mean = 0:
-// `for (q = 0; q < 2; ++q) { mh[q] = (float)m[q]; ml[q] = (float)(m[q] - (double)mh[q]); }` compiles to
-// vcvtpd2ps and vsubpd x, x. The empty asm hides double(mh)'s origin from the compiler; the arithmetic is the
-// same. (Where nothing pairs, the plain conversions: with the asm there too, the one-row kernel
-// took 1.14-1.29 of the time for the fused add at D = 128 and 192 in two runs.)
-NL_FORCE_INLINE inline void split_mean_paired(double mean, float& mh, float& ml) {
-  mh = static_cast<float>(mean);
-  double m = static_cast<double>(mh);
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  asm("" : "+x"(m));
-#endif
-  ml = static_cast<float>(mean - m);
-}
-
 // Out of cache on a Zen 5 (forward_in_registers, row_kernels.h): fp32 LayerNorm rows of NC = 64, 80, 128 or
-// 192 elements one at a time (rows of 64 two at a time, below), each loaded once into NC/kF vectors on which
-// its three passes run, y written with ordinary stores (no streaming stores, no software prefetch). Each
-// row's arithmetic is that of rows_forward_impl term by term: Σx as row_sum_vec (acc0..acc3 over consecutive
-// eight-element pieces, the pieces of one vector being its cvt_lo and cvt_hi), the second pass as
-// row_second_pass_vec (blocks of four vectors, a last block of fewer without the zero vectors), finish_rstd,
-// row_output; so the same bits. Why (docs/PERFORMANCE.md, "forty-fifth session"): out of cache the eight-row
-// blocks with streaming stores took about their in-L3 time plus a streaming copy of their bytes, or more, on
-// this machine; this kernel, of their time: at 1 thread 0.73-0.92 (scripts/ab-rows) at D = 64, 80, 128 and
-// 0.75 at 192; with a copy of it beside the library in one process 0.61-0.92 at 1 thread and 0.68-1.16 at 2
-// (0.52-0.93 at 192). In cache it takes 1.2-1.55 times theirs, so only out of cache. Not taken: RMSNorm (no
-// Σx stage in its eight-row blocks; 0.99-1.07), D = 96, 160, 256 (gains of 0-40 % at one thread count and
-// none at the other), 384 (24 vectors, a loss), any length at run time (the row on the stack: 0.34-1.04).
+// 192 elements, each loaded once into NC/kF vectors on which its three passes run, y written with ordinary
+// stores (no streaming stores, no software prefetch). Each row's arithmetic is that of rows_forward_impl term
+// by term: Σx as row_sum_vec (acc0..acc3 over consecutive eight-element pieces, the pieces of one vector
+// being its cvt_lo and cvt_hi), the second pass as row_second_pass_vec (blocks of four vectors, a last block
+// of fewer without the zero vectors), finish_rstd, row_output; so the same bits. Why (docs/PERFORMANCE.md,
+// "forty-fifth session"): out of cache the eight-row blocks with streaming stores took about their in-L3 time
+// plus a streaming copy of their bytes, or more, on this machine; this kernel (then one row at a time), of
+// their time: at 1 thread 0.73-0.92 (scripts/ab-rows) at D = 64, 80, 128 and 0.75 at 192; with a copy of it
+// beside the library in one process 0.61-0.92 at 1 thread and 0.68-1.16 at 2 (0.52-0.93 at 192). In cache it
+// takes 1.2-1.55 times theirs, so only out of cache. Not taken: RMSNorm (no Σx stage in its eight-row blocks;
+// 0.99-1.07), D = 96, 160, 256 (gains of 0-40 % at one thread count and none at the other), 384 (24 vectors,
+// a loss), any length at run time (the row on the stack: 0.34-1.04).
 // With Add (the fused residual add, RowsForwardOf::r), the row loaded is s = x + r, formed vector by vector
 // and stored to a.s with ordinary stores before the passes run on it; so y, mean and rstd are those of the
 // plain kernel on the stored s. Against the chunks of rows_add_forward (s formed for 64 KiB of rows, stored
 // with streaming stores and copied into the scratch, then the eight-row blocks on the copy) 0.64, 0.69, 0.74
 // and 0.74 of the time at D = 64, 80, 128 and 192 (scripts/ab-rows, 1 thread, 64 MiB per operand;
 // docs/PERFORMANCE.md, "fifty-second session").
-// Rows of 64 without the fused add go two at a time (register_rows with Q = 2), their stages interleaved:
-// both rows' Σx, then both second passes, then both outputs. One row's steps form one chain (Σx, its
-// horizontal sum, the division, the second pass and its sum, the square root, the output), and one at a time
-// the kernel was bound by it more than by memory: a row of 64 took 20.6 ns in L2 and 21.9 out of cache (the
-// streaming copy of its bytes about 11). Two rows at a time took 0.83-0.88 of the time at D = 64
-// (scripts/ab-rows, 1 thread, 64 MiB per operand, four placements of x, r and y in their pages;
-// docs/PERFORMANCE.md, "fifty-third session"), but 1.19-1.24 at 80 and with the fused add 1.02-1.04 at 64
-// and 1.23-1.26 at 80, 1.16-1.19 at 128 and 192; three or four rows at a time 1.1-1.6 at 64.
-template <bool W, bool B, int NC, int Q, bool Save, bool Add>
-NL_FORCE_INLINE inline void register_rows(const RowsForwardOf<float>& a, Index r0) {
+// Rows of 64 and 80 have their stages skewed (register_skew below). One row's steps form one chain (Σx, its
+// horizontal sum, the division, the second pass and its sum, the square root, the output), and one row at a
+// time the kernel was bound by it more than by memory: a row of 64 took 20.6 ns in L2 and 21.9 out of cache
+// (the streaming copy of its bytes about 11; "fifty-third session"). With the stages of consecutive rows side
+// by side in program order, each step's work waits on statistics that the step before computed.
+
+// What the register kernel reads of its argument block, copied once: the vector stores to y and s could
+// alias the block (the vector types may alias anything), which the loop would otherwise reload after each
+// row.
+struct RegisterArgs {
+  const float* x;
+  const float* xr;
+  float* s;
+  float* y;
+  const float* w;
+  const float* b;
+  float* mean;
+  float* rstd;
+  double* smean;
+  double* srstd;
+  Index ldx, ldr, lds, ldy, ld_stats;
+  double eps;
+  explicit RegisterArgs(const RowsForwardOf<float>& a)
+      : x(a.x),
+        xr(a.r),
+        s(a.s),
+        y(a.y),
+        w(a.w),
+        b(a.b),
+        mean(a.mean),
+        rstd(a.rstd),
+        smean(a.smean),
+        srstd(a.srstd),
+        ldx(a.ldx),
+        ldr(a.ldr),
+        lds(a.lds),
+        ldy(a.ldy),
+        ld_stats(a.ld_stats),
+        eps(a.eps) {}
+};
+
+// Stage 1 of row r: its vectors (with Add, s = x + r formed and stored vector by vector), Σx, the mean and
+// mh, ml (as row_mean). (GCC 12.2's SLP vectorizer, pairing two rows' mh/ml, computed ml as mean − mean = 0:
+// docs/PERFORMANCE.md, "fifty-third session". Nothing pairs them here: no vsubp[sd] x, x in the library's
+// code; the register-row tests fail if anything does.)
+// Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i]); mean = hsum((acc0 + acc1) + (acc2 + acc3)) / n
+template <int NC, bool Add>
+NL_FORCE_INLINE inline void register_row_mean(VF* v, RowStats& st, const RegisterArgs& g, Index r) {
   constexpr int kV = NC / kF;
-  constexpr double nd = NC;
-  // Locals: the vector stores to y could alias the argument block, which the loop would then reload.
-  const float* const wp = a.w;
-  const float* const bp = a.b;
-  float* const y0 = a.y;
-  const Index ldy = a.ldy;
-  VF v[Q][kV];
-  for (int q = 0; q < Q; ++q) {
-    const Index r = r0 + q;
-    const float* const x = a.x + r * a.ldx;
-    if constexpr (Add) {
-      const float* const xr = a.r + r * a.ldr;
-      float* const s = a.s + r * a.lds;
-      for (int j = 0; j < kV; ++j) v[q][j] = add_vec(s, false, nullptr, x, xr, j * kF);
-    } else {
-      for (int j = 0; j < kV; ++j) v[q][j] = load(x + j * kF);
-    }
+  const float* const x = g.x + r * g.ldx;
+  if constexpr (Add) {
+    const float* const xr = g.xr + r * g.ldr;
+    float* const s = g.s + r * g.lds;
+    for (int j = 0; j < kV; ++j) v[j] = add_vec(s, false, nullptr, x, xr, j * kF);
+  } else {
+    for (int j = 0; j < kV; ++j) v[j] = load(x + j * kF);
   }
-  double mean[Q];
-  float mh[Q], ml[Q];
-  // Scalar math: acc[(i / 8) % 4][i % 8] += double(x[i]); mean = hsum((acc0 + acc1) + (acc2 + acc3)) / n
-  for (int q = 0; q < Q; ++q) {
-    VD a0 = cvt_lo(v[q][0]), a1 = cvt_hi(v[q][0]), a2 = cvt_lo(v[q][1]), a3 = cvt_hi(v[q][1]);
-    for (int j = 2; j + 1 < kV; j += 2) {
-      a0 = add(a0, cvt_lo(v[q][j]));
-      a1 = add(a1, cvt_hi(v[q][j]));
-      a2 = add(a2, cvt_lo(v[q][j + 1]));
-      a3 = add(a3, cvt_hi(v[q][j + 1]));
-    }
-    if constexpr (kV % 2 == 1) {
-      a0 = add(a0, cvt_lo(v[q][kV - 1]));
-      a1 = add(a1, cvt_hi(v[q][kV - 1]));
-    }
-    mean[q] = (hsum(add(add(a0, a1), add(a2, a3))) + 0.0) / nd;
-    if constexpr (Q == 1) {
-      mh[q] = static_cast<float>(mean[q]);
-      ml[q] = static_cast<float>(mean[q] - static_cast<double>(mh[q]));
-    } else {
-      split_mean_paired(mean[q], mh[q], ml[q]);
-    }
+  VD a0 = cvt_lo(v[0]), a1 = cvt_hi(v[0]), a2 = cvt_lo(v[1]), a3 = cvt_hi(v[1]);
+  for (int j = 2; j + 1 < kV; j += 2) {
+    a0 = add(a0, cvt_lo(v[j]));
+    a1 = add(a1, cvt_hi(v[j]));
+    a2 = add(a2, cvt_lo(v[j + 1]));
+    a3 = add(a3, cvt_hi(v[j + 1]));
   }
-  // Scalar math: e = x[i] − m_hi; per block of four vectors q = (e0·e0 + e1·e1) + (e2·e2 + e3·e3) in float,
-  // its lanes 0..7 and 8..15 added to two double accumulators; Σe² = hsum(acc_lo + acc_hi)
-  double rstd[Q];
-  for (int q = 0; q < Q; ++q) {
-    const VF mhv = bcast(mh[q]);
-    VD q0 = zerod(), q1 = zerod();
-    for (int k = 0; k < kV; k += 4) {
-      const int live = std::min(4, kV - k);
-      VF e[4];
-      for (int u = 0; u < live; ++u) e[u] = sub(v[q][k + u], mhv);
-      const VF s2 = block_tree(live, [&](int u) { return mul(e[u], e[u]); });
-      q0 = k == 0 ? cvt_lo(s2) : add(q0, cvt_lo(s2));
-      q1 = k == 0 ? cvt_hi(s2) : add(q1, cvt_hi(s2));
-    }
-    const double sq = hsum(add(q0, q1));
-    const double mld = static_cast<double>(ml[q]);
-    const double var = std::max(sq / nd - mld * mld, 0.0);
-    rstd[q] = 1.0 / std::sqrt(var + a.eps);
+  if constexpr (kV % 2 == 1) {
+    a0 = add(a0, cvt_lo(v[kV - 1]));
+    a1 = add(a1, cvt_hi(v[kV - 1]));
   }
-  // Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float (as row_output)
-  for (int q = 0; q < Q; ++q) {
-    const Index r = r0 + q;
-    const float rs = static_cast<float>(rstd[q]);
-    if (a.mean) a.mean[r * a.ld_stats] = mh[q];
-    if (a.rstd) a.rstd[r * a.ld_stats] = rs;
-    if constexpr (Save) {
-      if (a.smean) a.smean[r] = mean[q];
-      if (a.srstd) a.srstd[r] = rstd[q];
-    }
-    const VF mhv = bcast(mh[q]), mlv = bcast(ml[q]), rv = bcast(rs);
-    float* const y = y0 + r * ldy;
-    for (int u = 0; u < kV; ++u) {
-      VF o = mul(dev<true>(v[q][u], mhv, mlv), rv);
-      if constexpr (W) o = mul(o, load(wp + u * kF));
-      if constexpr (B) o = add(o, load(bp + u * kF));
-      store(y + u * kF, o);
-    }
+  st.mean = (hsum(add(add(a0, a1), add(a2, a3))) + 0.0) / static_cast<double>(NC);
+  st.mh = static_cast<float>(st.mean);
+  st.ml = static_cast<float>(st.mean - static_cast<double>(st.mh));
+}
+
+// Stage 2: the second pass and rstd (as row_second_pass_vec and finish_rstd).
+// Scalar math: e = x[i] − m_hi; per block of four vectors q = (e0·e0 + e1·e1) + (e2·e2 + e3·e3) in float,
+// its lanes 0..7 and 8..15 added to two double accumulators; Σe² = hsum(acc_lo + acc_hi)
+template <int NC>
+NL_FORCE_INLINE inline void register_row_rstd(const VF* v, RowStats& st, double eps) {
+  constexpr int kV = NC / kF;
+  const VF mhv = bcast(st.mh);
+  VD q0 = zerod(), q1 = zerod();
+  for (int k = 0; k < kV; k += 4) {
+    const int live = std::min(4, kV - k);
+    VF e[4];
+    for (int u = 0; u < live; ++u) e[u] = sub(v[k + u], mhv);
+    const VF s2 = block_tree(live, [&](int u) { return mul(e[u], e[u]); });
+    q0 = k == 0 ? cvt_lo(s2) : add(q0, cvt_lo(s2));
+    q1 = k == 0 ? cvt_hi(s2) : add(q1, cvt_hi(s2));
   }
+  finish_rstd(st, hsum(add(q0, q1)), NC, eps);
+}
+
+// Stage 3: row r's y with ordinary stores, and its statistics.
+// Scalar math: y[i] = ((x[i] − mh) − ml)·r·w[i] + b[i], all in float (as row_output)
+template <bool W, bool B, int NC, bool Save>
+NL_FORCE_INLINE inline void register_row_output(const VF* v, const RowStats& st, const RegisterArgs& g,
+                                                Index r) {
+  constexpr int kV = NC / kF;
+  if (g.mean) g.mean[r * g.ld_stats] = st.mh;
+  if (g.rstd) g.rstd[r * g.ld_stats] = st.r;
+  if constexpr (Save) {
+    if (g.smean) g.smean[r] = st.mean;
+    if (g.srstd) g.srstd[r] = st.rstd;
+  }
+  const VF mhv = bcast(st.mh), mlv = bcast(st.ml), rv = bcast(st.r);
+  float* const y = g.y + r * g.ldy;
+  for (int u = 0; u < kV; ++u) {
+    VF o = mul(dev<true>(v[u], mhv, mlv), rv);
+    if constexpr (W) o = mul(o, load(g.w + u * kF));
+    if constexpr (B) o = add(o, load(g.b + u * kF));
+    store(y + u * kF, o);
+  }
+}
+
+// Whether the register kernel skews its rows' stages: each step writes row r's output, then takes row
+// r + 2's Σx and row r + 1's second pass (three rows' vectors live), rather than each row's three stages in
+// turn. Rows of 64 and 80 without the fused add. Through the library on a Zen 5 (its kernels called as the
+// driver calls them, 16384 floats of rows per call, against the kernel before: one row at a time, rows of 64
+// two at a time with their stages interleaved; 1 thread, 128 MiB per operand, the same bits;
+// docs/PERFORMANCE.md, "fifty-fourth session") 0.85-0.91 of the time at D = 64 and 0.71-0.75 at 80. Not
+// taken: with the fused add 0.96 at 64 and 1.02-1.04 at 80; at 128 1.25-1.5 (but 0.53-0.87 in
+// scripts/ab-rows' program, which times one call over all rows: only calls of the driver's size told); a
+// two-row skew (row r's output, then row r + 1's Σx and second pass) with the fused add 0.99-1.02 at 128
+// and 1.3-1.4 at 192.
+template <int NC, bool Add>
+constexpr bool register_skew() {
+  return NC <= 80 && !Add;
 }
 
 template <bool W, bool B, int NC, bool Save, bool Add>
 void rows_forward_registers(const RowsForwardOf<float>& a) {
   static_assert(NC % kF == 0 && NC >= 2 * kF);
-  constexpr int kQ = NC == 64 && !Add ? 2 : 1;
-  Index r = 0;
-  for (; r + kQ <= a.rows; r += kQ) register_rows<W, B, NC, kQ, Save, Add>(a, r);
-  for (; r < a.rows; ++r) register_rows<W, B, NC, 1, Save, Add>(a, r);
+  constexpr int kV = NC / kF;
+  const RegisterArgs g(a);
+  const Index rows = a.rows;
+  // A row's stages on its vectors v and statistics st.
+  auto mean_of = [&](VF* v, RowStats& st, Index i)
+                     NL_FORCE_INLINE { register_row_mean<NC, Add>(v, st, g, i); };
+  auto rstd_of = [&](const VF* v, RowStats& st) NL_FORCE_INLINE { register_row_rstd<NC>(v, st, g.eps); };
+  auto output = [&](const VF* v, const RowStats& st, Index i)
+                    NL_FORCE_INLINE { register_row_output<W, B, NC, Save>(v, st, g, i); };
+  if constexpr (register_skew<NC, Add>()) {
+    if (rows >= 3) {
+      VF v0[kV], v1[kV], v2[kV];
+      RowStats s0, s1, s2;
+      mean_of(v0, s0, 0);
+      rstd_of(v0, s0);
+      mean_of(v1, s1, 1);
+      // c: row i (statistics done), m: row i + 1 (its mean done), n: row i + 2
+      auto step = [&](const VF* cv, const RowStats& cs, const VF* mv, RowStats& ms, VF* nv, RowStats& ns,
+                      Index i) NL_FORCE_INLINE {
+        output(cv, cs, i);
+        mean_of(nv, ns, i + 2);
+        rstd_of(mv, ms);
+      };
+      auto finish = [&](const VF* cv, const RowStats& cs, const VF* mv, RowStats& ms,
+                        Index i) NL_FORCE_INLINE {  // rows i, i + 1 the last two
+        rstd_of(mv, ms);
+        output(cv, cs, i);
+        output(mv, ms, i + 1);
+      };
+      Index r = 0;
+      for (; r + 5 <= rows; r += 3) {  // the three rows' roles rotate (no copies between them)
+        step(v0, s0, v1, s1, v2, s2, r);
+        step(v1, s1, v2, s2, v0, s0, r + 1);
+        step(v2, s2, v0, s0, v1, s1, r + 2);
+      }
+      if (rows - r == 2) {  // rows r and r + 1 are in v0 and v1
+        finish(v0, s0, v1, s1, r);
+      } else if (rows - r == 3) {
+        step(v0, s0, v1, s1, v2, s2, r);
+        finish(v1, s1, v2, s2, r + 1);
+      } else {  // 4
+        step(v0, s0, v1, s1, v2, s2, r);
+        step(v1, s1, v2, s2, v0, s0, r + 1);
+        finish(v2, s2, v0, s0, r + 2);
+      }
+      return;
+    }
+  }
+  for (Index r = 0; r < rows; ++r) {  // one row at a time, and calls of fewer rows than the skew takes
+    VF v[kV];
+    RowStats st;
+    mean_of(v, st, r);
+    rstd_of(v, st);
+    output(v, st, r);
+  }
 }
 
 template <bool W, bool B, bool Save, bool Add>
@@ -999,7 +1071,7 @@ void with_flags(bool center, bool w, bool b, F&& f) {
     on_w(std::false_type{});
 }
 
-// The forward kernel for the row length: one row at a time from registers where forward_in_registers says so
+// The forward kernel for the row length: rows from registers where forward_in_registers says so
 // (fp32 LayerNorm rows of 64, 80, 128 or 192 out of cache on a Zen 5), eight-row blocks for short rows
 // (forward_batched), the pipelined kernel where forward_pipelined says so (row_kernels.h: multiples of 64
 // from 256 on, but on some machines not long fp32 LayerNorm rows out of cache), rows_forward_impl otherwise.

@@ -786,7 +786,7 @@ TEST(LayerNormLayouts, RowTuningPerMachine) {
 // The machine choices never change a bit: the row forward out of cache (streaming stores) with every
 // prefetch choice on and with every one off gives the y, mean and rstd of the forward in cache, for rows of
 // the eight-row blocks (D = 24, 32, 40, 64, 80, 128, 192; a last block of fewer rows; with rows_in_registers
-// the fp32 LayerNorm at 64, 80, 128 and 192 one row at a time; rows of 24 and 40, not whole vectors, with and
+// the fp32 LayerNorm at 64, 80, 128 and 192 from registers; rows of 24 and 40, not whole vectors, with and
 // without stream_ragged_rows), of the pipelined kernel (512) and of the row blocks (2048), LayerNorm and
 // RMSNorm, fp32 and bf16, on every SIMD target.
 TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
@@ -872,9 +872,10 @@ struct RegisterRowsOutputs {
     a.srstd = srstd;
     kernels::row_kernels().rows_forward(a);
   }
-  // y's rows (not the padding between them, which is the callers') and every statistic bitwise those of o.
-  void expect_same(const RegisterRowsOutputs& o, Index d, const std::string& what) const {
-    for (Index i = 0; i < kRows; ++i)
+  // y's first `rows` rows (not the padding between them, which is the callers') and every statistic bitwise
+  // those of o.
+  void expect_same(const RegisterRowsOutputs& o, Index rows, Index d, const std::string& what) const {
+    for (Index i = 0; i < rows; ++i)
       EXPECT_EQ(std::memcmp(o.y.data() + i * ld, y.data() + i * ld, d * sizeof(float)), 0)
           << what << " y row " << i;
     EXPECT_EQ(std::memcmp(o.stats.data(), stats.data(), stats.size() * sizeof(float)), 0) << what;
@@ -884,9 +885,10 @@ struct RegisterRowsOutputs {
 };
 
 // Out of cache, where tuning.rows_in_registers says so (a Zen 5), fp32 LayerNorm rows of 64, 80, 128 and 192
-// elements run one row at a time from registers (kernels::forward_in_registers): the y, mean, rstd and saved
-// double statistics of the eight-row blocks bit for bit, with and without γ and β, rows apart in memory,
-// statistics at a stride, in place (y = x), on every SIMD target. (The fused residual add on such rows:
+// elements run from registers (kernels::forward_in_registers): the y, mean, rstd and saved double statistics
+// of the eight-row blocks bit for bit, with and without γ and β, rows apart in memory, statistics at a
+// stride, in place (y = x), every count of rows up to six (the first and last rows of the kernel's skewed
+// stages) and 21, on every SIMD target. (The fused residual add on such rows:
 // FusedAddInRegistersHasTheChunksBits below.)
 TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
   std::mt19937_64 rng(47);
@@ -923,17 +925,23 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
       set_isa(isa);
       for (const int affine : {0, 1, 2, 3}) {
         const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
-        // v = 0: the eight-row blocks; 1: in registers; 2: in registers, in place
-        std::vector<RegisterRowsOutputs> out(3, RegisterRowsOutputs(d));
-        for (int v = 0; v < 3; ++v) {
-          if (v == 2) std::copy(x.data(), x.data() + rows * ld, out[v].y.begin());
-          kernels::RowsForward a =
-              contiguous_rows(v == 2 ? out[v].y.data() : x.data(), rows, d, affine & 1 ? w.data() : nullptr,
-                              affine & 2 ? b.data() : nullptr);
-          a.ldx = a.ldy = ld;
-          out[v].run(a, v > 0, &kernels::forward_in_registers<float>, what);
+        // every count of rows up to six (the kernel's first and last rows of a call take their own steps)
+        // and the whole block
+        for (const Index m : {Index{1}, Index{2}, Index{3}, Index{4}, Index{5}, Index{6}, rows}) {
+          // v = 0: the eight-row blocks; 1: in registers; 2: in registers, in place
+          std::vector<RegisterRowsOutputs> out(3, RegisterRowsOutputs(d));
+          for (int v = 0; v < 3; ++v) {
+            if (v == 2) std::copy(x.data(), x.data() + rows * ld, out[v].y.begin());
+            kernels::RowsForward a =
+                contiguous_rows(v == 2 ? out[v].y.data() : x.data(), m, d, affine & 1 ? w.data() : nullptr,
+                                affine & 2 ? b.data() : nullptr);
+            a.ldx = a.ldy = ld;
+            out[v].run(a, v > 0, &kernels::forward_in_registers<float>, what);
+          }
+          // (in place, the rows past m keep x)
+          for (int v = 1; v < 3; ++v)
+            out[v].expect_same(out[0], m, d, fmt::format("{} rows {} v {}", what, m, v));
         }
-        for (int v = 1; v < 3; ++v) out[v].expect_same(out[0], d, fmt::format("{} v {}", what, v));
       }
     }
   }
@@ -943,7 +951,7 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
 // The fused residual add (RowsForward::r) on the rows from registers (kernels::forward_fuses_add): s, y,
 // mean, rstd and the saved double statistics bitwise those of the chunks (rows_in_registers off: s formed,
 // streamed and copied into the scratch, then the eight-row blocks on the copy), with and without γ and β,
-// rows apart in memory, s over x and over r, on every SIMD target.
+// rows apart in memory, s over x and over r, every count of rows up to six and 21, on every SIMD target.
 TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
   std::mt19937_64 rng(48);
   const Isa saved = active_isa();
@@ -968,34 +976,36 @@ TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
       set_isa(isa);
       for (const int affine : {0, 1, 2, 3}) {
         const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
-        // v = 0: the chunks; 1: in registers; 2: in registers, s over x; 3: in registers, s over r
-        std::vector<RegisterRowsOutputs> out(4, RegisterRowsOutputs(d));
-        std::vector<float> sv[4];
-        for (int v = 0; v < 4; ++v) {
-          std::vector<float> xv(x.data(), x.data() + rows * ld), rv(r.data(), r.data() + rows * ld);
-          sv[v].assign(xv.size(), -7.0f);
-          kernels::RowsForward a = contiguous_rows(xv.data(), rows, d, affine & 1 ? w.data() : nullptr,
-                                                   affine & 2 ? b.data() : nullptr);
-          a.ldx = a.ldy = a.ldr = a.lds = ld;
-          a.r = rv.data();
-          a.s = v == 2 ? xv.data() : v == 3 ? rv.data() : sv[v].data();
-          a.work = work.data();
-          out[v].run(a, v > 0, &kernels::forward_fuses_add<float>, what);
-          if (v == 2) sv[v] = xv;
-          if (v == 3) sv[v] = rv;
+        for (const Index m : {Index{1}, Index{2}, Index{3}, Index{4}, Index{5}, Index{6}, rows}) {
+          // v = 0: the chunks; 1: in registers; 2: in registers, s over x; 3: in registers, s over r
+          std::vector<RegisterRowsOutputs> out(4, RegisterRowsOutputs(d));
+          std::vector<float> sv[4];
+          for (int v = 0; v < 4; ++v) {
+            std::vector<float> xv(x.data(), x.data() + rows * ld), rv(r.data(), r.data() + rows * ld);
+            sv[v].assign(xv.size(), -7.0f);
+            kernels::RowsForward a = contiguous_rows(xv.data(), m, d, affine & 1 ? w.data() : nullptr,
+                                                     affine & 2 ? b.data() : nullptr);
+            a.ldx = a.ldy = a.ldr = a.lds = ld;
+            a.r = rv.data();
+            a.s = v == 2 ? xv.data() : v == 3 ? rv.data() : sv[v].data();
+            a.work = work.data();
+            out[v].run(a, v > 0, &kernels::forward_fuses_add<float>, what);
+            if (v == 2) sv[v] = xv;
+            if (v == 3) sv[v] = rv;
+          }
+          for (int v = 1; v < 4; ++v) {
+            out[v].expect_same(out[0], m, d, fmt::format("{} rows {} v {}", what, m, v));
+            for (Index i = 0; i < m; ++i)
+              EXPECT_EQ(std::memcmp(sv[0].data() + i * ld, sv[v].data() + i * ld, d * sizeof(float)), 0)
+                  << what << " s row " << i << " v " << v;
+          }
+          // s is x + r in float.
+          for (Index i = 0; i < m; ++i)
+            for (Index j = 0; j < d; ++j)
+              ASSERT_EQ(sv[1][static_cast<std::size_t>(i * ld + j)],
+                        x.data()[i * ld + j] + r.data()[i * ld + j])
+                  << what;
         }
-        for (int v = 1; v < 4; ++v) {
-          out[v].expect_same(out[0], d, fmt::format("{} v {}", what, v));
-          for (Index i = 0; i < rows; ++i)
-            EXPECT_EQ(std::memcmp(sv[0].data() + i * ld, sv[v].data() + i * ld, d * sizeof(float)), 0)
-                << what << " s row " << i << " v " << v;
-        }
-        // s is x + r in float.
-        for (Index i = 0; i < rows; ++i)
-          for (Index j = 0; j < d; ++j)
-            ASSERT_EQ(sv[1][static_cast<std::size_t>(i * ld + j)],
-                      x.data()[i * ld + j] + r.data()[i * ld + j])
-                << what;
       }
     }
   }

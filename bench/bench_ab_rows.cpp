@@ -12,12 +12,14 @@
 // minimum, 10th percentile and median of each, the quartiles of the per-round ratio B/A (both calls
 // of a round see the same machine), and a hash of each version's outputs (whether the bits are the same).
 // KERNELS and SHAPES are comma-separated lists (ROWSxD); every kernel runs at every shape. A KERNEL is
-// ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β; one call over all rows) | rms-fwd | rms-fwd-bf16
+// ln-fwd | ln-fwd-bf16 (y, mean, rstd from x, γ, β) | rms-fwd | rms-fwd-bf16
 // (RMSNorm: y, rstd from x, γ) | add-ln-fwd | add-rms-fwd | add-ln-fwd-bf16 (the fused residual add:
 // s = x + r stored too, r the dy buffer; with streaming stores, the scratch `work` the library gives) |
 // ln-bwd-saved | ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and saved double statistics) | ln-bwd (the
-// same, the statistics recomputed from x) | rms-bwd-saved (dx, dγ). A backward makes one kernel call per
-// 1024 rows, each assigning its own dγ/dβ partial rows, as the library's chunks do. The column kernels:
+// same, the statistics recomputed from x) | rms-bwd-saved (dx, dγ). A forward makes one kernel call per
+// max(1, 16384 / D) rows, the library driver's tasks (NORMLAB_AB_CALL_ROWS=N: N rows per call; 0: one call
+// over all rows); a backward one per 1024 rows, each assigning its own dγ/dβ partial rows, as the library's
+// chunks do. The column kernels:
 // col-fwd (y, mean, rstd) | col-bwd (dx, dγ, dβ, the statistics recomputed), LayerNorm of x [B, F, T] over
 // F (the strided path, no transpose), at shapes BxFxT: one call per tile of up to 64 columns of T, each
 // told the next tile (for its prefetches), as column_norm.cpp does.
@@ -159,8 +161,24 @@ PageOffsets page_offsets() {
   return po;
 }
 
+// Rows per forward call: NORMLAB_AB_CALL_ROWS=N (0: one call over all rows); unset: the library driver's
+// task size for rows of n, max(1, 16384 / n) (row_norm.cpp), since a kernel's speed can depend on it
+// (docs/PERFORMANCE.md, "fifty-fourth session": the skewed register kernel at D = 128 gained in one call
+// and lost in the driver's calls).
+Index forward_call_rows(Index rows, Index n) {
+  const char* env = std::getenv("NORMLAB_AB_CALL_ROWS");
+  if (env == nullptr) return std::max<Index>(1, (Index{1} << 14) / n);
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*env == '\0' || *end != '\0' || v < 0)
+    throw std::invalid_argument(std::string("NORMLAB_AB_CALL_ROWS: a count of rows (0: all), got '") + env +
+                                "'");
+  return v == 0 ? std::max<Index>(rows, 1) : static_cast<Index>(v);
+}
+
 struct Problem {
   Index rows = 0, n = 0;
+  Index call_rows = 0;  // rows per forward call (forward_call_rows)
   bool center = true;
   bool stream = false;  // non-temporal stores, as the library's drivers set them (see run)
   std::vector<float> w, b, mean, rstd;
@@ -182,31 +200,33 @@ struct Run {
   double operator()(int v) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!backward) {
-      k::RowsForwardOf<T> a;
-      a.y = out;
-      a.ldy = p.n;
-      a.x = x;
-      a.ldx = p.n;
-      a.rows = p.rows;
-      a.n = p.n;
-      a.w = p.w.data();
-      a.b = p.center ? p.b.data() : nullptr;
-      a.eps = 1e-5;
-      a.center = p.center;
-      a.mean = p.center ? p.mean.data() : nullptr;
-      a.rstd = p.rstd.data();
-      a.ld_stats = 1;
-      a.stream = p.stream;
-      if (s) {  // r = the dy buffer
-        a.r = dy;
-        a.ldr = a.lds = p.n;
-        a.s = s;
-        a.work = p.stream ? work : nullptr;
+      for (Index r0 = 0; r0 < p.rows; r0 += p.call_rows) {
+        k::RowsForwardOf<T> a;
+        a.y = out + r0 * p.n;
+        a.ldy = p.n;
+        a.x = x + r0 * p.n;
+        a.ldx = p.n;
+        a.rows = std::min(p.call_rows, p.rows - r0);
+        a.n = p.n;
+        a.w = p.w.data();
+        a.b = p.center ? p.b.data() : nullptr;
+        a.eps = 1e-5;
+        a.center = p.center;
+        a.mean = p.center ? p.mean.data() + r0 : nullptr;
+        a.rstd = p.rstd.data() + r0;
+        a.ld_stats = 1;
+        a.stream = p.stream;
+        if (s) {  // r = the dy buffer
+          a.r = dy + r0 * p.n;
+          a.ldr = a.lds = p.n;
+          a.s = s + r0 * p.n;
+          a.work = p.stream ? work : nullptr;
+        }
+        if (v == 0)
+          k::ab_a::rows_forward_of<T>(a);
+        else
+          k::ab_b::rows_forward_of<T>(a);
       }
-      if (v == 0)
-        k::ab_a::rows_forward_of<T>(a);
-      else
-        k::ab_b::rows_forward_of<T>(a);
     } else {
       constexpr Index kChunk = 1024;
       for (Index r0 = 0, c = 0; r0 < p.rows; r0 += kChunk, ++c) {
@@ -278,6 +298,7 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   Problem p;
   p.rows = rows;
   p.n = n;
+  p.call_rows = forward_call_rows(rows, n);
   p.center = !rms;
   // From 16 MiB of output, as row_norm.cpp (float) and storage_norm.h (sizeof(T)) decide it.
   p.stream = rows * n * Index{sizeof(T)} >= (Index{16} << 20);
@@ -318,12 +339,13 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
     r.s = s.data();
     r.work = work.data();
   }
-  char label[128];
+  char label[160];
   std::snprintf(
-      label, sizeof label, "%lldx%lld (page offsets: x %d, dy %d, out %d; huge pages: %s)",
+      label, sizeof label, "%lldx%lld (page offsets: x %d, dy %d, out %d; huge pages: %s%s)",
       static_cast<long long>(rows), static_cast<long long>(n), page_offset(x.p), page_offset(dy.p),
       page_offset(out.p),
-      normlab::detail::huge_page_storage(static_cast<std::size_t>(size) * sizeof(T)) ? "advised" : "no");
+      normlab::detail::huge_page_storage(static_cast<std::size_t>(size) * sizeof(T)) ? "advised" : "no",
+      backward ? "" : ("; " + std::to_string(std::min(p.call_rows, rows)) + " rows per call").c_str());
   paired(kernel, label, calls, r, [&] {
     std::uint64_t h = hash_bits(out.p, size);
     if (fused) h = hash_bits(s.data(), size, h);

@@ -932,10 +932,9 @@ NL_FORCE_INLINE inline void register_row_output(const VF* v, const RowStats& st,
 // driver calls them, 16384 floats of rows per call, against the kernel before: one row at a time, rows of 64
 // two at a time with their stages interleaved; 1 thread, 128 MiB per operand, the same bits;
 // docs/PERFORMANCE.md, "fifty-fourth session") 0.85-0.91 of the time at D = 64 and 0.71-0.75 at 80. Not
-// taken: with the fused add 0.96 at 64 and 1.02-1.04 at 80; at 128 1.25-1.5 (but 0.53-0.87 in
-// scripts/ab-rows' program, which times one call over all rows: only calls of the driver's size told); a
-// two-row skew (row r's output, then row r + 1's Σx and second pass) with the fused add 0.99-1.02 at 128
-// and 1.3-1.4 at 192.
+// taken: with the fused add 0.96 at 64 and 1.02-1.04 at 80; at 128 1.25-1.5 (but 0.53-0.87 in one call over
+// all rows, as scripts/ab-rows timed the forward until it took the driver's call size); a two-row skew (row
+// r's output, then row r + 1's Σx and second pass) with the fused add 0.99-1.02 at 128 and 1.3-1.4 at 192.
 template <int NC, bool Add>
 constexpr bool register_skew() {
   return NC <= 80 && !Add;

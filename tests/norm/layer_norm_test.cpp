@@ -854,6 +854,9 @@ TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
 // that `takes` (forward_in_registers, forward_fuses_add) says the same.
 struct RegisterRowsOutputs {
   static constexpr Index kRows = 21, kPad = 16;  // rows kPad floats apart beyond their length
+  // The calls' counts of rows: every count up to six (the register kernel's first and last rows of a call,
+  // skewed, take their own steps) and all kRows.
+  static constexpr Index kCounts[] = {1, 2, 3, 4, 5, 6, kRows};
   Index ld;
   std::vector<float> y, stats;
   double smean[kRows] = {}, srstd[kRows] = {};
@@ -925,9 +928,7 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
       set_isa(isa);
       for (const int affine : {0, 1, 2, 3}) {
         const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
-        // every count of rows up to six (the kernel's first and last rows of a call take their own steps)
-        // and the whole block
-        for (const Index m : {Index{1}, Index{2}, Index{3}, Index{4}, Index{5}, Index{6}, rows}) {
+        for (const Index m : RegisterRowsOutputs::kCounts) {
           // v = 0: the eight-row blocks; 1: in registers; 2: in registers, in place
           std::vector<RegisterRowsOutputs> out(3, RegisterRowsOutputs(d));
           for (int v = 0; v < 3; ++v) {
@@ -976,7 +977,7 @@ TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
       set_isa(isa);
       for (const int affine : {0, 1, 2, 3}) {
         const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
-        for (const Index m : {Index{1}, Index{2}, Index{3}, Index{4}, Index{5}, Index{6}, rows}) {
+        for (const Index m : RegisterRowsOutputs::kCounts) {
           // v = 0: the chunks; 1: in registers; 2: in registers, s over x; 3: in registers, s over r
           std::vector<RegisterRowsOutputs> out(4, RegisterRowsOutputs(d));
           std::vector<float> sv[4];

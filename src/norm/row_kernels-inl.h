@@ -38,6 +38,14 @@ struct RowStats {
   float mh = 0, ml = 0, r = 0;  // float(mean), float(mean − mh), float(rstd)
 };
 
+// st.mean and its fp32 pair: mh = float(mean), ml = float(mean − mh) (every kernel that takes the mean
+// sets it here).
+inline void set_mean(RowStats& st, double mean) {
+  st.mean = mean;
+  st.mh = static_cast<float>(mean);
+  st.ml = static_cast<float>(mean - static_cast<double>(st.mh));
+}
+
 template <bool Center>
 inline VF dev(VF x, VF mh, VF ml) {
   if constexpr (Center) return sub(sub(x, mh), ml);
@@ -271,9 +279,7 @@ inline SecondPass row_second_pass(const T* x, std::type_identity_t<const T*> dy,
 
 template <bool Center, typename T>
 inline double row_mean(const T* x, Index n, RowStats& st, bool pf = false) {
-  st.mean = Center ? row_sum(x, n, pf) / static_cast<double>(n) : 0.0;
-  st.mh = static_cast<float>(st.mean);
-  st.ml = static_cast<float>(st.mean - static_cast<double>(st.mh));
+  set_mean(st, Center ? row_sum(x, n, pf) / static_cast<double>(n) : 0.0);
   return st.mean;
 }
 
@@ -281,9 +287,7 @@ inline double row_mean(const T* x, Index n, RowStats& st, bool pf = false) {
 // m_hi, m_lo and r).
 template <bool Center>
 inline void saved_stats(RowStats& st, const double* smean, const double* srstd, Index row) {
-  st.mean = Center ? smean[row] : 0.0;
-  st.mh = static_cast<float>(st.mean);
-  st.ml = static_cast<float>(st.mean - static_cast<double>(st.mh));
+  set_mean(st, Center ? smean[row] : 0.0);
   st.rstd = srstd[row];
   st.r = static_cast<float>(st.rstd);
 }
@@ -784,9 +788,7 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
           sum = pairs_total(a0, a1, a2, a3);
         else
           sum = add(add(a0, a1), add(a2, a3));
-        sa.mean = hsum(sum) / static_cast<double>(n);
-        sa.mh = static_cast<float>(sa.mean);
-        sa.ml = static_cast<float>(sa.mean - static_cast<double>(sa.mh));
+        set_mean(sa, hsum(sum) / static_cast<double>(n));
       }
     }
   }
@@ -880,9 +882,7 @@ NL_FORCE_INLINE inline void register_row_mean(VF* v, RowStats& st, const Registe
     a0 = add(a0, cvt_lo(v[kV - 1]));
     a1 = add(a1, cvt_hi(v[kV - 1]));
   }
-  st.mean = (hsum(add(add(a0, a1), add(a2, a3))) + 0.0) / static_cast<double>(NC);
-  st.mh = static_cast<float>(st.mean);
-  st.ml = static_cast<float>(st.mean - static_cast<double>(st.mh));
+  set_mean(st, (hsum(add(add(a0, a1), add(a2, a3))) + 0.0) / static_cast<double>(NC));
 }
 
 // Stage 2: the second pass and rstd (as row_second_pass_vec and finish_rstd).

@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "norm/norm_plan.h"
 
 namespace {
 
@@ -162,12 +163,12 @@ PageOffsets page_offsets() {
 }
 
 // Rows per forward call: NORMLAB_AB_CALL_ROWS=N (0: one call over all rows); unset: the library driver's
-// task size for rows of n, max(1, 16384 / n) (row_norm.cpp), since a kernel's speed can depend on it
+// task size for rows of n, plan::task_rows(n) = max(1, 16384 / n), since a kernel's speed can depend on it
 // (docs/PERFORMANCE.md, "fifty-fourth session": the skewed register kernel at D = 128 gained in one call
 // and lost in the driver's calls).
 Index forward_call_rows(Index rows, Index n) {
   const char* env = std::getenv("NORMLAB_AB_CALL_ROWS");
-  if (env == nullptr) return std::max<Index>(1, (Index{1} << 14) / n);
+  if (env == nullptr) return normlab::plan::task_rows(n);
   char* end = nullptr;
   const long long v = std::strtoll(env, &end, 10);
   if (*env == '\0' || *end != '\0' || v < 0)

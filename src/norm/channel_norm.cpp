@@ -124,8 +124,7 @@ void seg_finish(const Operand& o, const Plan& p, Index b, Index c, const float* 
 // and 372 on the other.
 template <typename F>
 void for_item_ranges(Index items, Index floats, F&& f, Index max_items = 0) {
-  const Index per_task =
-      max_items > 0 ? max_items : std::max<Index>(1, (Index{1} << 14) / std::max<Index>(1, floats));
+  const Index per_task = max_items > 0 ? max_items : plan::task_rows(floats);
   const plan::RowSplit split = plan::split_rows(items, floats, per_task, normlab::num_threads(), 1);
   parallel::parallel_for(split.tasks, [&](Index t) {
     if (const Index count = split.rows(t)) f(split.first(t), count);

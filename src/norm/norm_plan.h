@@ -113,6 +113,15 @@ struct RowSplit {
 };
 RowSplit split_rows(Index groups, Index n, Index max_rows, int threads, Index block = 8);
 
+// The tasks' size for split_rows: rows (or items) of n elements per task, about 16 Ki elements
+// (kTaskElems), at least one. The row drivers (row_norm.cpp, storage_norm.h) call their kernels on one task
+// at a time, so a kernel's calls take task_rows(n) rows; scripts/ab-rows times the forward kernels in
+// calls of this size (bench/bench_ab_rows.cpp).
+inline constexpr Index kTaskElems = Index{1} << 14;
+inline Index task_rows(Index n) {
+  return std::max<Index>(1, kTaskElems / std::max<Index>(1, n));
+}
+
 // Whether a γ/β-shaped operand is its elements in consecutive floats, row-major (size-1 axes ignored).
 bool part_contiguous(const PartOperand& p, const Dims& shape);
 

@@ -284,8 +284,7 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   args.stream = kernels::stream_output_bytes(s.groups * s.n * Index{sizeof(float)});
   // Each thread a range of groups, cut into tasks (split_rows); the split only affects scheduling, never
   // results.
-  const Index per_task = std::max<Index>(1, (Index{1} << 14) / s.n);
-  const plan::RowSplit split = plan::split_rows(s.groups, s.n, per_task, num_threads());
+  const plan::RowSplit split = plan::split_rows(s.groups, s.n, plan::task_rows(s.n), num_threads());
   if (rows_path) {
     parallel::parallel_for(split.tasks, [&](Index t) {
       const Index g0 = split.first(t);

@@ -795,8 +795,8 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
   if (a.stream) stream_fence();
 }
 
-// Out of cache on a Zen 5 (forward_in_registers, row_kernels.h): fp32 LayerNorm rows of NC = 64, 80, 128 or
-// 192 elements, each loaded once into NC/kF vectors on which its three passes run, y written with ordinary
+// Out of cache on a Zen 5 (forward_in_registers, row_kernels.h): fp32 LayerNorm rows of NC = 64, 80, 128, 192
+// or 256 elements, each loaded once into NC/kF vectors on which its three passes run, y written with ordinary
 // stores (no streaming stores, no software prefetch). Each row's arithmetic is that of rows_forward_impl term
 // by term: Σx as row_sum_vec (acc0..acc3 over consecutive eight-element pieces, the pieces of one vector
 // being its cvt_lo and cvt_hi), the second pass as row_second_pass_vec (blocks of four vectors, a last block
@@ -805,9 +805,14 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
 // plus a streaming copy of their bytes, or more, on this machine; this kernel (then one row at a time), of
 // their time: at 1 thread 0.73-0.92 (scripts/ab-rows) at D = 64, 80, 128 and 0.75 at 192; with a copy of it
 // beside the library in one process 0.61-0.92 at 1 thread and 0.68-1.16 at 2 (0.52-0.93 at 192). In cache it
-// takes 1.2-1.55 times theirs, so only out of cache. Not taken: RMSNorm (no Σx stage in its eight-row blocks;
-// 0.99-1.07), D = 96, 160, 256 (gains of 0-40 % at one thread count and none at the other), 384 (24 vectors,
-// a loss), any length at run time (the row on the stack: 0.34-1.04).
+// takes 1.2-1.55 times theirs, so only out of cache. D = 256 (16 vectors, one row at a time) since the
+// fifty-fifth session: against the pipelined kernel through the driver's calls 0.85-0.99 of the time at 1
+// thread and 0.76-0.89 at 2 in most runs (two runs at 2 threads, in one slow phase of the host, 1.11-1.14);
+// with the fused add 0.74-0.78 and 0.70-0.84 (1.07-1.14 in that phase). Not taken: RMSNorm (no Σx stage in
+// its eight-row blocks; 0.99-1.07), D = 96 and 160 (gains of 0-40 % at one thread count and none at the
+// other), 384 (24 vectors, a loss), any length at run time (the row on the stack: 0.34-1.04), streaming
+// stores at 256 (0.99-1.12 of the pipelined kernel's time where ordinary stores took 0.83-0.95;
+// scripts/ab-rows, 1 thread).
 // With Add (the fused residual add, RowsForwardOf::r), the row loaded is s = x + r, formed vector by vector
 // and stored to a.s with ordinary stores before the passes run on it; so y, mean and rstd are those of the
 // plain kernel on the stored s. Against the chunks of rows_add_forward (s formed for 64 KiB of rows, stored
@@ -1009,8 +1014,10 @@ void rows_forward_registers_n(const RowsForwardOf<float>& a) {
       return rows_forward_registers<W, B, 80, Save, Add>(a);
     case 128:
       return rows_forward_registers<W, B, 128, Save, Add>(a);
-    default:  // 192 (forward_in_registers)
+    case 192:
       return rows_forward_registers<W, B, 192, Save, Add>(a);
+    default:  // 256 (forward_in_registers)
+      return rows_forward_registers<W, B, 256, Save, Add>(a);
   }
 }
 
@@ -1071,7 +1078,7 @@ void with_flags(bool center, bool w, bool b, F&& f) {
 }
 
 // The forward kernel for the row length: rows from registers where forward_in_registers says so
-// (fp32 LayerNorm rows of 64, 80, 128 or 192 out of cache on a Zen 5), eight-row blocks for short rows
+// (fp32 LayerNorm rows of 64, 80, 128, 192 or 256 out of cache on a Zen 5), eight-row blocks for short rows
 // (forward_batched), the pipelined kernel where forward_pipelined says so (row_kernels.h: multiples of 64
 // from 256 on, but on some machines not long fp32 LayerNorm rows out of cache), rows_forward_impl otherwise.
 template <typename T>

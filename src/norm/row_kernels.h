@@ -49,10 +49,10 @@ struct RowTuning {
   // the next group's rows (next_group_rows): every length gained from D = 128 on the Xeon and at D = 256 and
   // 768 on a Zen 5; on the Zen 4 the forward's length, unmeasured there.
   Index backward_prefetch_min_n = 0;
-  // Out of cache, fp32 LayerNorm rows of 64, 80, 128 or 192 elements run from registers with ordinary stores
-  // (forward_in_registers below): one at a time, on a Zen 5 0.52-0.93 of the eight-row blocks' time at 1
-  // thread, 0.54-1.16 at 2 (streaming stores); rows of 64 and 80 now with consecutive rows' stages skewed
-  // (row_kernels-inl.h, rows_forward_registers).
+  // Out of cache, fp32 LayerNorm rows of 64, 80, 128, 192 or 256 elements run from registers with ordinary
+  // stores (forward_in_registers below): one at a time, on a Zen 5 0.52-0.93 of the eight-row blocks' time at
+  // 1 thread, 0.54-1.16 at 2 (streaming stores); rows of 64 and 80 now with consecutive rows' stages skewed;
+  // rows of 256 0.76-0.99 of the pipelined kernel's in most runs (row_kernels-inl.h, rows_forward_registers).
   bool rows_in_registers = false;
   // Out of cache, rows whose length is not a whole number of 16-element vectors ("ragged": 24, 40, 100 ...)
   // write their outputs (the forward's y, the backward's dx) with streaming stores where a vector starts on a
@@ -263,13 +263,13 @@ inline bool forward_batched(const RowsForwardOf<T>& a) {
 }
 
 // Whether the forward runs rows from registers (rows_forward_registers in row_kernels-inl.h):
-// fp32 LayerNorm rows of 64, 80, 128 or 192 elements that come from memory (not a chunk of the fused add's s
-// in cache, x_cached; the fused add on such rows forms s in that kernel) out of cache, where
+// fp32 LayerNorm rows of 64, 80, 128, 192 or 256 elements that come from memory (not a chunk of the fused
+// add's s in cache, x_cached; the fused add on such rows forms s in that kernel) out of cache, where
 // tuning.rows_in_registers says so. Before forward_batched, which such rows would otherwise take.
 template <typename T>
 inline bool forward_in_registers(const RowsForwardOf<T>& a) {
   return std::is_same_v<T, float> && a.center && a.stream && !a.x_cached && a.tuning.rows_in_registers &&
-         (a.n == 64 || a.n == 80 || a.n == 128 || a.n == 192);
+         (a.n == 64 || a.n == 80 || a.n == 128 || a.n == 192 || a.n == 256);
 }
 
 // Whether the fused residual add (RowsForwardOf::r) forms s inside the kernel, row by row (the pipelined

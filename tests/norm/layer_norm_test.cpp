@@ -786,9 +786,9 @@ TEST(LayerNormLayouts, RowTuningPerMachine) {
 // The machine choices never change a bit: the row forward out of cache (streaming stores) with every
 // prefetch choice on and with every one off gives the y, mean and rstd of the forward in cache, for rows of
 // the eight-row blocks (D = 24, 32, 40, 64, 80, 128, 192; a last block of fewer rows; with rows_in_registers
-// the fp32 LayerNorm at 64, 80, 128 and 192 from registers; rows of 24 and 40, not whole vectors, with and
-// without stream_ragged_rows), of the pipelined kernel (512) and of the row blocks (2048), LayerNorm and
-// RMSNorm, fp32 and bf16, on every SIMD target.
+// the fp32 LayerNorm at 64, 80, 128, 192 and 256 from registers; rows of 24 and 40, not whole vectors, with
+// and without stream_ragged_rows), of the pipelined kernel (256, 512) and of the row blocks (2048), LayerNorm
+// and RMSNorm, fp32 and bf16, on every SIMD target.
 TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
   std::mt19937_64 rng(43);
   const Isa saved = active_isa();
@@ -798,7 +798,7 @@ TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
   off.prefetch_min_n = off.backward_prefetch_min_n = Index{1} << 40;
   off.batched_prefetch = off.batched_prefetch_fp32 = off.rows_in_registers = off.stream_ragged_rows = false;
   for (const Index d : {Index{24}, Index{32}, Index{40}, Index{64}, Index{80}, Index{128}, Index{192},
-                        Index{512}, kernels::kUnpipelinedMinN}) {
+                        Index{256}, Index{512}, kernels::kUnpipelinedMinN}) {
     const Index rows = d <= kernels::kBatchMaxN ? 45 : 5;
     const Tensor x = testing::random_tensor({rows, d}, rng, 2.0, 3.0),
                  w = testing::random_tensor({d}, rng, 1.0, 1.0),
@@ -851,7 +851,7 @@ TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
 // One out-of-cache forward call of the register-kernel tests below and its outputs: y (kRows rows ld floats
 // apart, filled with -7 beyond what the call writes), mean and rstd at a stride of 4, the saved double
 // statistics. run() calls the active target's kernel on `a` with rows_in_registers as given, after checking
-// that `takes` (forward_in_registers, forward_fuses_add) says the same.
+// that forward_in_registers says the same.
 struct RegisterRowsOutputs {
   static constexpr Index kRows = 21, kPad = 16;  // rows kPad floats apart beyond their length
   // The calls' counts of rows: every count up to six (the register kernel's first and last rows of a call,
@@ -862,11 +862,10 @@ struct RegisterRowsOutputs {
   double smean[kRows] = {}, srstd[kRows] = {};
   explicit RegisterRowsOutputs(Index d)
       : ld(d + kPad), y(static_cast<std::size_t>(kRows * ld), -7.0f), stats(4 * kRows, -7.0f) {}
-  void run(kernels::RowsForward a, bool in_registers, bool (*takes)(const kernels::RowsForward&),
-           const std::string& what) {
+  void run(kernels::RowsForward a, bool in_registers, const std::string& what) {
     a.stream = true;
     a.tuning.rows_in_registers = in_registers;
-    EXPECT_EQ(takes(a), in_registers) << what;
+    EXPECT_EQ(kernels::forward_in_registers(a), in_registers) << what;
     a.y = y.data();
     a.mean = stats.data();
     a.rstd = stats.data() + 1;
@@ -887,12 +886,12 @@ struct RegisterRowsOutputs {
   }
 };
 
-// Out of cache, where tuning.rows_in_registers says so (a Zen 5), fp32 LayerNorm rows of 64, 80, 128 and 192
-// elements run from registers (kernels::forward_in_registers): the y, mean, rstd and saved double statistics
-// of the eight-row blocks bit for bit, with and without γ and β, rows apart in memory, statistics at a
-// stride, in place (y = x), every count of rows up to six (the first and last rows of the kernel's skewed
-// stages) and 21, on every SIMD target. (The fused residual add on such rows:
-// FusedAddInRegistersHasTheChunksBits below.)
+// Out of cache, where tuning.rows_in_registers says so (a Zen 5), fp32 LayerNorm rows of 64, 80, 128, 192 and
+// 256 elements run from registers (kernels::forward_in_registers): the y, mean, rstd and saved double
+// statistics of the eight-row blocks (at 256 the pipelined kernel) bit for bit, with and without γ and β,
+// rows apart in memory, statistics at a stride, in place (y = x), every count of rows up to six (the first
+// and last rows of the kernel's skewed stages) and 21, on every SIMD target. (The fused residual add on such
+// rows: FusedAddInRegistersHasTheChunksBits below.)
 TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
   std::mt19937_64 rng(47);
   const Isa saved = active_isa();
@@ -900,9 +899,10 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
   p.rows = 3;
   p.stream = true;
   p.tuning.rows_in_registers = true;
-  for (const Index d : {Index{32}, Index{64}, Index{80}, Index{96}, Index{128}, Index{192}, Index{256}}) {
+  for (const Index d :
+       {Index{32}, Index{64}, Index{80}, Index{96}, Index{128}, Index{192}, Index{256}, Index{320}}) {
     p.n = d;
-    EXPECT_EQ(kernels::forward_in_registers(p), d == 64 || d == 80 || d == 128 || d == 192) << d;
+    EXPECT_EQ(kernels::forward_in_registers(p), d == 64 || d == 80 || d == 128 || d == 192 || d == 256) << d;
   }
   p.n = 64;
   for (auto off :
@@ -919,7 +919,7 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
   p16.tuning.rows_in_registers = true;
   EXPECT_FALSE(kernels::forward_in_registers(p16));
 
-  for (const Index d : {Index{64}, Index{80}, Index{128}, Index{192}}) {
+  for (const Index d : {Index{64}, Index{80}, Index{128}, Index{192}, Index{256}}) {
     const Index rows = RegisterRowsOutputs::kRows, ld = d + RegisterRowsOutputs::kPad;
     const Tensor x = testing::random_tensor({rows, ld}, rng, 2.0, 3.0),
                  w = testing::random_tensor({d}, rng, 1.0, 1.0),
@@ -929,7 +929,8 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
       for (const int affine : {0, 1, 2, 3}) {
         const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
         for (const Index m : RegisterRowsOutputs::kCounts) {
-          // v = 0: the eight-row blocks; 1: in registers; 2: in registers, in place
+          // v = 0: the eight-row blocks (256: the pipelined kernel); 1: in registers; 2: in registers, in
+          // place
           std::vector<RegisterRowsOutputs> out(3, RegisterRowsOutputs(d));
           for (int v = 0; v < 3; ++v) {
             if (v == 2) std::copy(x.data(), x.data() + rows * ld, out[v].y.begin());
@@ -937,7 +938,7 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
                 contiguous_rows(v == 2 ? out[v].y.data() : x.data(), m, d, affine & 1 ? w.data() : nullptr,
                                 affine & 2 ? b.data() : nullptr);
             a.ldx = a.ldy = ld;
-            out[v].run(a, v > 0, &kernels::forward_in_registers<float>, what);
+            out[v].run(a, v > 0, what);
           }
           // (in place, the rows past m keep x)
           for (int v = 1; v < 3; ++v)
@@ -951,7 +952,8 @@ TEST(LayerNormLayouts, ShortRowsOutOfCacheInRegistersHaveTheSameBits) {
 
 // The fused residual add (RowsForward::r) on the rows from registers (kernels::forward_fuses_add): s, y,
 // mean, rstd and the saved double statistics bitwise those of the chunks (rows_in_registers off: s formed,
-// streamed and copied into the scratch, then the eight-row blocks on the copy), with and without γ and β,
+// streamed and copied into the scratch, then the eight-row blocks on the copy; at D = 256 the pipelined
+// kernel, which forms s row by row), with and without γ and β,
 // rows apart in memory, s over x and over r, every count of rows up to six and 21, on every SIMD target.
 TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
   std::mt19937_64 rng(48);
@@ -966,7 +968,7 @@ TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
   EXPECT_FALSE(kernels::forward_fuses_add(p));
   p.n = 256;
   EXPECT_TRUE(kernels::forward_fuses_add(p));  // the pipelined kernel
-  for (const Index d : {Index{64}, Index{80}, Index{128}, Index{192}}) {
+  for (const Index d : {Index{64}, Index{80}, Index{128}, Index{192}, Index{256}}) {
     const Index rows = RegisterRowsOutputs::kRows, ld = d + RegisterRowsOutputs::kPad;
     const Tensor x = testing::random_tensor({rows, ld}, rng, 2.0, 3.0),
                  r = testing::random_tensor({rows, ld}, rng, 1.0, -1.0),
@@ -978,7 +980,8 @@ TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
       for (const int affine : {0, 1, 2, 3}) {
         const std::string what = fmt::format("{} D={} affine={}", isa_name(isa), d, affine);
         for (const Index m : RegisterRowsOutputs::kCounts) {
-          // v = 0: the chunks; 1: in registers; 2: in registers, s over x; 3: in registers, s over r
+          // v = 0: the chunks (at D = 256 the pipelined kernel's fused add); 1: in registers; 2: in
+          // registers, s over x; 3: in registers, s over r
           std::vector<RegisterRowsOutputs> out(4, RegisterRowsOutputs(d));
           std::vector<float> sv[4];
           for (int v = 0; v < 4; ++v) {
@@ -990,7 +993,11 @@ TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
             a.r = rv.data();
             a.s = v == 2 ? xv.data() : v == 3 ? rv.data() : sv[v].data();
             a.work = work.data();
-            out[v].run(a, v > 0, &kernels::forward_fuses_add<float>, what);
+            kernels::RowsForward q = a;  // (as run() calls it)
+            q.stream = true;
+            q.tuning.rows_in_registers = v > 0;
+            EXPECT_EQ(kernels::forward_fuses_add(q), v > 0 || d == 256) << what;
+            out[v].run(a, v > 0, what);
             if (v == 2) sv[v] = xv;
             if (v == 3) sv[v] = rv;
           }

@@ -851,7 +851,7 @@ TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
 // One out-of-cache forward call of the register-kernel tests below and its outputs: y (kRows rows ld floats
 // apart, filled with -7 beyond what the call writes), mean and rstd at a stride of 4, the saved double
 // statistics. run() calls the active target's kernel on `a` with rows_in_registers as given, after checking
-// that forward_in_registers says the same.
+// that forward_in_registers says the same, and returns the arguments it called it with.
 struct RegisterRowsOutputs {
   static constexpr Index kRows = 21, kPad = 16;  // rows kPad floats apart beyond their length
   // The calls' counts of rows: every count up to six (the register kernel's first and last rows of a call,
@@ -862,7 +862,7 @@ struct RegisterRowsOutputs {
   double smean[kRows] = {}, srstd[kRows] = {};
   explicit RegisterRowsOutputs(Index d)
       : ld(d + kPad), y(static_cast<std::size_t>(kRows * ld), -7.0f), stats(4 * kRows, -7.0f) {}
-  void run(kernels::RowsForward a, bool in_registers, const std::string& what) {
+  kernels::RowsForward run(kernels::RowsForward a, bool in_registers, const std::string& what) {
     a.stream = true;
     a.tuning.rows_in_registers = in_registers;
     EXPECT_EQ(kernels::forward_in_registers(a), in_registers) << what;
@@ -873,6 +873,7 @@ struct RegisterRowsOutputs {
     a.smean = smean;
     a.srstd = srstd;
     kernels::row_kernels().rows_forward(a);
+    return a;
   }
   // y's first `rows` rows (not the padding between them, which is the callers') and every statistic bitwise
   // those of o.
@@ -993,11 +994,8 @@ TEST(LayerNormLayouts, FusedAddInRegistersHasTheChunksBits) {
             a.r = rv.data();
             a.s = v == 2 ? xv.data() : v == 3 ? rv.data() : sv[v].data();
             a.work = work.data();
-            kernels::RowsForward q = a;  // (as run() calls it)
-            q.stream = true;
-            q.tuning.rows_in_registers = v > 0;
-            EXPECT_EQ(kernels::forward_fuses_add(q), v > 0 || d == 256) << what;
-            out[v].run(a, v > 0, what);
+            const kernels::RowsForward called = out[v].run(a, v > 0, what);
+            EXPECT_EQ(kernels::forward_fuses_add(called), v > 0 || d == 256) << what;
             if (v == 2) sv[v] = xv;
             if (v == 3) sv[v] = rv;
           }

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "norm/channel_kernels.h"
+#include "norm/mean_split.h"
 #include "simd/vec.h"
 
 namespace normlab::kernels::NL_TARGET {
@@ -176,11 +177,11 @@ inline void second_pass(const float* x, const float* dy, Index n, VF mh, double&
   sge = Dy ? hsum(add(p0, p1)) : 0.0;
 }
 
-// A mean's fp32 pair: returns m_hi, m_lo into ml (as a double).
+// A mean's fp32 pair (split_mean): returns m_hi, m_lo into ml (as a double).
 inline float mean_split(double mean, double& ml) {
-  const float mh = static_cast<float>(mean);
-  ml = static_cast<double>(static_cast<float>(mean - static_cast<double>(mh)));
-  return mh;
+  const MeanSplit m = split_mean(mean);
+  ml = static_cast<double>(m.lo);
+  return m.hi;
 }
 
 // The first pass's Σx (s.sum) to mean = Σx/n and its fp32 pair: returns m_hi, m_lo into ml.
@@ -999,8 +1000,8 @@ void single_moments(double* mean, double* var, double* rstd, const float* x, Ind
     double v = 0.0;
     for (Index j = 0; j < spg; ++j) {
       const double ms = 0.0 + static_cast<double>(xg[j]);
-      const float mh = static_cast<float>(ms);
-      const double ml = static_cast<double>(static_cast<float>(ms - static_cast<double>(mh)));
+      double ml;
+      const float mh = mean_split(ms, ml);
       const float e = xg[j] - mh;
       const double d = ms - m;
       v += (static_cast<double>(e * e) - ml * ml) + d * d;

@@ -18,6 +18,7 @@
 #include <limits>
 
 #include "norm/channel_kernels.h"
+#include "norm/mean_split.h"
 #include "norm/norm_plan.h"
 #include "norm/row_kernels.h"
 #include "norm/streaming.h"
@@ -358,12 +359,6 @@ SegmentArrays segment_workspace(const Plan& p) {
 
 namespace {
 
-// The fp32 pair (m_hi, m_lo) of a double mean.
-void mean_pair(double mean, float& mh, float& ml) {
-  mh = static_cast<float>(mean);
-  ml = static_cast<float>(mean - static_cast<double>(mh));
-}
-
 // A segment's Σdy·x̂ in its group (mean, rstd) from the segment's own mean_s, Σdy·(x − mean_s) and Σdy:
 // rstd·(Σdy·(x − mean_s) + (mean_s − mean)·Σdy).
 double segment_sdyxh(double rstd, double sdyd, double mean_s, double mean, double sdy) {
@@ -403,7 +398,9 @@ float normalize_scale(double rstd, const float* w, Index c) {
 }
 kernels::NormalizeConsts normalize_consts(double mean, double rstd, const float* w, const float* b, Index c) {
   kernels::NormalizeConsts t;
-  mean_pair(mean, t.mh, t.ml);
+  const kernels::MeanSplit m = kernels::split_mean(mean);
+  t.mh = m.hi;
+  t.ml = m.lo;
   t.s = normalize_scale(rstd, w, c);
   t.b = b ? b[c] : 0.0f;
   return t;
@@ -412,7 +409,9 @@ kernels::NormalizeConsts normalize_consts(double mean, double rstd, const float*
 kernels::InputGradConsts input_grad_consts(double mean, double rstd, const float* w, Index c, double mean_g,
                                            double mean_gx) {
   kernels::InputGradConsts t;
-  mean_pair(mean, t.mh, t.ml);
+  const kernels::MeanSplit m = kernels::split_mean(mean);
+  t.mh = m.hi;
+  t.ml = m.lo;
   t.r = static_cast<float>(rstd);
   t.w = w ? w[c] : 1.0f;
   t.c0 = static_cast<float>(mean_g);

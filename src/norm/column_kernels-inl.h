@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "norm/column_kernels.h"
+#include "norm/mean_split.h"
 #include "simd/vec.h"
 
 namespace normlab::kernels::NL_TARGET {
@@ -406,8 +407,9 @@ inline void block_saved(Block& bk, const double* smean, const double* srstd, int
   for (int j = 0; j < 16; ++j) {
     const double mean = Center && j < k ? smean[j] : 0.0;
     bk.mean[j] = mean;
-    bk.mh[j] = static_cast<float>(mean);
-    bk.ml[j] = static_cast<float>(mean - static_cast<double>(bk.mh[j]));
+    const MeanSplit m = split_mean(mean);
+    bk.mh[j] = m.hi;
+    bk.ml[j] = m.lo;
     bk.rstd[j] = j < k ? srstd[j] : 1.0;
     bk.r[j] = static_cast<float>(bk.rstd[j]);
   }

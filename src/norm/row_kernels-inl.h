@@ -14,6 +14,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "norm/mean_split.h"
 #include "norm/row_kernels.h"
 #include "simd/vec.h"
 
@@ -38,12 +39,12 @@ struct RowStats {
   float mh = 0, ml = 0, r = 0;  // float(mean), float(mean − mh), float(rstd)
 };
 
-// st.mean and its fp32 pair: mh = float(mean), ml = float(mean − mh) (every kernel that takes the mean
-// sets it here).
+// st.mean and its fp32 pair (split_mean) (every kernel that takes the mean sets it here).
 inline void set_mean(RowStats& st, double mean) {
+  const MeanSplit m = split_mean(mean);
   st.mean = mean;
-  st.mh = static_cast<float>(mean);
-  st.ml = static_cast<float>(mean - static_cast<double>(st.mh));
+  st.mh = m.hi;
+  st.ml = m.lo;
 }
 
 template <bool Center>

@@ -825,6 +825,15 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
 // time the kernel was bound by it more than by memory: a row of 64 took 20.6 ns in L2 and 21.9 out of cache
 // (the streaming copy of its bytes about 11; "fifty-third session"). With the stages of consecutive rows side
 // by side in program order, each step's work waits on statistics that the step before computed.
+// Without the fused add, rows of a.tuning.register_prefetch_min_n or more elements (row_kernels.h, RowTuning:
+// 192) are prefetched kRegisterPrefetchBytes ahead as each row's Σx stage starts: every line of x that far
+// on, into L1. Paired on a Zen 5 (docs/PERFORMANCE.md, "fifty-seventh session"; the kernel called as the
+// driver calls it, the choice alternated round by round, 128 MiB per operand): at D = 256 0.91-0.98 of the
+// time at 1 thread and 0.91-0.98 at 2 (0.86-0.91 in a slow phase of the host), at 192 0.92-0.98; at 128
+// 1.01-1.08 and at 64 and 80 no gain (1.00-1.04 where the host was fast); 2 KiB ahead 0.94 at 256, 8 KiB
+// 0.90-0.95, 16 KiB 0.99. With the fused add (x and r prefetched) 1.01-1.02 at 256, so not there; y's lines
+// prefetched for writing as well (prefetchw, the same distance) 1.01-1.05.
+inline constexpr Index kRegisterPrefetchBytes = 4096;
 
 // What the register kernel reads of its argument block, copied once: the vector stores to y and s could
 // alias the block (the vector types may alias anything), which the loop would otherwise reload after each
@@ -842,7 +851,8 @@ struct RegisterArgs {
   double* srstd;
   Index ldx, ldr, lds, ldy, ld_stats;
   double eps;
-  explicit RegisterArgs(const RowsForwardOf<float>& a)
+  bool prefetch;  // the rows kRegisterPrefetchBytes ahead (rows_forward_registers)
+  RegisterArgs(const RowsForwardOf<float>& a, bool prefetch_rows)
       : x(a.x),
         xr(a.r),
         s(a.s),
@@ -858,7 +868,8 @@ struct RegisterArgs {
         lds(a.lds),
         ldy(a.ldy),
         ld_stats(a.ld_stats),
-        eps(a.eps) {}
+        eps(a.eps),
+        prefetch(prefetch_rows) {}
 };
 
 // Stage 1 of row r: its vectors (with Add, s = x + r formed and stored vector by vector), Σx, the mean and
@@ -870,6 +881,8 @@ template <int NC, bool Add>
 NL_FORCE_INLINE inline void register_row_mean(VF* v, RowStats& st, const RegisterArgs& g, Index r) {
   constexpr int kV = NC / kF;
   const float* const x = g.x + r * g.ldx;
+  constexpr Index kLines = (NC * Index{sizeof(float)} + 63) / 64;
+  if (g.prefetch) prefetch_lines(reinterpret_cast<std::uintptr_t>(x) + kRegisterPrefetchBytes, kLines);
   if constexpr (Add) {
     const float* const xr = g.xr + r * g.ldr;
     float* const s = g.s + r * g.lds;
@@ -950,7 +963,7 @@ template <bool W, bool B, int NC, bool Save, bool Add>
 void rows_forward_registers(const RowsForwardOf<float>& a) {
   static_assert(NC % kF == 0 && NC >= 2 * kF);
   constexpr int kV = NC / kF;
-  const RegisterArgs g(a);
+  const RegisterArgs g(a, !Add && NC >= a.tuning.register_prefetch_min_n);
   const Index rows = a.rows;
   // A row's stages on its vectors v and statistics st.
   auto mean_of = [&](VF* v, RowStats& st, Index i)

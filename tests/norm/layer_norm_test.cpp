@@ -754,6 +754,7 @@ TEST(LayerNormLayouts, RowTuningPerMachine) {
   EXPECT_FALSE(xeon.rows_in_registers);
   EXPECT_FALSE(zen4.rows_in_registers);
   EXPECT_TRUE(zen5.rows_in_registers);
+  for (const kernels::RowTuning& t : {xeon, zen4, zen5}) EXPECT_EQ(t.register_prefetch_min_n, 192);
   EXPECT_TRUE(xeon.stream_ragged_rows);
   EXPECT_TRUE(zen4.stream_ragged_rows);
   EXPECT_FALSE(zen5.stream_ragged_rows);
@@ -780,22 +781,24 @@ TEST(LayerNormLayouts, RowTuningPerMachine) {
   EXPECT_EQ(m.batched_prefetch_fp32, k.batched_prefetch_fp32);
   EXPECT_EQ(m.backward_prefetch_min_n, k.backward_prefetch_min_n);
   EXPECT_EQ(m.rows_in_registers, k.rows_in_registers);
+  EXPECT_EQ(m.register_prefetch_min_n, k.register_prefetch_min_n);
   EXPECT_EQ(m.stream_ragged_rows, k.stream_ragged_rows);
 }
 
 // The machine choices never change a bit: the row forward out of cache (streaming stores) with every
 // prefetch choice on and with every one off gives the y, mean and rstd of the forward in cache, for rows of
 // the eight-row blocks (D = 24, 32, 40, 64, 80, 128, 192; a last block of fewer rows; with rows_in_registers
-// the fp32 LayerNorm at 64, 80, 128, 192 and 256 from registers; rows of 24 and 40, not whole vectors, with
-// and without stream_ragged_rows), of the pipelined kernel (256, 512) and of the row blocks (2048), LayerNorm
-// and RMSNorm, fp32 and bf16, on every SIMD target.
+// the fp32 LayerNorm at 64, 80, 128, 192 and 256 from registers, with and without their prefetch: every
+// length on, none off; rows of 24 and 40, not whole vectors, with and without stream_ragged_rows), of the
+// pipelined kernel (256, 512) and of the row blocks (2048), LayerNorm and RMSNorm, fp32 and bf16, on every
+// SIMD target.
 TEST(LayerNormLayouts, RowTuningKeepsTheBits) {
   std::mt19937_64 rng(43);
   const Isa saved = active_isa();
   kernels::RowTuning on = kernels::row_tuning_for(kernels::CpuKind::kZen5), off = on;
-  on.prefetch_min_n = on.backward_prefetch_min_n = 1;
+  on.prefetch_min_n = on.backward_prefetch_min_n = on.register_prefetch_min_n = 1;
   on.batched_prefetch = on.batched_prefetch_fp32 = on.rows_in_registers = on.stream_ragged_rows = true;
-  off.prefetch_min_n = off.backward_prefetch_min_n = Index{1} << 40;
+  off.prefetch_min_n = off.backward_prefetch_min_n = off.register_prefetch_min_n = Index{1} << 40;
   off.batched_prefetch = off.batched_prefetch_fp32 = off.rows_in_registers = off.stream_ragged_rows = false;
   for (const Index d : {Index{24}, Index{32}, Index{40}, Index{64}, Index{80}, Index{128}, Index{192},
                         Index{256}, Index{512}, kernels::kUnpipelinedMinN}) {

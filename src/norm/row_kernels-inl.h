@@ -829,7 +829,7 @@ void rows_forward_pipelined(const RowsForwardOf<T>& a) {
 // 192) are prefetched kRegisterPrefetchBytes ahead as each row's Σx stage starts: every line of x that far
 // on, into L1. Paired on a Zen 5 (docs/PERFORMANCE.md, "fifty-seventh session"; the kernel called as the
 // driver calls it, the choice alternated round by round, 128 MiB per operand): at D = 256 0.91-0.98 of the
-// time at 1 thread and 0.91-0.98 at 2 (0.86-0.91 in a slow phase of the host), at 192 0.92-0.98; at 128
+// time at 1 thread and 0.91-0.98 at 2 (0.86-0.91 in a slow phase of the host), at 192 0.92-1.00; at 128
 // 1.01-1.08, and at 64 and 80 1.00-1.04 where the host was fast (0.93-0.96 only in its slow phases); 2 KiB
 // ahead 0.94 at 256, 8 KiB 0.90-0.95, 16 KiB 0.99. With the fused add (x and r prefetched) 1.01-1.02 at 256,
 // so not there; y's lines prefetched for writing as well (prefetchw, the same distance) 1.01-1.05.

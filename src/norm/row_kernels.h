@@ -56,7 +56,7 @@ struct RowTuning {
   bool rows_in_registers = false;
   // Out of cache, the register kernel (rows_in_registers) prefetches rows of at least this many elements
   // kRegisterPrefetchBytes ahead, without the fused add (row_kernels-inl.h, rows_forward_registers): on a
-  // Zen 5 0.91-0.98 of the time at D = 256 and 0.92-0.98 at 192 at 1 and 2 threads; at 128 1.01-1.08, at 64
+  // Zen 5 0.91-0.98 of the time at D = 256 and 0.92-1.00 at 192 at 1 and 2 threads; at 128 1.01-1.08, at 64
   // and 80 no gain. Only the Zen 5 runs the register kernel.
   Index register_prefetch_min_n = 192;
   // Out of cache, rows whose length is not a whole number of 16-element vectors ("ragged": 24, 40, 100 ...)

@@ -881,8 +881,7 @@ template <int NC, bool Add>
 NL_FORCE_INLINE inline void register_row_mean(VF* v, RowStats& st, const RegisterArgs& g, Index r) {
   constexpr int kV = NC / kF;
   const float* const x = g.x + r * g.ldx;
-  constexpr Index kLines = (NC * Index{sizeof(float)} + 63) / 64;
-  if (g.prefetch) prefetch_lines(reinterpret_cast<std::uintptr_t>(x) + kRegisterPrefetchBytes, kLines);
+  if (g.prefetch) prefetch_ahead<kRegisterPrefetchBytes, (NC * static_cast<int>(sizeof(float)) + 63) / 64>(x);
   if constexpr (Add) {
     const float* const xr = g.xr + r * g.ldr;
     float* const s = g.s + r * g.lds;

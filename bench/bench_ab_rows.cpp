@@ -17,26 +17,24 @@
 // s = x + r stored too, r the dy buffer; with streaming stores, the scratch `work` the library gives) |
 // ln-bwd-saved | ln-bwd-saved-bf16 (dx, dγ, dβ from dy, x, γ and saved double statistics) | ln-bwd (the
 // same, the statistics recomputed from x) | rms-bwd-saved (dx, dγ). A forward makes one kernel call per
-// max(1, 16384 / D) rows, the library driver's tasks (NORMLAB_AB_CALL_ROWS=N: N rows per call; 0: one call
-// over all rows); a backward one per 1024 rows, each assigning its own dγ/dβ partial rows, as the library's
-// chunks do. The column kernels:
-// col-fwd (y, mean, rstd) | col-bwd (dx, dγ, dβ, the statistics recomputed), LayerNorm of x [B, F, T] over
-// F (the strided path, no transpose), at shapes BxFxT: one call per tile of up to 64 columns of T, each
-// told the next tile (for its prefetches), as column_norm.cpp does.
-// x, dy ~ N(1, 2), γ = 1 + 0.01·i, β = 0.1 (those of normlab_bench_loop).
-// Where the row kernels' x, dy and output (y or dx) lie relative to each other modulo 4 KiB changes their
-// speed (docs/PERFORMANCE.md, "seventeenth session"): each shape prints the three page offsets it ran
-// with, and NORMLAB_AB_PAGE_OFFSETS=X,DY,OUT (bytes, multiples of 64 below 4096) places them there.
-// Without it they are wherever the allocator put them.
-// Only the kernel sources differ between A and B: both use the working tree's row_kernels.h and
-// column_kernels.h, so a revision whose argument structs differ from them cannot be compared this way, and
-// the dispatch predicates there (forward_pipelined, forward_in_registers ...) are the working tree's on both
-// sides: where a change alters one that REV's kernels also call, REV's side runs a mix (the fifty-second
-// session's first comparison of the fused RMSNorm printed "same bits: no" for this reason); take a REV whose
-// kernels do not call the changed predicate.
-// A and B read the same x (and dy): where the last-level cache holds a good part of it (the Intel Xeon's
-// 480 MiB L3, docs/PERFORMANCE.md, "thirty-sixth session"), the second call of a round finds some of it
-// there, so "out of cache" shapes are not quite that; a prefetch change measured here wants confirming
+// task of the library driver at 1 thread (forward_call_rows: about 16384 / D rows in blocks of eight, at
+// least 16 out of cache; NORMLAB_AB_CALL_ROWS=N: N rows per call; 0: one call over all rows); a backward
+// one per 1024 rows, each assigning its own dγ/dβ partial rows, as the library's chunks do. The column
+// kernels: col-fwd (y, mean, rstd) | col-bwd (dx, dγ, dβ, the statistics recomputed), LayerNorm of x [B, F,
+// T] over F (the strided path, no transpose), at shapes BxFxT: one call per tile of up to 64 columns of T,
+// each told the next tile (for its prefetches), as column_norm.cpp does. x, dy ~ N(1, 2), γ = 1 + 0.01·i, β =
+// 0.1 (those of normlab_bench_loop). Where the row kernels' x, dy and output (y or dx) lie relative to each
+// other modulo 4 KiB changes their speed (docs/PERFORMANCE.md, "seventeenth session"): each shape prints the
+// three page offsets it ran with, and NORMLAB_AB_PAGE_OFFSETS=X,DY,OUT (bytes, multiples of 64 below 4096)
+// places them there. Without it they are wherever the allocator put them. Only the kernel sources differ
+// between A and B: both use the working tree's row_kernels.h and column_kernels.h, so a revision whose
+// argument structs differ from them cannot be compared this way, and the dispatch predicates there
+// (forward_pipelined, forward_in_registers ...) are the working tree's on both sides: where a change alters
+// one that REV's kernels also call, REV's side runs a mix (the fifty-second session's first comparison of the
+// fused RMSNorm printed "same bits: no" for this reason); take a REV whose kernels do not call the changed
+// predicate. A and B read the same x (and dy): where the last-level cache holds a good part of it (the Intel
+// Xeon's 480 MiB L3, docs/PERFORMANCE.md, "thirty-sixth session"), the second call of a round finds some of
+// it there, so "out of cache" shapes are not quite that; a prefetch change measured here wants confirming
 // with normlab_bench (old and new binaries alternating), which rereads its x from memory as the copy does.
 #ifndef NL_AB_A
 #error \
@@ -162,13 +160,20 @@ PageOffsets page_offsets() {
   return po;
 }
 
-// Rows per forward call: NORMLAB_AB_CALL_ROWS=N (0: one call over all rows); unset: the library driver's
-// task size for rows of n, plan::task_rows(n) = max(1, 16384 / n), since a kernel's speed can depend on it
-// (docs/PERFORMANCE.md, "fifty-fourth session": the skewed register kernel at D = 128 gained in one call
-// and lost in the driver's calls).
-Index forward_call_rows(Index rows, Index n) {
+// Rows per forward call: NORMLAB_AB_CALL_ROWS=N (0: one call over all rows); unset: the first task of the
+// library driver's split at 1 thread, split_rows(rows, n, task_rows(n, stream), 1) (norm_plan.h), since a
+// kernel's speed can depend on it (docs/PERFORMANCE.md, "fifty-fourth session": the skewed register kernel
+// at D = 128 gained in one call and lost in the driver's calls; "fifty-eighth session": the pipelined kernel
+// out of cache in calls of 8 rows). Before the fifty-eighth session this took task_rows(n) alone, which
+// from D = 2048 on is fewer rows than the driver's calls (4 at 4096 where the driver's blocks of eight made
+// them 8).
+Index forward_call_rows(Index rows, Index n, bool stream) {
   const char* env = std::getenv("NORMLAB_AB_CALL_ROWS");
-  if (env == nullptr) return normlab::plan::task_rows(n);
+  if (env == nullptr) {
+    const normlab::plan::RowSplit split =
+        normlab::plan::split_rows(rows, n, normlab::plan::task_rows(n, stream), 1);
+    return std::max<Index>(split.rows(0), 1);
+  }
   char* end = nullptr;
   const long long v = std::strtoll(env, &end, 10);
   if (*env == '\0' || *end != '\0' || v < 0)
@@ -299,10 +304,10 @@ void run(const std::string& kernel, Index rows, Index n, int calls) {
   Problem p;
   p.rows = rows;
   p.n = n;
-  p.call_rows = forward_call_rows(rows, n);
   p.center = !rms;
   // From 16 MiB of output, as row_norm.cpp (float) and storage_norm.h (sizeof(T)) decide it.
   p.stream = rows * n * Index{sizeof(T)} >= (Index{16} << 20);
+  p.call_rows = forward_call_rows(rows, n, p.stream);
   const std::size_t size = static_cast<std::size_t>(rows * n);
   const PageOffsets po = page_offsets();
   Placed<T> x(size, po.x), dy(size, po.dy), out(size, po.out);

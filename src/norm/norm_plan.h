@@ -114,12 +114,25 @@ struct RowSplit {
 RowSplit split_rows(Index groups, Index n, Index max_rows, int threads, Index block = 8);
 
 // The tasks' size for split_rows: rows (or items) of n elements per task, about 16 Ki elements
-// (kTaskElems), at least one. The row drivers (row_norm.cpp, storage_norm.h) call their kernels on one task
-// at a time, so a kernel's calls take task_rows(n) rows; scripts/ab-rows times the forward kernels in
-// calls of this size (bench/bench_ab_rows.cpp).
+// (kTaskElems), at least one; with stream (the forward's output out of cache, streaming.h), at least
+// kStreamTaskMinRows rows. The row drivers (row_norm.cpp, storage_norm.h) call their forward kernels on one
+// task at a time: split_rows(groups, n, task_rows(n, stream), threads).chunk rows per call (its blocks of
+// eight rows make that 8 from n = 2048 on in cache, where task_rows is 8 or fewer); scripts/ab-rows
+// times the forward kernels in calls of that size (bench/bench_ab_rows.cpp). The size only schedules: no
+// result depends on it.
+// Why the floor out of cache: the pipelined forward (rows of 256 or more elements, row_kernels-inl.h) starts
+// its pipeline of three rows afresh at every call and fences its streaming stores at the end. Calls of 16
+// rows against the 8 before, paired out of cache on a Zen 5 (docs/PERFORMANCE.md, "fifty-eighth session";
+// the library's kernels called as the drivers call them, 128 MiB per operand, 1 and 2 threads, B/A medians
+// at D = 2048, 4096, 8192): fp32 LayerNorm 0.94-0.99, RMSNorm 0.95-1.00, bf16 LayerNorm and RMSNorm
+// 0.95-0.99, the fused add + LayerNorm 0.96-1.01. Calls of 32 or 64 rows gained no more (0.92-0.99); at
+// D = 512 and 768 (calls of 32 and 16-24 rows) longer calls (84 to 1344 rows) took 0.94-1.11 of the time,
+// 1.01 or more in 16 of 18 runs, so no longer floor.
 inline constexpr Index kTaskElems = Index{1} << 14;
-inline Index task_rows(Index n) {
-  return std::max<Index>(1, kTaskElems / std::max<Index>(1, n));
+inline constexpr Index kStreamTaskMinRows = 16;
+inline Index task_rows(Index n, bool stream = false) {
+  const Index rows = std::max<Index>(1, kTaskElems / std::max<Index>(1, n));
+  return stream ? std::max(rows, kStreamTaskMinRows) : rows;
 }
 
 // Whether a γ/β-shaped operand is its elements in consecutive floats, row-major (size-1 axes ignored).

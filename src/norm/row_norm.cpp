@@ -281,10 +281,12 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   args.b = bp;
   args.eps = eps;
   args.center = kind.center;
-  args.stream = kernels::stream_output_bytes(s.groups * s.n * Index{sizeof(float)});
+  // (A layout through per-group scratch writes y from the scratch, without streaming stores.)
+  args.stream = !scratch_needed && kernels::stream_output_bytes(s.groups * s.n * Index{sizeof(float)});
   // Each thread a range of groups, cut into tasks (split_rows); the split only affects scheduling, never
   // results.
-  const plan::RowSplit split = plan::split_rows(s.groups, s.n, plan::task_rows(s.n), num_threads());
+  const plan::RowSplit split =
+      plan::split_rows(s.groups, s.n, plan::task_rows(s.n, args.stream), num_threads());
   if (rows_path) {
     parallel::parallel_for(split.tasks, [&](Index t) {
       const Index g0 = split.first(t);
@@ -306,7 +308,6 @@ void row_norm_forward(const RowNormKind& kind, View y, View mean, View rstd, Con
   }
 
   // Any other layout: a run per call, in visiting order (the task's range of it).
-  if (scratch_needed) args.stream = false;
   parallel::parallel_for(split.tasks, [&](Index t) {
     const Index h_first = split.first(t), count = split.rows(t);
     if (count == 0) return;

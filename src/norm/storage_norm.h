@@ -371,7 +371,7 @@ void forward(const FwdNames& nm, TensorView<T> s_out, TensorView<T> y, View mean
     const bool stats_direct = (!pm.defined || groups_at_fixed_stride(s.k_shape, pm.strides, &ldm)) &&
                               (!pr.defined || groups_at_fixed_stride(s.k_shape, pr.strides, &ldr)) &&
                               (!pm.defined || !pr.defined || ldm == ldr);
-    const plan::RowSplit split = plan::split_rows(s.groups, s.n, plan::task_rows(s.n), num_threads());
+    const plan::RowSplit split = plan::split_rows(s.groups, s.n, plan::task_rows(s.n, stream), num_threads());
     // Per-thread scratch: the copy of s for streaming (add_chunk_rows(n)·n elements) and f[4] for the
     // statistics (2·split.chunk floats).
     const bool need_work = fused && stream;

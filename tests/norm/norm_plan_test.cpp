@@ -79,5 +79,20 @@ TEST(SplitRows, ShapesThatSplit) {
   EXPECT_EQ(plan::split_rows(100, 10, 1638, 2).ranges, 1);
 }
 
+TEST(TaskRows, AboutSixteenKiElementsAndSixteenRowsOutOfCache) {
+  EXPECT_EQ(plan::task_rows(64), 256);
+  EXPECT_EQ(plan::task_rows(80), 204);
+  EXPECT_EQ(plan::task_rows(4096), 4);
+  EXPECT_EQ(plan::task_rows(Index{1} << 20), 1);
+  EXPECT_EQ(plan::task_rows(0), 16384);  // (n taken as 1)
+  // Out of cache (stream): at least kStreamTaskMinRows.
+  EXPECT_EQ(plan::kStreamTaskMinRows, 16);
+  EXPECT_EQ(plan::task_rows(64, true), 256);
+  EXPECT_EQ(plan::task_rows(1024, true), 16);
+  EXPECT_EQ(plan::task_rows(2048, true), 16);
+  EXPECT_EQ(plan::task_rows(4096, true), 16);
+  EXPECT_EQ(plan::task_rows(Index{1} << 20, true), 16);
+}
+
 }  // namespace
 }  // namespace normlab

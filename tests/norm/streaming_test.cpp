@@ -5,6 +5,7 @@
 #include "norm/streaming.h"
 
 #include <normlab/norm.h>
+#include <normlab/parallel.h>
 #include <normlab/simd.h>
 
 #include <random>
@@ -74,6 +75,41 @@ TEST(Streaming, TheThresholdNeverChangesAResult) {
     }
     set_isa(saved_isa);
   }
+}
+
+// Out of cache the row drivers give each forward call at least 16 rows (plan::task_rows with stream): calls
+// of 16 rows and a shorter last one at D = 2048 and 4096 (8 rows per call in cache), a single row of 8192,
+// and 1024 (16 rows either way). LayerNorm (mean and rstd too) and RMSNorm, streamed at 1, 2 and 3
+// threads, against the in-cache result at 1 thread: the same bits.
+TEST(Streaming, OutOfCacheTasksKeepTheBitsAtAnyThreadCount) {
+  std::mt19937_64 rng(92);
+  const int saved_threads = num_threads();
+  for (const Dims& shape : {Dims{37, 2048}, Dims{16, 4096}, Dims{17, 4096}, Dims{1, 8192}, Dims{35, 1024}}) {
+    const Tensor x = testing::random_tensor(shape, rng, 1.0, 2.0);
+    const Index d = shape[1];
+    const Tensor w = testing::random_tensor(Dims{d}, rng, 0.5, 1.0),
+                 b = testing::random_tensor(Dims{d}, rng, 0.5, 0.0);
+    auto run = [&] {
+      Tensor y(shape), mean(Dims{shape[0]}), rstd(Dims{shape[0]}), yr(shape), rr(Dims{shape[0]});
+      layer_norm_forward(y.view(), mean.view(), rstd.view(), x.cview(), w.cview(), b.cview(), {1});
+      rms_norm_forward(yr.view(), rr.view(), x.cview(), w.cview(), {1});
+      return std::tuple(std::move(y), std::move(mean), std::move(rstd), std::move(yr), std::move(rr));
+    };
+    set_num_threads(1);
+    const auto [y0, m0, r0, yr0, rr0] = run();
+    const kernels::ScopedStreamMinBytes every(0);
+    for (int t : {1, 2, 3}) {
+      set_num_threads(t);
+      SCOPED_TRACE(fmt::format("{} threads shape {}", t, shape.str()));
+      const auto [y, m, r, yr, rr] = run();
+      EXPECT_TRUE(bitwise_equal(y.cview(), y0.cview(), "y"));
+      EXPECT_TRUE(bitwise_equal(m.cview(), m0.cview(), "mean"));
+      EXPECT_TRUE(bitwise_equal(r.cview(), r0.cview(), "rstd"));
+      EXPECT_TRUE(bitwise_equal(yr.cview(), yr0.cview(), "RMSNorm y"));
+      EXPECT_TRUE(bitwise_equal(rr.cview(), rr0.cview(), "RMSNorm rstd"));
+    }
+  }
+  set_num_threads(saved_threads);
 }
 
 }  // namespace

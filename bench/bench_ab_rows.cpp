@@ -20,21 +20,24 @@
 // task of the library driver at 1 thread (forward_call_rows: about 16384 / D rows in blocks of eight, at
 // least 16 out of cache; NORMLAB_AB_CALL_ROWS=N: N rows per call; 0: one call over all rows); a backward
 // one per 1024 rows, each assigning its own dγ/dβ partial rows, as the library's chunks do. The column
-// kernels: col-fwd (y, mean, rstd) | col-bwd (dx, dγ, dβ, the statistics recomputed), LayerNorm of x [B, F,
-// T] over F (the strided path, no transpose), at shapes BxFxT: one call per tile of up to 64 columns of T,
-// each told the next tile (for its prefetches), as column_norm.cpp does. x, dy ~ N(1, 2), γ = 1 + 0.01·i, β =
-// 0.1 (those of normlab_bench_loop). Where the row kernels' x, dy and output (y or dx) lie relative to each
-// other modulo 4 KiB changes their speed (docs/PERFORMANCE.md, "seventeenth session"): each shape prints the
-// three page offsets it ran with, and NORMLAB_AB_PAGE_OFFSETS=X,DY,OUT (bytes, multiples of 64 below 4096)
-// places them there. Without it they are wherever the allocator put them. Only the kernel sources differ
-// between A and B: both use the working tree's row_kernels.h and column_kernels.h, so a revision whose
-// argument structs differ from them cannot be compared this way, and the dispatch predicates there
-// (forward_pipelined, forward_in_registers ...) are the working tree's on both sides: where a change alters
-// one that REV's kernels also call, REV's side runs a mix (the fifty-second session's first comparison of the
-// fused RMSNorm printed "same bits: no" for this reason); take a REV whose kernels do not call the changed
-// predicate. A and B read the same x (and dy): where the last-level cache holds a good part of it (the Intel
-// Xeon's 480 MiB L3, docs/PERFORMANCE.md, "thirty-sixth session"), the second call of a round finds some of
-// it there, so "out of cache" shapes are not quite that; a prefetch change measured here wants confirming
+// kernels:
+// col-fwd (y, mean, rstd) | col-bwd (dx, dγ, dβ, the statistics recomputed), LayerNorm of x [B, F, T] over
+// F (the strided path, no transpose), at shapes BxFxT: one call per tile of up to 64 columns of T, each
+// told the next tile (for its prefetches), as column_norm.cpp does.
+// x, dy ~ N(1, 2), γ = 1 + 0.01·i, β = 0.1 (those of normlab_bench_loop).
+// Where the row kernels' x, dy and output (y or dx) lie relative to each other modulo 4 KiB changes their
+// speed (docs/PERFORMANCE.md, "seventeenth session"): each shape prints the three page offsets it ran
+// with, and NORMLAB_AB_PAGE_OFFSETS=X,DY,OUT (bytes, multiples of 64 below 4096) places them there.
+// Without it they are wherever the allocator put them.
+// Only the kernel sources differ between A and B: both use the working tree's row_kernels.h and
+// column_kernels.h, so a revision whose argument structs differ from them cannot be compared this way, and
+// the dispatch predicates there (forward_pipelined, forward_in_registers ...) are the working tree's on both
+// sides: where a change alters one that REV's kernels also call, REV's side runs a mix (the fifty-second
+// session's first comparison of the fused RMSNorm printed "same bits: no" for this reason); take a REV whose
+// kernels do not call the changed predicate.
+// A and B read the same x (and dy): where the last-level cache holds a good part of it (the Intel Xeon's
+// 480 MiB L3, docs/PERFORMANCE.md, "thirty-sixth session"), the second call of a round finds some of it
+// there, so "out of cache" shapes are not quite that; a prefetch change measured here wants confirming
 // with normlab_bench (old and new binaries alternating), which rereads its x from memory as the copy does.
 #ifndef NL_AB_A
 #error \

@@ -120,8 +120,9 @@ RowSplit split_rows(Index groups, Index n, Index max_rows, int threads, Index bl
 // eight rows make that 8 from n = 2048 on in cache, where task_rows is 8 or fewer); scripts/ab-rows
 // times the forward kernels in calls of that size (bench/bench_ab_rows.cpp). The size only schedules: no
 // result depends on it.
-// Why the floor out of cache: the pipelined forward (rows of 256 or more elements, row_kernels-inl.h) starts
-// its pipeline of three rows afresh at every call and fences its streaming stores at the end. Calls of 16
+// Why the floor out of cache (measured; the cause not isolated): the pipelined forward (rows of 256 or more
+// elements, row_kernels-inl.h) starts its pipeline of three rows afresh at every call, its first and last
+// steps running one or two of its three passes (a fence less per call changed nothing). Calls of 16
 // rows against the 8 before, paired out of cache on a Zen 5 (docs/PERFORMANCE.md, "fifty-eighth session";
 // the library's kernels called as the drivers call them, 128 MiB per operand, 1 and 2 threads, B/A medians
 // at D = 2048, 4096, 8192): fp32 LayerNorm 0.94-0.99, RMSNorm 0.95-1.00, bf16 LayerNorm and RMSNorm

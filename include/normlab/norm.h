@@ -190,6 +190,35 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
                         Index* num_batches_tracked, ConstView x, ConstView weight, ConstView bias,
                         std::span<const Index> lengths = {}, const BatchNormOptions& opt = {});
 
+// Statistics a BatchNorm training forward keeps for its backward (optional), as ChannelNormStats below does
+// for InstanceNorm and GroupNorm: every channel's mean and rstd as the double values the forward computed
+// (save_mean and save_rstd are their fp32 roundings, too coarse for the backward: docs/numerics.md), and
+// where the forward ran channel block by channel block (an input larger than the cache with each segment's
+// frames consecutive) every (item, channel) segment's own mean. The backward given them
+// (batch_norm_backward_saved) returns bitwise what batch_norm_backward in training mode returns; where it
+// runs channel block by channel block too it skips the work of recomputing them: each segment's Σx and
+// Σ(x − mean)² (it sums only Σdy and Σdy·(x − mean) over the segment) and the combination of the segments'
+// moments. Elsewhere it recomputes them, with the same result.
+//   Filled by batch_norm_forward in training mode when passed (every field is overwritten). The backward
+//   takes the options from them (channel axis, time axis, eps, lengths, checked against x as the forward
+//   checks them) and checks that x has the forward's shape and that they hold one value per channel (and
+//   one per segment, or none); like PyTorch's saved mean and rstd, it cannot check that x holds the
+//   forward's values.
+struct BatchNormStats {
+  Dims x_shape;                // the forward's x shape
+  int channel_axis = 1;        // as given to the forward
+  int time_axis = -1;          // the masked axis, as given
+  std::vector<Index> lengths;  // as given (empty: unmasked)
+  double eps = 0;
+  std::vector<double> mean, rstd;    // one per channel
+  std::vector<double> segment_mean;  // one per segment (b·C + c) where the forward ran blocked, else empty
+};
+
+// As above in training mode, also filling `stats` (not null; opt.training must be true).
+void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mean, View running_var,
+                        Index* num_batches_tracked, ConstView x, ConstView weight, ConstView bias,
+                        std::span<const Index> lengths, const BatchNormOptions& opt, BatchNormStats* stats);
+
 // BatchNorm backward.
 //   dx:               output, like x, written = (0 at padded frames)
 //   dweight, dbias:   optional outputs [C], written per `mode`
@@ -201,6 +230,10 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
 void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
                          ConstView running_mean, ConstView running_var, std::span<const Index> lengths = {},
                          const BatchNormOptions& opt = {}, GradMode mode = GradMode::kOverwrite);
+// The training backward with the forward's statistics (BatchNormStats above): options and lengths come from
+// `stats`; dx, dweight, dbias are bitwise those of batch_norm_backward in training mode.
+void batch_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                               const BatchNormStats& stats, GradMode mode = GradMode::kOverwrite);
 
 // InstanceNorm options (PyTorch defaults; affine via optional weight/bias). Running statistics
 // (track_running_stats=True) are not offered: PyTorch's default is False.

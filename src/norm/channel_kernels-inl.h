@@ -235,8 +235,9 @@ inline void grad_stats_impl(SegmentStats* out, const float* x, const float* dy, 
   *out = s;
 }
 
-void segment_grad_stats(SegmentStats* out, const float* x, const float* dy, Index n, double mean) {
-  grad_stats_impl(out, x, dy, n, mean, StatsPrefetch{});
+void segment_grad_stats(SegmentStats* out, const float* x, const float* dy, Index n, double mean,
+                        const StatsPrefetch& pf) {
+  grad_stats_impl(out, x, dy, n, mean, pf);
 }
 
 // stats_impl for a segment of one vector or less (1 ≤ n ≤ kF, no prefetch: the first pass has no block of

@@ -141,8 +141,10 @@ struct ChannelKernels {
   // segment_stats' operations, sum = m2 = 0. The same mean, sdy and sdyd as segment_stats where mean is
   // its Σx/n (InstanceNorm: a group's mean (0 + Σx)/n is, but for Σx = −0), so a mean of ±0 runs
   // segment_stats itself. segments_grad_stats: likewise for segments_stats' segments, means[i] for
-  // segment i (the columns' sum and m2 entries are not written, but where a mean is ±0).
-  void (*segment_grad_stats)(SegmentStats* out, const float* x, const float* dy, Index n, double mean);
+  // segment i (the columns' sum and m2 entries are not written, but where a mean is ±0). segment_grad_stats
+  // prefetches as segment_stats (pf).
+  void (*segment_grad_stats)(SegmentStats* out, const float* x, const float* dy, Index n, double mean,
+                             const StatsPrefetch& pf);
   void (*segments_grad_stats)(const SegmentColumns& out, const float* x, const float* dy, Index n,
                               Index count, const double* means, LaneLoads loads);
   // y may equal x. stream: non-temporal stores from the first 64-byte boundary of y on (ordinary

@@ -856,8 +856,9 @@ struct Block {
 // channel of 400 floats, the look-ahead would otherwise land beyond the next run, in lines this block never
 // reads, and leave the next run to the hardware (docs/PERFORMANCE.md, twenty-seventh session: the backward
 // of [128, 128, 400], blocks of one channel, in 0.77-0.79 of the time).
+// segment_mean (with dy; optional): each segment's mean (SavedBatch), so only its Σdy and Σdy·(x − mean).
 void block_stats(const kernels::ChannelKernels& k, const Plan& p, const Block& bl, const Operand& xo,
-                 const Operand* dyo, const SegmentArrays& st) {
+                 const Operand* dyo, const SegmentArrays& st, const double* segment_mean = nullptr) {
   const float* xb = reinterpret_cast<const float*>(xo.base);
   const float* dyb = dyo ? reinterpret_cast<const float*>(dyo->base) : nullptr;
   const bool runs = xo.c_stride == p.S && (!dyo || dyo->c_stride == p.S);
@@ -881,10 +882,16 @@ void block_stats(const kernels::ChannelKernels& k, const Plan& p, const Block& b
         }
       }
       kernels::SegmentStats t;  // zeros for an empty segment (a batch item of length 0), as the passes
-      if (const Index n = p.valid(b))
-        k.segment_stats(&t, xb + seg_offset(xo, p, b, c), dyo ? dyb + seg_offset(*dyo, p, b, c) : nullptr, n,
-                        pf);
-      kernels::put(st, b * p.C + c, t);
+      const Index s = b * p.C + c;
+      if (const Index n = p.valid(b)) {
+        const float* xs = xb + seg_offset(xo, p, b, c);
+        const float* dys = dyo ? dyb + seg_offset(*dyo, p, b, c) : nullptr;
+        if (segment_mean && dys)
+          k.segment_grad_stats(&t, xs, dys, n, segment_mean[s], pf);
+        else
+          k.segment_stats(&t, xs, dys, n, pf);
+      }
+      kernels::put(st, s, t);
     }
   }
 }
@@ -924,7 +931,7 @@ Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView>
 }
 
 Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, double eps, const float* w,
-                              const float* b, std::vector<double>& rstd) {
+                              const float* b, std::vector<double>& rstd, std::vector<double>* segment_means) {
   const Operand xo = operand(x, p), yo = operand(y, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
@@ -952,11 +959,12 @@ Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, doub
       }
     }
   });
+  if (segment_means) segment_means->assign(st.mean, st.mean + p.segments());
   return m;
 }
 
 GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy, ConstView x, double eps,
-                                 const float* w) {
+                                 const float* w, const SavedBatch* saved) {
   const Operand xo = operand(x, p), dyo = operand(dy, p), dxo = operand(dx, p);
   const kernels::ChannelKernels& k = kernels::channel_kernels();
   const bool stream = stream_output(p);
@@ -973,12 +981,14 @@ GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy,
   const float* dyb = reinterpret_cast<const float*>(dyo.base);
   float* dxb = reinterpret_cast<float*>(dxo.base);
   for_blocks(p, kc, stream, [&](const Block& bl) {
-    block_stats(k, p, bl, xo, &dyo, st);
+    block_stats(k, p, bl, xo, &dyo, st, saved ? saved->segment_mean : nullptr);
     for (Index c = bl.c0; c < bl.c1; ++c) {
       const std::size_t g = static_cast<std::size_t>(c);
-      const GroupMoments gm = combine_group(p, c, st);
+      // (The saved mean and rstd are combine_group's and group_rstd's values of the same segments.)
+      const GroupMoments gm =
+          saved ? GroupMoments{group_count(p, c), saved->mean[g], 0.0} : combine_group(p, c, st);
       store(r.m, c, gm);
-      r.rstd[g] = group_rstd(gm.count, gm.var, eps);
+      r.rstd[g] = saved ? saved->rstd[g] : group_rstd(gm.count, gm.var, eps);
       const GroupGrads gg = group_grads(p, c, st, gm, r.rstd[g], w, [&](Index, Index, Index s, double sdyxh) {
         r.dweight[g] += sdyxh;
         r.dbias[g] += st.sdy[s];
@@ -1025,7 +1035,8 @@ void group_stats(const kernels::ChannelKernels& k, const Plan& p, const Operand&
   for (Index c = c0; c < c0 + spg; ++c) {
     kernels::SegmentStats t;
     if (n && mean)
-      k.segment_grad_stats(&t, seg_in(xo, p, b, c, scratch), seg_in(*dyo, p, b, c, scratch + p.S), n, *mean);
+      k.segment_grad_stats(&t, seg_in(xo, p, b, c, scratch), seg_in(*dyo, p, b, c, scratch + p.S), n, *mean,
+                           kernels::StatsPrefetch{});
     else if (n)
       k.segment_stats(&t, seg_in(xo, p, b, c, scratch), dyo ? seg_in(*dyo, p, b, c, scratch + p.S) : nullptr,
                       n, kernels::StatsPrefetch{});

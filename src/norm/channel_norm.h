@@ -178,12 +178,24 @@ ChannelSums channel_grad_sums(const Plan& p, ConstView dy, ConstView x, const st
 // floats; one channel's inputs within the budget; the whole input beyond it). Padded frames of y and dx
 // are written 0, as by the separate passes.
 Index block_channels(const Plan& p, int inputs, std::initializer_list<ConstView> operands);
-// y, save statistics as moments + normalize; rstd per channel (rstd_of).
+// y, save statistics as moments + normalize; rstd per channel (rstd_of). segment_means (optional): every
+// segment's own mean (Σx/n, segment s = b·C + c; 0 for an empty one), for a backward given them.
 Moments batch_forward_blocked(const Plan& p, Index kc, View y, ConstView x, double eps, const float* w,
-                              const float* b, std::vector<double>& rstd);
+                              const float* b, std::vector<double>& rstd,
+                              std::vector<double>* segment_means = nullptr);
 // dx as input_grad with grad_stats' statistics, which it returns.
+// saved (optional): a blocked forward's statistics of the same x (batch_forward_blocked: every channel's
+// mean and rstd, every segment's mean), which replace their recomputation: each segment's Σx and squares
+// (the kernels' segment_grad_stats) and the combination of its channel's moments are skipped. The same bits
+// as without them (a segment's mean of ±0 recomputes its Σx: channel_kernels.h). The returned moments'
+// var is then not formed (0).
+struct SavedBatch {
+  const double* mean = nullptr;          // C
+  const double* rstd = nullptr;          // C
+  const double* segment_mean = nullptr;  // B·C
+};
 GradStats batch_backward_blocked(const Plan& p, Index kc, View dx, ConstView dy, ConstView x, double eps,
-                                 const float* w);
+                                 const float* w, const SavedBatch* saved = nullptr);
 
 // InstanceNorm and GroupNorm (every group is whole segments of one batch item): the forward (moments,
 // rstd per group, normalize) and the training backward's dx with the per-segment sdy, sdyxh, group by

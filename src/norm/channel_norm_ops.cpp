@@ -20,6 +20,7 @@
 //             through the row kernels, with their arithmetic (chnorm::group_rows_apply; docs/numerics.md).
 // Every check runs before anything is written.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "norm/channel_norm.h"
@@ -60,12 +61,13 @@ void train_forward(const Plan& p, View y, View save_mean, View save_rstd, ConstV
 
 // The full backward with batch (group) statistics recomputed from x (one pass over x and dy for the
 // statistics, one for dx).
+// saved (optional): a blocked forward's statistics (BatchNorm), used where the backward runs blocked too.
 void train_backward(const Plan& p, View dx, View dweight, View dbias, ConstView dy, ConstView x,
-                    const float* w, double eps, GradMode mode) {
+                    const float* w, double eps, GradMode mode, const chnorm::SavedBatch* saved = nullptr) {
   // mean(g) and mean(g·x̂) per group, g = dy·γ_c, and dγ, dβ: formed by grad_stats in segment order
   // (or channel block by channel block, with the same bits).
   if (const Index kc = chnorm::block_channels(p, 2, {x, dy, dx})) {
-    const chnorm::GradStats st = chnorm::batch_backward_blocked(p, kc, dx, dy, x, eps, w);
+    const chnorm::GradStats st = chnorm::batch_backward_blocked(p, kc, dx, dy, x, eps, w, saved);
     chnorm::write_channel_grads(dweight, dbias, st.dweight, st.dbias, mode);
     return;
   }
@@ -92,10 +94,13 @@ RunningStats read_running(ConstView rm, ConstView rv, Index C, double eps) {
 
 // ---- BatchNorm ------------------------------------------------------------------------------------
 
+namespace {
+
 // x [B, C, S...]; y like x; save_mean, save_rstd, running_mean, running_var, weight, bias [C].
-void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mean, View running_var,
-                        Index* num_batches_tracked, ConstView x, ConstView weight, ConstView bias,
-                        std::span<const Index> lengths, const BatchNormOptions& opt) {
+// stats (optional, training): the statistics for batch_norm_backward_saved.
+void bn_forward(View y, View save_mean, View save_rstd, View running_mean, View running_var,
+                Index* num_batches_tracked, ConstView x, ConstView weight, ConstView bias,
+                std::span<const Index> lengths, const BatchNormOptions& opt, BatchNormStats* stats) {
   const char* op = kBnFwd;
   NL_CHECK(x.defined(), "{}: x is required", op);
   const Plan p =
@@ -128,18 +133,47 @@ void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mea
   counts.count = chnorm::group_counts(p);
   check_training_counts(p, counts, x.shape());
   chnorm::Moments m;
+  std::vector<double> rstd, segment_mean;
   if (const Index kc = chnorm::block_channels(p, 1, {x, y})) {
     // Channel block by channel block, with the same bits as moments + train_forward.
-    std::vector<double> rstd;
-    m = chnorm::batch_forward_blocked(p, kc, y, x, opt.eps, ptr_or_null(w), ptr_or_null(b), rstd);
+    m = chnorm::batch_forward_blocked(p, kc, y, x, opt.eps, ptr_or_null(w), ptr_or_null(b), rstd,
+                                      stats ? &segment_mean : nullptr);
     chnorm::write_stats(save_mean, m.mean);
     chnorm::write_stats(save_rstd, rstd);
   } else {
     m = chnorm::moments(p, x);
-    train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m,
-                  chnorm::rstd_of(m, opt.eps));
+    rstd = chnorm::rstd_of(m, opt.eps);
+    train_forward(p, y, save_mean, save_rstd, x, ptr_or_null(w), ptr_or_null(b), m, rstd);
   }
   if (tracking) chnorm::update_running_stats(running_mean, running_var, num_batches_tracked, m, opt);
+  if (stats) {
+    stats->x_shape = x.shape();
+    stats->channel_axis = opt.channel_axis;
+    stats->time_axis = opt.time_axis;
+    stats->lengths = std::vector<Index>(lengths.begin(), lengths.end());  // (lengths may be stats->lengths)
+    stats->eps = opt.eps;
+    stats->mean = m.mean;
+    stats->rstd = std::move(rstd);
+    stats->segment_mean = std::move(segment_mean);
+  }
+}
+
+}  // namespace
+
+void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mean, View running_var,
+                        Index* num_batches_tracked, ConstView x, ConstView weight, ConstView bias,
+                        std::span<const Index> lengths, const BatchNormOptions& opt) {
+  bn_forward(y, save_mean, save_rstd, running_mean, running_var, num_batches_tracked, x, weight, bias,
+             lengths, opt, nullptr);
+}
+
+void batch_norm_forward(View y, View save_mean, View save_rstd, View running_mean, View running_var,
+                        Index* num_batches_tracked, ConstView x, ConstView weight, ConstView bias,
+                        std::span<const Index> lengths, const BatchNormOptions& opt, BatchNormStats* stats) {
+  NL_CHECK(stats, "{}: stats is null", kBnFwd);
+  NL_CHECK(opt.training, "{}: stats are kept in training mode only (the eval backward needs none)", kBnFwd);
+  bn_forward(y, save_mean, save_rstd, running_mean, running_var, num_batches_tracked, x, weight, bias,
+             lengths, opt, stats);
 }
 
 namespace chnorm {
@@ -229,6 +263,37 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
   counts.count = chnorm::group_counts(p);
   check_training_counts(p, counts, x.shape());
   train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), opt.eps, mode);
+}
+
+void batch_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
+                               const BatchNormStats& stats, GradMode mode) {
+  const char* op = kBnBwd;
+  NL_CHECK(x.defined() && dy.defined(), "{}: x and dy are required", op);
+  NL_CHECK(stats.x_shape == x.shape(), "{}: x has shape {}, the stats' forward had {}", op, x.shape().str(),
+           stats.x_shape.str());
+  const Plan p = chnorm::make_plan(x.shape(), stats.channel_axis, Grouping::kBatch, 1, stats.lengths,
+                                   stats.time_axis, op);
+  chnorm::check_eps(stats.eps, op);
+  NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
+           x.shape().str());
+  chnorm::check_full_output(dx, x, dy, "dx", op);
+  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
+  const Dims cs{p.C};
+  chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
+  chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
+  const std::size_t nc = static_cast<std::size_t>(p.C), ns = static_cast<std::size_t>(p.segments());
+  NL_CHECK(stats.mean.size() == nc && stats.rstd.size() == nc,
+           "{}: stats hold {} mean and {} rstd values for {} channels", op, stats.mean.size(),
+           stats.rstd.size(), p.C);
+  NL_CHECK(stats.segment_mean.empty() || stats.segment_mean.size() == ns,
+           "{}: stats hold {} segment means for {} segments (items x channels)", op,
+           stats.segment_mean.size(), p.segments());
+  chnorm::Moments counts;
+  counts.count = chnorm::group_counts(p);
+  check_training_counts(p, counts, x.shape());
+  const chnorm::SavedBatch saved{stats.mean.data(), stats.rstd.data(), stats.segment_mean.data()};
+  train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), stats.eps, mode,
+                 stats.segment_mean.empty() ? nullptr : &saved);
 }
 
 // ---- InstanceNorm and GroupNorm -------------------------------------------------------------------

@@ -1,14 +1,19 @@
 // BatchNorm's training passes blocked over channels (chnorm::batch_forward_blocked / batch_backward_blocked,
 // src/norm/channel_norm.cpp): the same bits as the separate passes (moments + rstd_of + normalize,
 // grad_stats + input_grad) for every block size, thread count and layout the blocked passes accept, in place
-// too; where they apply; and that the public BatchNorm takes them with those bits. And the eval-mode
-// backward's single pass (chnorm::grad_sums_input_grad_const) against its two passes.
+// too, and the blocked backward given the blocked forward's statistics (SavedBatch) likewise; where they
+// apply; and that the public BatchNorm takes them with those bits, also the backward given the forward's
+// BatchNormStats (batch_norm_backward_saved). And the eval-mode backward's single pass
+// (chnorm::grad_sums_input_grad_const) against its two passes.
 #include <normlab/norm.h>
 #include <normlab/parallel.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <span>
+#include <string>
+#include <tuple>
 
 #include "norm/channel_norm.h"
 #include "support/random.h"
@@ -57,8 +62,9 @@ void expect_same(const std::vector<double>& a, const std::vector<double>& b, con
 
 // The blocked passes against the separate ones on plan p (x, dy of its shape), for block sizes 1, 2, 3,
 // C − 1, C at 1, 2 and 3 threads (for_blocks cuts the channels into a range per thread: ranges of unequal
-// sizes, ranges with an empty block, fewer channels than threads), without and with γ, β. The outputs start
-// out non-zero, so that padded frames must be written 0 as the separate passes write them.
+// sizes, ranges with an empty block, fewer channels than threads), without and with γ, β; the backward also
+// given the forward's statistics (its channels' mean and rstd, its segments' means). The outputs start out
+// non-zero, so that padded frames must be written 0 as the separate passes write them.
 void check_blocked(const chnorm::Plan& p, ConstView x, ConstView dy, const Tensor& w, const Tensor& b) {
   const Dims& shape = x.shape();
   const Index C = p.C;
@@ -79,8 +85,10 @@ void check_blocked(const chnorm::Plan& p, ConstView x, ConstView dy, const Tenso
         SCOPED_TRACE(fmt::format("affine {}, {} threads, {} channels per block", affine, threads, kc));
         Tensor y(shape), dx(shape);
         for (Index i = 0; i < y.numel(); ++i) y[i] = dx[i] = 7.0f;
-        std::vector<double> rstd_b;
-        const chnorm::Moments mb = chnorm::batch_forward_blocked(p, kc, y.view(), x, kEps, wp, bp, rstd_b);
+        std::vector<double> rstd_b, seg_mean;
+        const chnorm::Moments mb =
+            chnorm::batch_forward_blocked(p, kc, y.view(), x, kEps, wp, bp, rstd_b, &seg_mean);
+        EXPECT_EQ(seg_mean.size(), static_cast<std::size_t>(p.segments()));
         EXPECT_TRUE(bitwise_equal(y.cview(), y_sep.cview(), "y"));
         expect_same(mb.mean, m.mean, "mean");
         expect_same(mb.var, m.var, "var");
@@ -94,6 +102,17 @@ void check_blocked(const chnorm::Plan& p, ConstView x, ConstView dy, const Tenso
         expect_same(gb.mgx, g.mgx, "mean(g·x̂)");
         expect_same(gb.dweight, g.dweight, "dweight");
         expect_same(gb.dbias, g.dbias, "dbias");
+        Tensor dxs(shape);
+        for (Index i = 0; i < dxs.numel(); ++i) dxs[i] = 7.0f;
+        const chnorm::SavedBatch sv{mb.mean.data(), rstd_b.data(), seg_mean.data()};
+        const chnorm::GradStats gs = chnorm::batch_backward_blocked(p, kc, dxs.view(), dy, x, kEps, wp, &sv);
+        EXPECT_TRUE(bitwise_equal(dxs.cview(), dx_sep.cview(), "dx given the statistics"));
+        expect_same(gs.m.mean, g.m.mean, "given mean");
+        expect_same(gs.rstd, g.rstd, "given rstd");
+        expect_same(gs.mg, g.mg, "mean(g) given the statistics");
+        expect_same(gs.mgx, g.mgx, "mean(g·x̂) given the statistics");
+        expect_same(gs.dweight, g.dweight, "dweight given the statistics");
+        expect_same(gs.dbias, g.dbias, "dbias given the statistics");
       }
     }
     set_num_threads(saved);
@@ -221,6 +240,159 @@ TEST(BatchNormBlocked, PublicBatchNormGivesTheSeparatePassesBits) {
     }
   }
   set_num_threads(saved);
+}
+
+// BatchNormStats: the forward that keeps them writes what the forward without them writes (y, save_mean,
+// save_rstd, the running statistics) and keeps the double statistics (against the separate passes'
+// moments; one mean per segment where it ran blocked, none elsewhere); the backward given them returns
+// bitwise what batch_norm_backward returns, at 1, 2 and 3 threads, on the blocked route (contiguous, with
+// segments of all −0.0, all +0.0, a constant and a NaN, whose means of ±0 recompute their Σx), masked with
+// an item of length 0, without γ, with only dx, accumulating into dγ, dβ, and on routes that recompute
+// (a small tensor, the channels innermost); on the blocked route it takes the kept values (a changed mean
+// changes dx).
+TEST(BatchNormStats, BackwardGivenThemHasTheRecomputingBackwardsBits) {
+  std::mt19937_64 rng(35);
+  struct Case {
+    Dims shape;
+    int channel_axis;
+    bool masked, blocked;
+  };
+  const Index C = 64;
+  for (const Case& k : {Case{{64, C, 250}, 1, false, true}, Case{{64, C, 250}, 1, true, true},
+                        Case{{4, 8, 33}, 1, false, false}, Case{{64, 250, C}, 2, false, false}}) {
+    const Dims& shape = k.shape;
+    Tensor x = testing::random_tensor(shape, rng, 2.0, 3.0);
+    const Tensor dy = testing::random_tensor(shape, rng, 1.0, 0.0);
+    if (k.blocked) {  // segments (b, c) = (1, 3), (2, 5), (3, 7), (4, 9): −0.0, +0.0, constant, a NaN
+      for (Index t = 0; t < shape[2]; ++t) {
+        x.data()[(1 * C + 3) * shape[2] + t] = -0.0f;
+        x.data()[(2 * C + 5) * shape[2] + t] = 0.0f;
+        x.data()[(3 * C + 7) * shape[2] + t] = 1.25f;
+      }
+      x.data()[(4 * C + 9) * shape[2] + 17] = std::numeric_limits<float>::quiet_NaN();
+    }
+    std::vector<Index> len(static_cast<std::size_t>(shape[0]), shape[2]);
+    if (k.masked) {
+      for (std::size_t i = 0; i < len.size(); ++i) len[i] = static_cast<Index>(i * 37 + 11) % (shape[2] + 1);
+      len[5] = 0;
+    }
+    const std::span<const Index> lengths = k.masked ? std::span<const Index>(len) : std::span<const Index>{};
+    BatchNormOptions opt;
+    opt.channel_axis = k.channel_axis;
+    const Index nc = shape[static_cast<std::size_t>(k.channel_axis)];
+    const Tensor w = testing::random_tensor({nc}, rng, 1.0, 1.0),
+                 b = testing::random_tensor({nc}, rng, 0.5, 0.0);
+    const int saved_threads = num_threads();
+    for (const int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      SCOPED_TRACE(fmt::format("shape {}, masked {}, {} threads", shape.str(), k.masked, threads));
+      Tensor y0(shape), y1(shape), m0({nc}), m1({nc}), r0({nc}), r1({nc});
+      Tensor rm0({nc}), rv0({nc}), rm1({nc}), rv1({nc});
+      for (Index c = 0; c < nc; ++c) rm0[c] = rm1[c] = 0.5f, rv0[c] = rv1[c] = 2.0f;
+      batch_norm_forward(y0.view(), m0.view(), r0.view(), rm0.view(), rv0.view(), nullptr, x.cview(),
+                         w.cview(), b.cview(), lengths, opt);
+      BatchNormStats st;
+      batch_norm_forward(y1.view(), m1.view(), r1.view(), rm1.view(), rv1.view(), nullptr, x.cview(),
+                         w.cview(), b.cview(), lengths, opt, &st);
+      for (const auto& [a, c, what] :
+           {std::tuple{&y0, &y1, "y"}, std::tuple{&m0, &m1, "save_mean"}, std::tuple{&r0, &r1, "save_rstd"},
+            std::tuple{&rm0, &rm1, "running_mean"}, std::tuple{&rv0, &rv1, "running_var"}})
+        EXPECT_TRUE(bitwise_equal(c->cview(), a->cview(), what));
+      const chnorm::Plan p =
+          chnorm::make_plan(shape, k.channel_axis, chnorm::Grouping::kBatch, 1, lengths, -1, "test");
+      const chnorm::Moments mm = chnorm::moments(p, x.cview());
+      expect_same(st.mean, mm.mean, "kept mean");
+      expect_same(st.rstd, chnorm::rstd_of(mm, opt.eps), "kept rstd");
+      EXPECT_EQ(st.x_shape, shape);
+      EXPECT_EQ(st.channel_axis, k.channel_axis);
+      EXPECT_EQ(st.eps, opt.eps);
+      EXPECT_EQ(st.lengths, k.masked ? len : std::vector<Index>{});
+      EXPECT_EQ(st.segment_mean.size(), k.blocked ? static_cast<std::size_t>(p.segments()) : std::size_t{0});
+      for (const bool with_w : {true, false}) {
+        for (const bool params : {true, false}) {
+          for (const GradMode mode : {GradMode::kOverwrite, GradMode::kAccumulate}) {
+            if (!params && mode == GradMode::kAccumulate) continue;
+            SCOPED_TRACE(
+                fmt::format("γ {}, dγ/dβ {}, accumulate {}", with_w, params, mode == GradMode::kAccumulate));
+            Tensor dx0(shape), dx1(shape), dw0({nc}), db0({nc}), dw1({nc}), db1({nc});
+            for (Index c = 0; c < nc; ++c) dw0[c] = dw1[c] = 0.25f, db0[c] = db1[c] = -1.5f;
+            const ConstView wv = with_w ? w.cview() : ConstView{};
+            batch_norm_backward(dx0.view(), params ? dw0.view() : View{}, params ? db0.view() : View{},
+                                dy.cview(), x.cview(), wv, {}, {}, lengths, opt, mode);
+            batch_norm_backward_saved(dx1.view(), params ? dw1.view() : View{}, params ? db1.view() : View{},
+                                      dy.cview(), x.cview(), wv, st, mode);
+            EXPECT_TRUE(bitwise_equal(dx1.cview(), dx0.cview(), "dx"));
+            EXPECT_TRUE(bitwise_equal(dw1.cview(), dw0.cview(), "dweight"));
+            EXPECT_TRUE(bitwise_equal(db1.cview(), db0.cview(), "dbias"));
+          }
+        }
+      }
+      if (k.blocked) {  // the kept values are what it takes: a changed channel mean changes that channel's dx
+        BatchNormStats changed = st;
+        changed.mean[11] += 0.5;
+        Tensor dx0(shape), dx1(shape);
+        batch_norm_backward_saved(dx0.view(), View{}, View{}, dy.cview(), x.cview(), w.cview(), st);
+        batch_norm_backward_saved(dx1.view(), View{}, View{}, dy.cview(), x.cview(), w.cview(), changed);
+        EXPECT_NE(dx0[11 * shape[2]], dx1[11 * shape[2]]);
+        EXPECT_EQ(dx0[12 * shape[2]], dx1[12 * shape[2]]);
+      }
+    }
+    set_num_threads(saved_threads);
+  }
+}
+
+TEST(BatchNormStats, MisuseGetsClearMessages) {
+  const Dims shape{4, 3, 10};
+  Tensor x(shape), y(shape), dy(shape), dx(shape);
+  for (Index i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(i % 7), dy[i] = 1.0f;
+  BatchNormStats st;
+  batch_norm_forward(y.view(), View{}, View{}, View{}, View{}, nullptr, x.cview(), {}, {}, {}, {}, &st);
+  auto expect_error = [](auto&& f, const std::string& part) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected one containing \"" << part << "\"";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_error(
+      [&] {
+        batch_norm_forward(y.view(), View{}, View{}, View{}, View{}, nullptr, x.cview(), {}, {}, {}, {},
+                           nullptr);
+      },
+      "stats is null");
+  BatchNormOptions eval;
+  eval.training = false;
+  Tensor rm({3}), rv({3});
+  for (Index c = 0; c < 3; ++c) rm[c] = 0.0f, rv[c] = 1.0f;
+  expect_error(
+      [&] {
+        batch_norm_forward(y.view(), View{}, View{}, rm.view(), rv.view(), nullptr, x.cview(), {}, {}, {},
+                           eval, &st);
+      },
+      "training mode only");
+  Tensor x2({4, 3, 11}), dy2({4, 3, 11}), dx2({4, 3, 11});
+  expect_error(
+      [&] { batch_norm_backward_saved(dx2.view(), View{}, View{}, dy2.cview(), x2.cview(), {}, st); },
+      "the stats' forward had [4, 3, 10]");
+  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, ConstView{}, x.cview(), {}, st); },
+               "x and dy are required");
+  BatchNormStats bad = st;
+  bad.rstd.pop_back();
+  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad); },
+               "stats hold 3 mean and 2 rstd values for 3 channels");
+  bad = st;
+  bad.segment_mean.assign(5, 0.0);
+  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad); },
+               "stats hold 5 segment means for 12 segments");
+  bad = st;
+  bad.eps = -1;
+  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad); },
+               "eps");
+  bad = st;
+  bad.lengths = {10, 10};
+  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad); },
+               "lengths");
 }
 
 // The eval-mode backward with dγ, dβ in one pass: the bits of grad_sums + input_grad_const on contiguous,

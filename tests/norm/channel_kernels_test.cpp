@@ -111,7 +111,7 @@ TEST(ChannelKernels, SegmentsStatsIsSegmentStatsOneByOne) {
             EXPECT_EQ(bits(c[4][i]), bits(with_dy ? r.sdyd : -7.0)) << what << " sdyd";
             if (!with_dy) continue;
             kernels::SegmentStats q;
-            k.segment_grad_stats(&q, x.data() + s * n, d + s * n, n, means[i]);
+            k.segment_grad_stats(&q, x.data() + s * n, d + s * n, n, means[i], kernels::StatsPrefetch{});
             for (const auto& [m, sd, sdd, src] :
                  {std::tuple{g[1][i], g[3][i], g[4][i], " segments_grad_stats"},
                   std::tuple{q.mean, q.sdy, q.sdyd, " segment_grad_stats"}}) {

@@ -534,17 +534,37 @@ BatchNormOptions bn_options(bool training, double momentum, double eps, int chan
   return o;
 }
 
-py::array py_batch_norm(const F32Array& x, const std::optional<py::array>& running_mean,
-                        const std::optional<py::array>& running_var, const OptArray& weight,
-                        const OptArray& bias, bool training, double momentum, double eps,
-                        const std::optional<std::vector<Index>>& lengths, int channel_axis, int time_axis) {
+py::object py_batch_norm(const F32Array& x, const std::optional<py::array>& running_mean,
+                         const std::optional<py::array>& running_var, const OptArray& weight,
+                         const OptArray& bias, bool training, double momentum, double eps,
+                         const std::optional<std::vector<Index>>& lengths, int channel_axis, int time_axis,
+                         bool save_stats) {
   const BatchNormOptions opt = bn_options(training, momentum, eps, channel_axis, time_axis);
   const std::vector<Index> len = lengths_of(lengths);
   View rm = inout_view(running_mean, "running_mean"), rv = inout_view(running_var, "running_var");
   const auto w = cview(weight, "weight"), b = cview(bias, "bias");
-  return map_forward(x, [&](View y, ConstView xv) {
-    batch_norm_forward(y, View(), View(), rm, rv, nullptr, xv, w, b, len, opt);
+  std::optional<BatchNormStats> saved;
+  if (save_stats) saved.emplace();
+  py::array out = map_forward(x, [&](View y, ConstView xv) {
+    if (saved)
+      batch_norm_forward(y, View(), View(), rm, rv, nullptr, xv, w, b, len, opt, &*saved);
+    else
+      batch_norm_forward(y, View(), View(), rm, rv, nullptr, xv, w, b, len, opt);
   });
+  if (!saved) return out;
+  return py::make_tuple(out, py::cast(std::move(*saved)));
+}
+
+// The backward from a forward's BatchNormStats (as py_channel_norm_backward_saved).
+py::tuple py_batch_norm_backward_saved(const F32Array& dy, const F32Array& x, const BatchNormStats& stats,
+                                       const OptArray& weight) {
+  const char* op = "batch_norm_backward_saved";
+  NL_CHECK(shape_of(x) == stats.x_shape, "{}: x has shape {}, the saved statistics are of {}", op,
+           shape_of(x).str(), stats.x_shape.str());
+  return channel_backward(dy, x, weight, stats.channel_axis,
+                          [&](View dx, View dw, View db, ConstView dyv, ConstView xv, ConstView w) {
+                            batch_norm_backward_saved(dx, dw, db, dyv, xv, w, stats);
+                          });
 }
 
 py::tuple py_batch_norm_backward(const F32Array& dy, const F32Array& x, const OptArray& weight,
@@ -647,6 +667,13 @@ py::tuple py_channel_norm_backward_saved(const F32Array& dy, const F32Array& x, 
                             else
                               instance_norm_backward_saved(dx, dw, db, dyv, xv, w, stats);
                           });
+}
+
+// A vector of doubles as a float64 array (a copy).
+py::array double_array(const std::vector<double>& v) {
+  auto a = new_array<double>(Dims{static_cast<Index>(v.size())});
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(double));
+  return a;
 }
 
 // A ChannelNormStats statistic as a float64 array of save_mean's shape (a copy).
@@ -947,11 +974,29 @@ PYBIND11_MODULE(normlab, m) {
       py::arg("running_var") = py::none(), py::arg("weight") = py::none(), py::arg("bias") = py::none(),
       py::arg("training") = true, py::arg("momentum") = 0.1, py::arg("eps") = 1e-5,
       py::arg("lengths") = py::none(), py::arg("channel_axis") = 1, py::arg("time_axis") = -1,
+      py::arg("save_stats") = false,
       "BatchNorm as torch.nn.functional.batch_norm. training=True: batch statistics, and running_mean / "
       "running_var (float32, writable) are updated in place with PyTorch's rule (unbiased running variance). "
       "training=False: the running statistics. lengths[b]: only the first lengths[b] steps of time_axis "
-      "count "
-      "(padding-aware); padded outputs are 0.");
+      "count (padding-aware); padded outputs are 0. With save_stats (training only), (y, BatchNormStats) for "
+      "batch_norm_backward_saved.");
+  py::class_<BatchNormStats>(m, "BatchNormStats",
+                             "The statistics of a batch_norm training forward, kept in double for the "
+                             "backward (save_stats=True). Read-only.")
+      .def_property_readonly(
+          "shape",
+          [](const BatchNormStats& s) { return std::vector<Index>(s.x_shape.begin(), s.x_shape.end()); },
+          "the forward's x shape")
+      .def_property_readonly("channel_axis", [](const BatchNormStats& s) { return s.channel_axis; })
+      .def_property_readonly("eps", [](const BatchNormStats& s) { return s.eps; })
+      .def_property_readonly(
+          "mean", [](const BatchNormStats& s) { return double_array(s.mean); }, "float64 array [C]")
+      .def_property_readonly(
+          "rstd", [](const BatchNormStats& s) { return double_array(s.rstd); }, "float64 array [C]");
+  m.def("batch_norm_backward_saved", &py_batch_norm_backward_saved, py::arg("dy"), py::arg("x"),
+        py::arg("stats"), py::arg("weight") = py::none(),
+        "batch_norm_backward (training) with the forward's statistics (options and lengths from stats): "
+        "bitwise the same (dx, dweight, dbias).");
   m.def("batch_norm_backward", &py_batch_norm_backward, py::arg("dy"), py::arg("x"),
         py::arg("weight") = py::none(), py::arg("running_mean") = py::none(),
         py::arg("running_var") = py::none(), py::arg("training") = true, py::arg("eps") = 1e-5,

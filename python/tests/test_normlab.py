@@ -355,6 +355,41 @@ class ChannelNormStatsTest(unittest.TestCase):
             normlab.group_norm_backward_saved(x, x, ist)
 
 
+class BatchNormStatsTest(unittest.TestCase):
+    def test_backward_from_saved_stats_has_the_recomputing_bits(self):
+        rng = np.random.default_rng(35)
+        # (64, 64, 250): large enough for the channel-blocked passes, whose backward takes the segments'
+        # kept means; the others recompute.
+        for shape, lengths in (((64, 64, 250), None), ((64, 64, 250), [250 - 3 * i for i in range(64)]),
+                               ((4, 8, 33), None), ((3, 4, 9), [5, 0, 9])):
+            x = rng_array(rng, shape, 2.0, 3.0)
+            w, b = rng_array(rng, (shape[1],), 0.5, 1.0), rng_array(rng, (shape[1],))
+            dy = rng_array(rng, shape)
+            y, st = normlab.batch_norm(x, weight=w, bias=b, lengths=lengths, save_stats=True)
+            np.testing.assert_array_equal(y, normlab.batch_norm(x, weight=w, bias=b, lengths=lengths))
+            self.assertIsInstance(st, normlab.BatchNormStats)
+            self.assertEqual(st.shape, list(shape))
+            self.assertEqual(st.channel_axis, 1)
+            self.assertEqual(st.eps, 1e-5)
+            self.assertEqual(st.mean.dtype, np.float64)
+            self.assertEqual(st.mean.shape, (shape[1],))
+            self.assertEqual(st.rstd.shape, (shape[1],))
+            saved = normlab.batch_norm_backward_saved(dy, x, st, w)
+            again = normlab.batch_norm_backward(dy, x, w, lengths=lengths)
+            for a, r, what in zip(saved, again, ("dx", "dweight", "dbias")):
+                np.testing.assert_array_equal(a, r, f"{shape} {what}")
+
+    def test_misuse_is_refused(self):
+        rng = np.random.default_rng(36)
+        x = rng_array(rng, (2, 8, 5))
+        _, st = normlab.batch_norm(x, save_stats=True)
+        with self.assertRaises(normlab.Error):  # another shape
+            normlab.batch_norm_backward_saved(rng_array(rng, (3, 8, 5)), rng_array(rng, (3, 8, 5)), st)
+        rm, rv = np.zeros(8, np.float32), np.ones(8, np.float32)
+        with self.assertRaises(normlab.Error):  # eval mode keeps none
+            normlab.batch_norm(x, rm, rv, training=False, save_stats=True)
+
+
 def bf16_bits(f):
     """float32 -> bfloat16 bits, round to nearest even, written from the format (a NaN: its upper 16 bits
     made quiet): the reference for normlab.to_bfloat16 and the kernels' bfloat16 stores."""

@@ -16,6 +16,9 @@
 //   BM_BatchNormBwd/{normlab,aten,onednn}/64x256x400       training backward: dx, dγ, dβ. ATen and oneDNN
 //                        take the saved mean and rstd (variance) of one forward made outside the loop;
 //                        normlab recomputes them from x, as its contract says
+//   BM_BatchNormBwdSaved/normlab/64x256x400               the same from the statistics of one forward made
+//                        outside the loop (BatchNormStats, batch_norm_backward_saved), as the peers take
+//                        theirs
 //   BM_BatchNorm{Fwd,Bwd}ChannelsLast/{normlab,aten,onednn}/64x400x256  the same BatchNorm on [N, T, C]
 //                        memory, channels innermost (normlab channel_axis 2; ATen on the [N, C, T] view of
 //                        that memory; oneDNN format nwc)
@@ -181,6 +184,7 @@ struct State {  // what an implementation keeps alive between calls
   onednn::Call call;  // oneDNN's primitive and arguments (bench_onednn.h)
   normlab::NormStats stats;
   normlab::ChannelNormStats cstats;  // InstanceNorm's / GroupNorm's, for the backward from saved statistics
+  normlab::BatchNormStats bstats;    // BatchNorm's, likewise
 };
 
 using dnnl::memory;
@@ -199,6 +203,7 @@ enum class Bench {
   kRmsFwdBft,
   kBnFwd,
   kBnBwd,
+  kBnBwdSaved,
   kLnFwdRows,
   kLnBwdRows,
   kLnFwdPerm,
@@ -523,6 +528,23 @@ std::unique_ptr<Impl> Make(Bench b, const std::string& impl, const Shape& s) {
                 bn_opt);
           },
           [&d] { return Result{d.y.get()}; });
+    if (b == Bench::kBnBwdSaved) {  // from the statistics of one forward made here
+      normlab::batch_norm_forward(normlab::View(d.y.get(), D(s.dims)), {}, {}, {}, {}, nullptr,
+                                  normlab::ConstView(d.x.get(), D(s.dims)),
+                                  normlab::ConstView(d.gamma.get(), D({C})),
+                                  normlab::ConstView(d.beta.get(), D({C})), {}, bn_opt, &st->bstats);
+      return std::make_unique<Lambda>(
+          [&d, st, s, C] {
+            normlab::batch_norm_backward_saved(
+                normlab::View(d.dx.get(), D(s.dims)), normlab::View(st->a.data(), D({C})),
+                normlab::View(st->b.data(), D({C})), normlab::ConstView(d.dy.get(), D(s.dims)),
+                normlab::ConstView(d.x.get(), D(s.dims)), normlab::ConstView(d.gamma.get(), D({C})),
+                st->bstats);
+          },
+          [&d, st] {
+            return Result{d.dx.get(), st->a.data(), st->b.data()};
+          });
+    }
     return std::make_unique<Lambda>(
         [&d, st, s, C, bn_opt] {
           normlab::batch_norm_backward(
@@ -648,8 +670,8 @@ Copy3 Snapshot(Impl& impl, const Shape& s, bool grads) {
 
 bool IsBackward(Bench b) {
   return b == Bench::kLnBwdBft || b == Bench::kLnBwdBftSaved || b == Bench::kBnBwd ||
-         b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm || b == Bench::kGnBwd || b == Bench::kInBwd ||
-         b == Bench::kInBwdSaved;
+         b == Bench::kBnBwdSaved || b == Bench::kLnBwdRows || b == Bench::kLnBwdPerm || b == Bench::kGnBwd ||
+         b == Bench::kInBwd || b == Bench::kInBwdSaved;
 }
 
 // The bytes the ideal kernel moves: forward x, y; backward x, dy, dx.
@@ -734,6 +756,7 @@ const bool kRegistered = [] {
   RegisterCopies(kBn);
   RegisterImpls("BatchNormFwd", {"normlab", "aten", "onednn"}, Bench::kBnFwd, kBn);
   RegisterImpls("BatchNormBwd", {"normlab", "aten", "onednn"}, Bench::kBnBwd, kBn);
+  RegisterImpls("BatchNormBwdSaved", {"normlab"}, Bench::kBnBwdSaved, kBn);
   RegisterImpls("BatchNormFwdChannelsLast", {"normlab", "aten", "onednn"}, Bench::kBnFwd, kBnLast);
   RegisterImpls("BatchNormBwdChannelsLast", {"normlab", "aten", "onednn"}, Bench::kBnBwd, kBnLast);
   RegisterImpls("LayerNormFwdPermuted", {"normlab", "aten"}, Bench::kLnFwdPerm, kPerm);

@@ -223,8 +223,11 @@ def target_rows(gbs, us):
         a, b = us.get((op, "normlab", BFT)), us.get((op.replace("BFT", ""), "normlab", BFT_ROWS))
         return [(BFT, a / b)] if a and b else []
 
-    def bn_fwd_bwd():
-        t = [us.get((op, i, BN)) for op in ("BatchNormFwd", "BatchNormBwd") for i in ("aten", "normlab")]
+    def bn_fwd_bwd(bwd="BatchNormBwd"):
+        # ATen's backward takes the forward's saved statistics either way; ours recomputes them
+        # (BatchNormBwd) or takes them (BatchNormBwdSaved)
+        t = [us.get(("BatchNormFwd", "aten", BN)), us.get(("BatchNormFwd", "normlab", BN)),
+             us.get(("BatchNormBwd", "aten", BN)), us.get((bwd, "normlab", BN))]
         return [(BN, (t[0] + t[2]) / (t[1] + t[3]))] if all(t) else []
 
     def lowp(op16, op32, shapes):
@@ -266,6 +269,8 @@ def target_rows(gbs, us):
         ("[B,F,T] backward from saved statistics against the LibTorch permute route (≥ 10)",
          speedup("LayerNormBwdBFT", "LayerNormBwdBFTSaved", "aten", [BFT]), "≥", 10.0),
         ("BatchNorm training forward + backward against ATen (≥ 3)", bn_fwd_bwd(), "≥", 3.0),
+        ("BatchNorm training forward + backward from saved statistics against ATen (≥ 3)",
+         bn_fwd_bwd("BatchNormBwdSaved"), "≥", 3.0),
         ("bf16 LayerNorm forward against our fp32, out of cache (≥ 1.7)",
          lowp("LayerNormFwdBF16", "LayerNormFwd", ooc), "≥", 1.7),
         ("bf16 RMSNorm forward against our fp32, out of cache (≥ 1.7)",

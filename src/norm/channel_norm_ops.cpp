@@ -43,12 +43,14 @@ const float* ptr_or_null(const std::vector<float>& v) {
   return v.empty() ? nullptr : v.data();
 }
 
-void check_training_counts(const Plan& p, const chnorm::Moments& m, const Dims& x_shape) {
-  for (std::size_t c = 0; c < m.count.size(); ++c)
-    NL_CHECK(m.count[c] > 1,
+// Training needs more than one real value per channel.
+void check_training_counts(const Plan& p, const Dims& x_shape) {
+  const std::vector<double> count = chnorm::group_counts(p);
+  for (std::size_t c = 0; c < count.size(); ++c)
+    NL_CHECK(count[c] > 1,
              "{}: Expected more than 1 value per channel when training, got input of shape {}{}", p.op,
              x_shape.str(),
-             p.masked() ? fmt::format(" with {} real value(s) in channel {}", m.count[c], c) : "");
+             p.masked() ? fmt::format(" with {} real value(s) in channel {}", count[c], c) : "");
 }
 
 // Statistics of groups in training mode: forward outputs.
@@ -129,9 +131,7 @@ void bn_forward(View y, View save_mean, View save_rstd, View running_mean, View 
   }
   NL_CHECK(!tracking || opt.momentum || num_batches_tracked,
            "{}: momentum = nullopt (cumulative average) needs num_batches_tracked", op);
-  chnorm::Moments counts;
-  counts.count = chnorm::group_counts(p);
-  check_training_counts(p, counts, x.shape());
+  check_training_counts(p, x.shape());
   chnorm::Moments m;
   std::vector<double> rstd, segment_mean;
   if (const Index kc = chnorm::block_channels(p, 1, {x, y})) {
@@ -222,6 +222,24 @@ void update_running_stats(View running_mean, View running_var, Index* num_batche
 }  // namespace chnorm
 
 // dy, x, dx [B, C, S...]; weight, dweight, dbias, running_mean, running_var [C].
+namespace {
+
+// The checks of a channel norm backward's operands on plan p (dy like x, dx, dweight, dbias, weight), before
+// anything is written; returns γ (empty: none).
+std::vector<float> check_backward_operands(const Plan& p, View dx, View dweight, View dbias, ConstView dy,
+                                           ConstView x, ConstView weight, const char* op) {
+  NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
+           x.shape().str());
+  chnorm::check_full_output(dx, x, dy, "dx", op);
+  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
+  const Dims cs{p.C};
+  chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
+  chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
+  return w;
+}
+
+}  // namespace
+
 void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
                          ConstView running_mean, ConstView running_var, std::span<const Index> lengths,
                          const BatchNormOptions& opt, GradMode mode) {
@@ -230,13 +248,7 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
   const Plan p =
       chnorm::make_plan(x.shape(), opt.channel_axis, Grouping::kBatch, 1, lengths, opt.time_axis, op);
   chnorm::check_bn_options(opt, op);
-  NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
-           x.shape().str());
-  chnorm::check_full_output(dx, x, dy, "dx", op);
-  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
-  const Dims cs{p.C};
-  chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
-  chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
+  const std::vector<float> w = check_backward_operands(p, dx, dweight, dbias, dy, x, weight, op);
 
   if (!opt.training) {
     NL_CHECK(running_mean.defined() && running_var.defined(),
@@ -259,9 +271,7 @@ void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstV
     }
     return;
   }
-  chnorm::Moments counts;
-  counts.count = chnorm::group_counts(p);
-  check_training_counts(p, counts, x.shape());
+  check_training_counts(p, x.shape());
   train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), opt.eps, mode);
 }
 
@@ -274,13 +284,7 @@ void batch_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, 
   const Plan p = chnorm::make_plan(x.shape(), stats.channel_axis, Grouping::kBatch, 1, stats.lengths,
                                    stats.time_axis, op);
   chnorm::check_eps(stats.eps, op);
-  NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
-           x.shape().str());
-  chnorm::check_full_output(dx, x, dy, "dx", op);
-  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
-  const Dims cs{p.C};
-  chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
-  chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
+  const std::vector<float> w = check_backward_operands(p, dx, dweight, dbias, dy, x, weight, op);
   const std::size_t nc = static_cast<std::size_t>(p.C), ns = static_cast<std::size_t>(p.segments());
   NL_CHECK(stats.mean.size() == nc && stats.rstd.size() == nc,
            "{}: stats hold {} mean and {} rstd values for {} channels", op, stats.mean.size(),
@@ -288,9 +292,7 @@ void batch_norm_backward_saved(View dx, View dweight, View dbias, ConstView dy, 
   NL_CHECK(stats.segment_mean.empty() || stats.segment_mean.size() == ns,
            "{}: stats hold {} segment means for {} segments (items x channels)", op,
            stats.segment_mean.size(), p.segments());
-  chnorm::Moments counts;
-  counts.count = chnorm::group_counts(p);
-  check_training_counts(p, counts, x.shape());
+  check_training_counts(p, x.shape());
   const chnorm::SavedBatch saved{stats.mean.data(), stats.rstd.data(), stats.segment_mean.data()};
   train_backward(p, dx, dweight, dbias, dy, x, ptr_or_null(w), stats.eps, mode,
                  stats.segment_mean.empty() ? nullptr : &saved);
@@ -333,13 +335,7 @@ void grouped_backward(const Plan& p, View dx, View dweight, View dbias, ConstVie
                       ConstView weight, double eps, GradMode mode, const ChannelNormStats* stats = nullptr) {
   const char* op = p.op;
   chnorm::check_eps(eps, op);
-  NL_CHECK(dy.shape() == x.shape(), "{}: dy has shape {} but x has shape {}", op, dy.shape().str(),
-           x.shape().str());
-  chnorm::check_full_output(dx, x, dy, "dx", op);
-  const std::vector<float> w = chnorm::channel_vector(weight, p.C, "weight", op);
-  const Dims cs{p.C};
-  chnorm::check_part_output(dweight, cs, x, dy, "dweight", op);
-  chnorm::check_part_output(dbias, cs, x, dy, "dbias", op);
+  const std::vector<float> w = check_backward_operands(p, dx, dweight, dbias, dy, x, weight, op);
   std::vector<double> sw, sb;
   chnorm::SavedGroups saved;
   if (stats) {

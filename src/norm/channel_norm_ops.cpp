@@ -221,7 +221,6 @@ void update_running_stats(View running_mean, View running_var, Index* num_batche
 
 }  // namespace chnorm
 
-// dy, x, dx [B, C, S...]; weight, dweight, dbias, running_mean, running_var [C].
 namespace {
 
 // The checks of a channel norm backward's operands on plan p (dy like x, dx, dweight, dbias, weight), before
@@ -240,6 +239,7 @@ std::vector<float> check_backward_operands(const Plan& p, View dx, View dweight,
 
 }  // namespace
 
+// dy, x, dx [B, C, S...]; weight, dweight, dbias, running_mean, running_var [C].
 void batch_norm_backward(View dx, View dweight, View dbias, ConstView dy, ConstView x, ConstView weight,
                          ConstView running_mean, ConstView running_var, std::span<const Index> lengths,
                          const BatchNormOptions& opt, GradMode mode) {

@@ -60,6 +60,16 @@ void expect_same(const std::vector<double>& a, const std::vector<double>& b, con
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double))) << what << " differs";
 }
 
+// A backward's statistics (mean, rstd, mean(g), mean(g·x̂), dγ, dβ) against the separate passes', bit for bit.
+void expect_same_grads(const chnorm::GradStats& got, const chnorm::GradStats& want, const std::string& how) {
+  expect_same(got.m.mean, want.m.mean, "backward mean" + how);
+  expect_same(got.rstd, want.rstd, "backward rstd" + how);
+  expect_same(got.mg, want.mg, "mean(g)" + how);
+  expect_same(got.mgx, want.mgx, "mean(g·x̂)" + how);
+  expect_same(got.dweight, want.dweight, "dweight" + how);
+  expect_same(got.dbias, want.dbias, "dbias" + how);
+}
+
 // The blocked passes against the separate ones on plan p (x, dy of its shape), for block sizes 1, 2, 3,
 // C − 1, C at 1, 2 and 3 threads (for_blocks cuts the channels into a range per thread: ranges of unequal
 // sizes, ranges with an empty block, fewer channels than threads), without and with γ, β; the backward also
@@ -96,23 +106,13 @@ void check_blocked(const chnorm::Plan& p, ConstView x, ConstView dy, const Tenso
         expect_same(rstd_b, rstd, "rstd");
         const chnorm::GradStats gb = chnorm::batch_backward_blocked(p, kc, dx.view(), dy, x, kEps, wp);
         EXPECT_TRUE(bitwise_equal(dx.cview(), dx_sep.cview(), "dx"));
-        expect_same(gb.m.mean, g.m.mean, "backward mean");
-        expect_same(gb.rstd, g.rstd, "backward rstd");
-        expect_same(gb.mg, g.mg, "mean(g)");
-        expect_same(gb.mgx, g.mgx, "mean(g·x̂)");
-        expect_same(gb.dweight, g.dweight, "dweight");
-        expect_same(gb.dbias, g.dbias, "dbias");
+        expect_same_grads(gb, g, "");
         Tensor dxs(shape);
         for (Index i = 0; i < dxs.numel(); ++i) dxs[i] = 7.0f;
         const chnorm::SavedBatch sv{mb.mean.data(), rstd_b.data(), seg_mean.data()};
         const chnorm::GradStats gs = chnorm::batch_backward_blocked(p, kc, dxs.view(), dy, x, kEps, wp, &sv);
         EXPECT_TRUE(bitwise_equal(dxs.cview(), dx_sep.cview(), "dx given the statistics"));
-        expect_same(gs.m.mean, g.m.mean, "given mean");
-        expect_same(gs.rstd, g.rstd, "given rstd");
-        expect_same(gs.mg, g.mg, "mean(g) given the statistics");
-        expect_same(gs.mgx, g.mgx, "mean(g·x̂) given the statistics");
-        expect_same(gs.dweight, g.dweight, "dweight given the statistics");
-        expect_same(gs.dbias, g.dbias, "dbias given the statistics");
+        expect_same_grads(gs, g, " given the statistics");
       }
     }
     set_num_threads(saved);
@@ -347,52 +347,37 @@ TEST(BatchNormStats, MisuseGetsClearMessages) {
   for (Index i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(i % 7), dy[i] = 1.0f;
   BatchNormStats st;
   batch_norm_forward(y.view(), View{}, View{}, View{}, View{}, nullptr, x.cview(), {}, {}, {}, {}, &st);
-  auto expect_error = [](auto&& f, const std::string& part) {
-    try {
-      f();
-      ADD_FAILURE() << "no error, expected one containing \"" << part << "\"";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
-  };
-  expect_error(
-      [&] {
-        batch_norm_forward(y.view(), View{}, View{}, View{}, View{}, nullptr, x.cview(), {}, {}, {}, {},
-                           nullptr);
-      },
-      "stats is null");
+  EXPECT_NL_ERROR(batch_norm_forward(y.view(), View{}, View{}, View{}, View{}, nullptr, x.cview(), {}, {}, {},
+                                     {}, nullptr),
+                  "stats is null");
   BatchNormOptions eval;
   eval.training = false;
   Tensor rm({3}), rv({3});
   for (Index c = 0; c < 3; ++c) rm[c] = 0.0f, rv[c] = 1.0f;
-  expect_error(
-      [&] {
-        batch_norm_forward(y.view(), View{}, View{}, rm.view(), rv.view(), nullptr, x.cview(), {}, {}, {},
-                           eval, &st);
-      },
-      "training mode only");
+  EXPECT_NL_ERROR(batch_norm_forward(y.view(), View{}, View{}, rm.view(), rv.view(), nullptr, x.cview(), {},
+                                     {}, {}, eval, &st),
+                  "training mode only");
   Tensor x2({4, 3, 11}), dy2({4, 3, 11}), dx2({4, 3, 11});
-  expect_error(
-      [&] { batch_norm_backward_saved(dx2.view(), View{}, View{}, dy2.cview(), x2.cview(), {}, st); },
-      "the stats' forward had [4, 3, 10]");
-  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, ConstView{}, x.cview(), {}, st); },
-               "x and dy are required");
+  EXPECT_NL_ERROR(batch_norm_backward_saved(dx2.view(), View{}, View{}, dy2.cview(), x2.cview(), {}, st),
+                  "the stats' forward had [4, 3, 10]");
+  EXPECT_NL_ERROR(batch_norm_backward_saved(dx.view(), View{}, View{}, ConstView{}, x.cview(), {}, st),
+                  "x and dy are required");
   BatchNormStats bad = st;
   bad.rstd.pop_back();
-  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad); },
-               "stats hold 3 mean and 2 rstd values for 3 channels");
+  EXPECT_NL_ERROR(batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad),
+                  "stats hold 3 mean and 2 rstd values for 3 channels");
   bad = st;
   bad.segment_mean.assign(5, 0.0);
-  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad); },
-               "stats hold 5 segment means for 12 segments");
+  EXPECT_NL_ERROR(batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad),
+                  "stats hold 5 segment means for 12 segments");
   bad = st;
   bad.eps = -1;
-  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad); },
-               "eps");
+  EXPECT_NL_ERROR(batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad),
+                  "eps");
   bad = st;
   bad.lengths = {10, 10};
-  expect_error([&] { batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad); },
-               "lengths");
+  EXPECT_NL_ERROR(batch_norm_backward_saved(dx.view(), View{}, View{}, dy.cview(), x.cview(), {}, bad),
+                  "lengths");
 }
 
 // The eval-mode backward with dγ, dβ in one pass: the bits of grad_sums + input_grad_const on contiguous,

@@ -555,18 +555,6 @@ py::object py_batch_norm(const F32Array& x, const std::optional<py::array>& runn
   return py::make_tuple(out, py::cast(std::move(*saved)));
 }
 
-// The backward from a forward's BatchNormStats (as py_channel_norm_backward_saved).
-py::tuple py_batch_norm_backward_saved(const F32Array& dy, const F32Array& x, const BatchNormStats& stats,
-                                       const OptArray& weight) {
-  const char* op = "batch_norm_backward_saved";
-  NL_CHECK(shape_of(x) == stats.x_shape, "{}: x has shape {}, the saved statistics are of {}", op,
-           shape_of(x).str(), stats.x_shape.str());
-  return channel_backward(dy, x, weight, stats.channel_axis,
-                          [&](View dx, View dw, View db, ConstView dyv, ConstView xv, ConstView w) {
-                            batch_norm_backward_saved(dx, dw, db, dyv, xv, w, stats);
-                          });
-}
-
 py::tuple py_batch_norm_backward(const F32Array& dy, const F32Array& x, const OptArray& weight,
                                  const OptArray& running_mean, const OptArray& running_var, bool training,
                                  double eps, const std::optional<std::vector<Index>>& lengths,
@@ -653,36 +641,49 @@ py::tuple py_group_norm_backward(const F32Array& dy, const F32Array& x, int grou
                           });
 }
 
-// The backward from a forward's ChannelNormStats (the library checks x against them; the shape first here,
-// because the gradients' shapes come from it).
-py::tuple py_channel_norm_backward_saved(const F32Array& dy, const F32Array& x, const ChannelNormStats& stats,
-                                         const OptArray& weight, bool group) {
-  const char* op = group ? "group_norm_backward_saved" : "instance_norm_backward_saved";
+// The backward `op` from a forward's ChannelNormStats or BatchNormStats, run by
+// saved(dx, dw, db, dy, x, w, stats) (the library checks x against them; the shape first here, because the
+// gradients' shapes come from it).
+template <typename Stats, typename F>
+py::tuple backward_from_stats(const F32Array& dy, const F32Array& x, const Stats& stats,
+                              const OptArray& weight, const char* op, F&& saved) {
   NL_CHECK(shape_of(x) == stats.x_shape, "{}: x has shape {}, the saved statistics are of {}", op,
            shape_of(x).str(), stats.x_shape.str());
   return channel_backward(dy, x, weight, stats.channel_axis,
                           [&](View dx, View dw, View db, ConstView dyv, ConstView xv, ConstView w) {
-                            if (group)
-                              group_norm_backward_saved(dx, dw, db, dyv, xv, w, stats);
-                            else
-                              instance_norm_backward_saved(dx, dw, db, dyv, xv, w, stats);
+                            saved(dx, dw, db, dyv, xv, w, stats);
                           });
 }
 
-// A vector of doubles as a float64 array (a copy).
-py::array double_array(const std::vector<double>& v) {
-  auto a = new_array<double>(Dims{static_cast<Index>(v.size())});
+py::tuple py_channel_norm_backward_saved(const F32Array& dy, const F32Array& x, const ChannelNormStats& stats,
+                                         const OptArray& weight, bool group) {
+  if (group)
+    return backward_from_stats(dy, x, stats, weight, "group_norm_backward_saved",
+                               [](auto&&... a) { group_norm_backward_saved(a...); });
+  return backward_from_stats(dy, x, stats, weight, "instance_norm_backward_saved",
+                             [](auto&&... a) { instance_norm_backward_saved(a...); });
+}
+
+py::tuple py_batch_norm_backward_saved(const F32Array& dy, const F32Array& x, const BatchNormStats& stats,
+                                       const OptArray& weight) {
+  return backward_from_stats(dy, x, stats, weight, "batch_norm_backward_saved",
+                             [](auto&&... a) { batch_norm_backward_saved(a...); });
+}
+
+// A vector of doubles as a float64 array of `shape` (a copy; default: one axis).
+py::array double_array(const std::vector<double>& v, const Dims& shape) {
+  auto a = new_array<double>(shape);
   std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(double));
   return a;
+}
+py::array double_array(const std::vector<double>& v) {
+  return double_array(v, Dims{static_cast<Index>(v.size())});
 }
 
 // A ChannelNormStats statistic as a float64 array of save_mean's shape (a copy).
 py::array channel_stats_array(const ChannelNormStats& st, const std::vector<double>& v) {
-  const Dims k = st.group ? group_stats_shape(st.x_shape, st.groups, st.channel_axis)
-                          : instance_stats_shape(st.x_shape, st.channel_axis);
-  auto a = new_array<double>(k);
-  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(double));
-  return a;
+  return double_array(v, st.group ? group_stats_shape(st.x_shape, st.groups, st.channel_axis)
+                                  : instance_stats_shape(st.x_shape, st.channel_axis));
 }
 
 SlidingCmvnOptions sliding_options(int cmn_window, int min_cmn_window, bool center, bool norm_vars,
